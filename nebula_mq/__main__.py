@@ -1,0 +1,5 @@
+import sys
+
+from nebula_mq.cli import main
+
+sys.exit(main())

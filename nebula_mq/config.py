@@ -1,0 +1,189 @@
+"""Typed, frozen configuration loaded from TOML, with environment overrides.
+
+Any frozen dataclass is a schema: :func:`build` walks its type hints and
+validates a plain mapping against them, so every section of a job file (and a
+scenario's own section) is checked the same way. A bad value fails with a
+:class:`~nebula_mq.errors.ConfigError` that names the file, the dotted key and
+what was expected.
+
+Environment variables override file values: ``NEBULA__JOB__STEPS=200`` sets
+``[job] steps``. Double underscores separate levels; the value is parsed as a
+TOML value when it can be (``true``, ``12``, ``"x"``, ``[1, 2]``) and taken as a
+bare string otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nebula_mq.errors import ConfigError
+
+T = TypeVar("T")
+
+ENV_PREFIX = "NEBULA__"
+
+
+def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML file, translating parse errors into :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(str(p), "<file>", "an existing TOML file", "missing") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(p), "<syntax>", "valid TOML", str(exc)) from None
+
+
+def apply_env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Return a deep copy of ``data`` with ``NEBULA__A__B=value`` overrides applied."""
+    env = os.environ if environ is None else environ
+    out = _deep_copy(data)
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
+        if not path:
+            continue
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[path[-1]] = _parse_env_value(env[name])
+    return out
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") -> T:
+    """Validate ``data`` against the frozen dataclass ``cls`` and construct it.
+
+    Unknown keys are errors (a typo must not silently fall back to a default).
+    A dataclass may define ``validate(self) -> None`` raising ``ValueError`` for
+    cross-field checks; the message becomes the ``expected`` part of the error.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, prefix.rstrip(".") or "<root>", "a table", data)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            source, f"{prefix}{unknown[0]}", f"one of {sorted(fields)}", "unknown key"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, field in fields.items():
+        key = f"{prefix}{name}"
+        if name not in data:
+            if (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
+                raise ConfigError(source, key, "a value (required)", "missing")
+            continue
+        kwargs[name] = _coerce(hints[name], data[name], source, key)
+    try:
+        obj = cls(**kwargs)
+        validate = getattr(obj, "validate", None)
+        if callable(validate):
+            validate()
+    except ValueError as exc:
+        raise ConfigError(source, prefix.rstrip(".") or "<root>", str(exc)) from None
+    return obj
+
+
+def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors: list[ConfigError] = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, source, key)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(source, key, " or ".join(e.expected for e in errors), value)
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(source, key, f"one of {list(args)}", value)
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return build(tp, value, source, f"{key}.")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(source, key, "an array", value)
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value))
+        if origin is tuple and args:
+            if len(args) != len(value):
+                raise ConfigError(source, key, f"an array of {len(args)} items", value)
+            return tuple(_coerce(a, v, source, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        inner = args[0] if args else Any
+        items = [_coerce(inner, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin in (dict, Mapping) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(source, key, "a table", value)
+        vt = args[1] if len(args) == 2 else Any
+        # Mapping fields of frozen settings are wrapped read-only.
+        return types.MappingProxyType(
+            {str(k): _coerce(vt, v, source, f"{key}.{k}") for k, v in value.items()}
+        )
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, "true or false", value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, "an integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, key, "a number", value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(source, key, "a string", value)
+        return value
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(source, key, f"a {getattr(tp, '__name__', tp)}", value)
+
+
+def load(cls: type[T], path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> T:
+    """Load ``path``, apply environment overrides, validate against ``cls``."""
+    data = apply_env_overrides(load_toml(path), environ)
+    return build(cls, data, str(path))

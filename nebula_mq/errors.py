@@ -1,0 +1,192 @@
+"""The one exception hierarchy of nebula-mq.
+
+Every error that leaves a nebula-mq API is a :class:`NebulaError`. Third-party
+errors (pika, msgpack, lz4, OpenSSL, TOML) are translated at the boundary where
+they occur, with ``raise XError(...) from None`` so a caller never has to know
+which library sits underneath (the dramatiq ``errors.py`` pattern).
+
+Errors that condemn a *message* (rather than a process) carry a short, stable
+``reason`` slug. The consumer runtime puts that slug into the ``x-nebula-reason``
+header when it dead-letters the message, and metrics count by it.
+"""
+
+from __future__ import annotations
+
+
+class NebulaError(Exception):
+    """Base class of every nebula-mq error."""
+
+    #: Stable machine-readable slug, used for dead-letter headers and metrics.
+    reason: str = "error"
+
+
+# --------------------------------------------------------------------------- config
+
+
+class ConfigError(NebulaError):
+    """A configuration file or override is invalid.
+
+    The message always names the file (or environment variable), the key and
+    what was expected, e.g. ``job.toml: [codec].forward: expected a codec chain
+    like 'fp16(svd(0.6))', got 'fp17'``.
+    """
+
+    reason = "bad_config"
+
+    def __init__(self, source: str, key: str, expected: str, got: object = None) -> None:
+        self.source = source
+        self.key = key
+        self.expected = expected
+        self.got = got
+        detail = f"{source}: {key}: expected {expected}"
+        if got is not None:
+            detail += f", got {got!r}"
+        super().__init__(detail)
+
+
+# --------------------------------------------------------------------------- wire / decode
+
+
+class WireError(NebulaError):
+    """An incoming message cannot be trusted. Never retried: dead-lettered."""
+
+    reason = "malformed"
+
+
+class MalformedMessage(WireError):
+    reason = "malformed"
+
+
+class TruncatedMessage(WireError):
+    reason = "truncated"
+
+
+class OversizedMessage(WireError):
+    reason = "oversized"
+
+
+class VersionMismatch(WireError):
+    reason = "wrong_version"
+
+
+class ChecksumMismatch(WireError):
+    reason = "bad_checksum"
+
+
+class AuthenticationFailed(WireError):
+    """The message authentication tag is missing or does not verify."""
+
+    reason = "bad_tag"
+
+
+class ReplayedMessage(WireError):
+    """A message older than what was already applied, or seen before."""
+
+    reason = "replayed"
+
+
+class UnknownJob(WireError):
+    reason = "unknown_job"
+
+
+class OutOfWindow(WireError):
+    """A message too far in the future of the receiver's current step."""
+
+    reason = "out_of_window"
+
+
+# --------------------------------------------------------------------------- codecs
+
+
+class CodecError(WireError):
+    """A codec cannot encode or decode a tensor."""
+
+    reason = "codec_error"
+
+
+class UnknownCodec(CodecError):
+    reason = "unknown_codec"
+
+
+class NonFiniteTensor(CodecError):
+    """NaN or Inf in a tensor where the configuration forbids it."""
+
+    reason = "non_finite"
+
+
+class ShapeMismatch(CodecError):
+    reason = "bad_shape"
+
+
+# --------------------------------------------------------------------------- transport
+
+
+class TransportError(NebulaError):
+    """The broker connection failed or refused an operation."""
+
+    reason = "transport"
+
+
+class ConnectionLost(TransportError):
+    reason = "connection_lost"
+
+
+class PublishRejected(TransportError):
+    """The broker nacked a publish: the bounded queue is full (backpressure)."""
+
+    reason = "rejected"
+
+
+class Unroutable(TransportError):
+    """A mandatory publish had no queue to go to: topology is missing."""
+
+    reason = "unroutable"
+
+
+class BackpressureTimeout(TransportError):
+    """A producer waited longer than its configured patience for space."""
+
+    reason = "backpressure_timeout"
+
+
+class AccessRefused(TransportError):
+    """Authentication or authorisation refused by the broker."""
+
+    reason = "access_refused"
+
+
+# --------------------------------------------------------------------------- operations
+
+
+class StackError(NebulaError):
+    """The local broker stack could not be started, probed or stopped."""
+
+    reason = "stack"
+
+
+class SecurityError(NebulaError):
+    reason = "security"
+
+
+class CertificateError(SecurityError):
+    reason = "certificate"
+
+
+class AuditError(SecurityError):
+    """The audit log chain is broken: a line was edited, removed or reordered."""
+
+    reason = "audit_chain"
+
+
+class DataError(NebulaError):
+    """A dataset or input file is missing, corrupt or empty."""
+
+    reason = "data"
+
+
+class WorkerError(NebulaError):
+    reason = "worker"
+
+
+class CheckpointError(WorkerError):
+    reason = "checkpoint"

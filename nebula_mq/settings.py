@@ -1,0 +1,137 @@
+"""The settings schema shared by every job: job identity, clusters, codecs, transport.
+
+Scenario-specific sections (``[abnet]``, ``[electra]``) are kept as raw tables
+here and validated by the scenario's own dataclass with :func:`nebula_mq.config.build`,
+so the library stays free of role-specific logic.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from nebula_mq import config
+
+_JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """How a worker reaches its *local* broker (never the remote one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 5671
+    vhost: str = "/"
+    tls: bool = True
+    # Files of the worker's own identity; required when tls is true.
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    # Name checked against the broker certificate (SNI + hostname check).
+    server_name: str = "localhost"
+    # Only for plaintext development brokers (tls = false); TLS uses EXTERNAL auth.
+    username: str = "guest"
+    password: str = "guest"
+    # Seconds; pika's I/O thread answers heartbeats while compute runs elsewhere.
+    heartbeat_s: int = 30
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port in 1..65535, got {self.port}")
+        if self.tls and not (self.ca_file and self.cert_file and self.key_file):
+            raise ValueError("ca_file, cert_file and key_file when tls = true")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    name: str
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+
+
+@dataclass(frozen=True)
+class CodecSettings:
+    # Chain for activations sent forward, e.g. "fp16(svd(0.6))"; "none" sends raw.
+    forward: str = "fp16(svd(0.6))"
+    # Chain for gradients sent back.
+    backward: str = "int8"
+    # Paper Figure 10: send uncompressed until this step, then use the chains.
+    compress_from_step: int = 0
+    # NaN/Inf tensors are refused by default; true lets them through the codecs.
+    allow_non_finite: bool = False
+
+    def validate(self) -> None:
+        if self.compress_from_step < 0:
+            raise ValueError("compress_from_step >= 0")
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    # Unacked deliveries per consumer; keep ~2-4x bandwidth-delay product / message size.
+    prefetch: int = 4
+    # Cap of each bounded (sending-side) queue; full => publisher nack => wait and retry.
+    max_queue_bytes: int = 256 * 1024 * 1024
+    # How long a producer keeps retrying a nacked publish before failing loudly.
+    publish_patience_s: float = 3600.0
+    # Largest envelope accepted on decode (RabbitMQ's own default cap is 128 MiB).
+    max_message_bytes: int = 96 * 1024 * 1024
+
+    def validate(self) -> None:
+        if self.prefetch < 1:
+            raise ValueError("prefetch >= 1")
+        if self.max_queue_bytes < 1024 * 1024:
+            raise ValueError("max_queue_bytes >= 1 MiB")
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    # Lower-case slug; every queue, exchange, vhost and user name derives from it.
+    id: str
+    scenario: Literal["pipeline", "abnet", "electra"] = "pipeline"
+    seed: int = 0
+    steps: int = 100
+    # Where checkpoints, metrics, logs and reports of this job go.
+    run_dir: str = "run/jobs"
+
+    def validate(self) -> None:
+        if not _JOB_ID.match(self.id):
+            raise ValueError("id matching [a-z0-9][a-z0-9-]{0,62}")
+        if self.steps < 1:
+            raise ValueError("steps >= 1")
+
+
+@dataclass(frozen=True)
+class Settings:
+    job: JobSettings
+    clusters: Mapping[str, ClusterSettings] = field(default_factory=dict)
+    codec: CodecSettings = field(default_factory=CodecSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
+    # Scenario sections, validated by the scenario that reads them.
+    abnet: Mapping[str, Any] = field(default_factory=dict)
+    electra: Mapping[str, Any] = field(default_factory=dict)
+    pipeline: Mapping[str, Any] = field(default_factory=dict)
+    # Path of the file these settings came from ("" when built in code).
+    source: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.run_dir)
+
+    def scenario_section(self) -> Mapping[str, Any]:
+        return getattr(self, self.job.scenario)
+
+
+def load_settings(
+    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it."""
+    data = config.apply_env_overrides(config.load_toml(path), environ)
+    data["source"] = str(path)
+    # Cluster names default to their table key.
+    for key, cluster in (data.get("clusters") or {}).items():
+        if isinstance(cluster, dict):
+            cluster.setdefault("name", key)
+    return config.build(Settings, data, str(path))
