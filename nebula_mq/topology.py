@@ -1,0 +1,123 @@
+"""Flows and the names of every broker object, declared in one place.
+
+A *flow* is a one-way stream of envelopes from a role on one cluster to a role
+on the same or another cluster. Every queue, exchange, policy and vhost name is
+derived here from the job id, so no other module builds names by hand.
+
+How a cross-cluster flow is laid out (RabbitMQ 3.10, see ../shared/RABBITMQ.md):
+
+* The sender's cluster holds the **upstream copy** of the flow's queue: a classic
+  durable queue, bounded with ``x-max-length-bytes`` and ``x-overflow:
+  reject-publish``. A full queue nacks the publish, so the producer waits and
+  retries. This is the only cap: it sits on the sending side of the WAN.
+* The receiver's cluster holds the **downstream copy** with the same name, made
+  a *federated queue* by policy. Queue federation only pulls messages across the
+  WAN while the downstream queue has consumers with spare prefetch, so a stalled
+  consumer stops the pull, the upstream copy fills, and the producer is nacked:
+  backpressure crosses the WAN without a cap downstream (capping downstream makes
+  the link loop, see RABBITMQ.md).
+* Classic durable queues, not quorum queues: on 3.10 a federated quorum queue's
+  link is not recreated after a node restart. Not streams: a stream's retention
+  drops old segments instead of refusing publishes, which would lose data.
+
+Replies (decoder -> encoder) are a flow of their own in the other direction,
+one reply queue per requester, so ``reply_to`` names a durable queue that exists
+on both clusters (direct reply-to does not cross federation on 3.10).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+PREFIX = "nebula"
+
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+class FlowKind(str, Enum):
+    TENSORS = "tensors"  # micro-batch results, activations, gradients
+    SYNC = "sync"  # sync tokens that keep both sides at the same step
+    REPLY = "reply"  # replies to a request flow, per requester
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One directed message stream of a job."""
+
+    # Short name, unique within a job: travels in every envelope's ``flow`` field.
+    name: str
+    # Cluster whose workers publish to this flow (holds the bounded upstream copy).
+    src_cluster: str
+    # Cluster whose workers consume it; equal to src_cluster for a local flow.
+    dst_cluster: str
+    kind: FlowKind = FlowKind.TENSORS
+
+    @property
+    def crosses_clusters(self) -> bool:
+        return self.src_cluster != self.dst_cluster
+
+
+def _check(slug: str, what: str) -> str:
+    if not _SLUG.match(slug):
+        raise ValueError(f"{what} must match [a-z0-9][a-z0-9-]{{0,62}}, got {slug!r}")
+    return slug
+
+
+def vhost(job_id: str) -> str:
+    """Each job runs in its own vhost on every cluster (isolation)."""
+    return f"{PREFIX}-{_check(job_id, 'job id')}"
+
+
+def queue_name(job_id: str, flow: str) -> str:
+    """Name of a flow's queue; the same on both clusters of a cross-cluster flow."""
+    return f"{PREFIX}.{_check(job_id, 'job id')}.{_check(flow, 'flow name')}"
+
+
+def dead_letter_queue(job_id: str) -> str:
+    """Where a cluster puts messages its consumers condemned, with the reason in headers."""
+    return f"{PREFIX}.{_check(job_id, 'job id')}.dead-letter"
+
+
+def federation_policy(job_id: str) -> str:
+    return f"{PREFIX}-{_check(job_id, 'job id')}-federate"
+
+
+def upstream_name(cluster: str) -> str:
+    """Name of the federation upstream that points at ``cluster``'s broker."""
+    return f"{PREFIX}-upstream-{_check(cluster, 'cluster name')}"
+
+
+def message_id(job_id: str, flow: str, step: int, micro_batch: int, seq: int) -> str:
+    """Identity of a message; consumers discard redeliveries that repeat one."""
+    return f"{job_id}/{flow}/{step}/{micro_batch}/{seq}"
+
+
+# --------------------------------------------------------------------------- the scenarios' flows
+
+
+def sub_discriminator_flow(index: int) -> str:
+    return f"sub-disc-{index}"
+
+
+def reply_flow(requester: str) -> str:
+    """Reply flow of one requester (an encoder worker id)."""
+    return f"reply-{_check(requester, 'requester id')}"
+
+
+def electra_flows(gen_cluster: str, disc_cluster: str, n_sub: int) -> tuple[Flow, ...]:
+    """Scenario I: generator -> root discriminator -> n sub-discriminators; sync back."""
+    flows = [
+        Flow("gen-results", gen_cluster, disc_cluster),
+        Flow("sync", disc_cluster, gen_cluster, FlowKind.SYNC),
+    ]
+    flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
+    return tuple(flows)
+
+
+def abnet_flows(src_cluster: str, tgt_cluster: str, requesters: tuple[str, ...]) -> tuple[Flow, ...]:
+    """Scenario II: encoder activations S -> T as requests; gradient replies T -> S."""
+    flows = [Flow("activations", src_cluster, tgt_cluster)]
+    flows += [Flow(reply_flow(r), tgt_cluster, src_cluster, FlowKind.REPLY) for r in requesters]
+    return tuple(flows)
