@@ -1,0 +1,1 @@
+"""Worker runtime: the consume/compute/publish loop, checkpoints, hooks, logs."""
