@@ -1,0 +1,217 @@
+"""The transport's extension point: bytes in, bytes out, acked by hand.
+
+A transport moves already-encoded envelopes (opaque bytes) between the workers
+of a job. It knows flows and queue names (``nebula_mq.topology``) but nothing
+about envelopes, codecs or tensors. Two implementations share these ABCs:
+``rabbit.RabbitTransport`` (the real one, RabbitMQ through pika) and
+``memory.MemoryTransport`` (in-process, for unit tests of worker logic).
+
+Semantics every implementation honours:
+
+* ``Publisher.publish`` returns only once the broker has taken responsibility
+  for the message (publisher confirm). A full bounded queue or a missing route
+  makes it wait and retry until ``TransportSettings.publish_patience_s``, then
+  it raises ``BackpressureTimeout``. Publishes are at-least-once: a retry after
+  a lost confirm can duplicate a message, under the same ``message_id``.
+* Deliveries are acked by hand. Anything not acked when a consumer goes away
+  (close, crash, connection loss) is delivered again, marked ``redelivered``.
+  Consumers discard repeats by ``message_id`` (see ``dedup.Deduplicator``);
+  federation repeats arrive with ``redelivered = False``.
+* ``Delivery.dead_letter`` moves a condemned message to the cluster's
+  dead-letter queue (with the reason in headers) and only then acks it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from nebula_mq import topology
+from nebula_mq.errors import TransportError
+
+Side = Literal["producer", "consumer"]
+
+# Headers a dead-lettered message carries, next to its original headers.
+REASON_HEADER = "x-nebula-reason"
+DETAIL_HEADER = "x-nebula-detail"
+ORIGINAL_QUEUE_HEADER = "x-nebula-original-queue"
+MESSAGE_ID_HEADER = "x-nebula-message-id"
+
+
+class Delivery(abc.ABC):
+    """One received message. ``ack`` and ``dead_letter`` are safe from any thread."""
+
+    body: bytes | memoryview
+    message_id: str
+    headers: Mapping[str, Any]
+    # True when the broker delivered it before (consumer loss); federation
+    # duplicates are NOT marked, so dedupe on message_id, not on this.
+    redelivered: bool
+    correlation_id: str | None
+    # Queue name of the requester's reply flow (request/reply only).
+    reply_to: str | None
+    # Broker-side tag; only meaningful on the connection that delivered it.
+    delivery_tag: int
+    # Queue this delivery came from.
+    queue: str
+
+    @abc.abstractmethod
+    def ack(self) -> bool:
+        """Settle the message: the effect is durably applied, never deliver it again.
+
+        Returns False when the delivering connection is gone: the broker will
+        deliver the message again and the consumer's dedupe discards it.
+        Raises ``TransportError`` on a second settle of the same delivery.
+        """
+
+    @abc.abstractmethod
+    def dead_letter(self, reason: str, detail: str = "") -> None:
+        """Republish to the dead-letter queue (confirmed), then ack. Never loses it."""
+
+
+class Consumer(abc.ABC):
+    """A subscription to one queue with manual acks and bounded prefetch."""
+
+    queue: str
+
+    @abc.abstractmethod
+    def get(self, timeout: float | None = None) -> Delivery | None:
+        """Next delivery, or None after ``timeout`` seconds (None waits forever)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop consuming; unacked deliveries go back to the queue."""
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Publisher(abc.ABC):
+    """Confirmed, persistent publishes to a queue of the local broker."""
+
+    @abc.abstractmethod
+    def publish(
+        self,
+        queue: str,
+        body: bytes | memoryview,
+        message_id: str,
+        headers: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> None:
+        """Block until the broker confirmed the message (see module docstring)."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Transport(abc.ABC):
+    """A worker's view of its *local* broker, for one job on one cluster."""
+
+    def __init__(self, job_id: str, cluster: str) -> None:
+        self.job_id = job_id
+        # The cluster this worker runs on; decides which copy of a flow it declares.
+        self.cluster = cluster
+
+    def queue_for(self, flow: topology.Flow | str) -> str:
+        """Queue name of a flow (same name on both clusters)."""
+        return topology.queue_name(self.job_id, flow if isinstance(flow, str) else flow.name)
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return topology.dead_letter_queue(self.job_id)
+
+    def check_side(self, flow: topology.Flow, side: Side) -> None:
+        """A producer declares on the flow's source cluster, a consumer on its destination."""
+        expected = flow.src_cluster if side == "producer" else flow.dst_cluster
+        if side not in ("producer", "consumer"):
+            raise TransportError(f"side must be 'producer' or 'consumer', got {side!r}")
+        if expected != self.cluster:
+            raise TransportError(
+                f"flow {flow.name!r}: the {side} side lives on cluster {expected!r}, "
+                f"this transport is on {self.cluster!r}"
+            )
+
+    @abc.abstractmethod
+    def open(self) -> None:
+        """Check the broker is reachable with these credentials (fails fast)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every publisher and consumer this transport made."""
+
+    @abc.abstractmethod
+    def publisher(self) -> Publisher: ...
+
+    @abc.abstractmethod
+    def consume(self, queue: str, prefetch: int | None = None) -> Consumer: ...
+
+    @abc.abstractmethod
+    def declare_flow(self, flow: topology.Flow, side: Side) -> str:
+        """Declare this cluster's copy of a flow's queue; returns the queue name."""
+
+    @abc.abstractmethod
+    def declare_dead_letter_queue(self) -> str: ...
+
+    @abc.abstractmethod
+    def dead_letter(
+        self,
+        body: bytes | memoryview,
+        message_id: str,
+        reason: str,
+        detail: str = "",
+        original_queue: str = "",
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Put a message straight into the dead-letter queue (confirmed)."""
+
+    @abc.abstractmethod
+    def queue_depth(self, queue: str) -> int | None:
+        """Ready messages in a queue of the local broker; None when it does not exist."""
+
+    @abc.abstractmethod
+    def delete_queue(self, queue: str) -> None: ...
+
+    def __enter__(self) -> Transport:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def dead_letter_headers(
+    headers: Mapping[str, Any] | None, message_id: str, reason: str, detail: str, queue: str
+) -> dict[str, Any]:
+    """Original headers plus the ``x-nebula-*`` ones that explain the condemnation."""
+    out = dict(headers or {})
+    out[REASON_HEADER] = reason
+    out[DETAIL_HEADER] = detail[:1024]  # bounded: details are for humans, not payloads
+    out[ORIGINAL_QUEUE_HEADER] = queue
+    out[MESSAGE_ID_HEADER] = message_id
+    return out
+
+
+def publish_reply(
+    publisher: Publisher,
+    request: Delivery,
+    body: bytes | memoryview,
+    message_id: str,
+    headers: Mapping[str, Any] | None = None,
+) -> None:
+    """Answer a request: to its ``reply_to`` queue, with its ``correlation_id``."""
+    if not request.reply_to:
+        raise TransportError(f"message {request.message_id!r} has no reply_to to answer")
+    publisher.publish(
+        request.reply_to, body, message_id, headers, correlation_id=request.correlation_id
+    )

@@ -1,0 +1,228 @@
+"""Connections from ``BrokerSettings``, each owned by one dedicated I/O thread.
+
+pika is not thread-safe and ``BlockingConnection`` answers heartbeats only
+while some thread is inside it. So every connection lives in an ``IoThread``
+that loops ``process_data_events``; other threads hand it work with
+``call(fn)``, which goes through ``add_callback_threadsafe`` (pika's only
+thread-safe entry point) and waits for the result. Compute can then run for
+minutes in the application thread without the broker declaring us dead.
+
+The thread reconnects with exponential backoff and jitter when the connection
+drops, and runs its ``on_connect`` hook (open channels, re-subscribe) on every
+new connection. ``generation`` counts connections, so callers can tell that a
+delivery tag belongs to a connection that no longer exists.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ssl
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pika
+import structlog
+
+from nebula_mq.errors import ConnectionLost, TransportError
+from nebula_mq.settings import BrokerSettings
+
+from .backoff import Backoff
+from .pika_errors import PIKA_ERRORS, translate
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# A broker under a memory/disk alarm blocks publishers; after this long we
+# drop the connection (and reconnect) so the stall shows up instead of hanging.
+BLOCKED_CONNECTION_TIMEOUT_S = 60.0
+# How often the I/O loop looks at its stop flag when nothing happens.
+_POLL_S = 0.2
+
+
+def ssl_context(broker: BrokerSettings) -> ssl.SSLContext:
+    """Client context: our CA only, our certificate, TLS >= 1.2, hostname checked."""
+    try:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=broker.ca_file)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = True
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_cert_chain(broker.cert_file, broker.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TransportError(
+            f"cannot load TLS identity (ca={broker.ca_file!r}, cert={broker.cert_file!r}, "
+            f"key={broker.key_file!r}): {exc}"
+        ) from None
+    return ctx
+
+
+def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq") -> pika.ConnectionParameters:
+    try:
+        broker.validate()
+    except ValueError as exc:
+        raise TransportError(f"broker settings: {exc}") from None
+    credentials: pika.credentials.VALID_TYPES
+    if broker.tls:
+        ssl_options = pika.SSLOptions(ssl_context(broker), server_hostname=broker.server_name)
+        credentials = pika.credentials.ExternalCredentials()
+    else:
+        ssl_options = None
+        credentials = pika.PlainCredentials(broker.username, broker.password)
+    return pika.ConnectionParameters(
+        host=broker.host,
+        port=broker.port,
+        virtual_host=broker.vhost,
+        credentials=credentials,
+        ssl_options=ssl_options,
+        heartbeat=broker.heartbeat_s,
+        blocked_connection_timeout=BLOCKED_CONNECTION_TIMEOUT_S,
+        connection_attempts=1,  # our own loop retries, with jitter
+        socket_timeout=10,
+        client_properties={"connection_name": name},
+    )
+
+
+def open_connection(broker: BrokerSettings, name: str = "nebula-mq") -> pika.BlockingConnection:
+    params = connection_parameters(broker, name)
+    try:
+        return pika.BlockingConnection(params)
+    except PIKA_ERRORS as exc:
+        raise translate(exc, f"connect to {broker.host}:{broker.port}/{broker.vhost}") from None
+
+
+class IoThread:
+    """One connection, one thread; see the module docstring."""
+
+    def __init__(
+        self,
+        broker: BrokerSettings,
+        name: str,
+        on_connect: Callable[[pika.BlockingConnection], None],
+    ) -> None:
+        self._broker = broker
+        self.name = name
+        self._on_connect = on_connect
+        self._lock = threading.Lock()
+        self._conn: pika.BlockingConnection | None = None
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._stop = threading.Event()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"pika-io-{name}", daemon=True)
+        self.generation = 0  # connections made so far; bumps on every reconnect
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        """Connect once; raise the translated error if that first attempt fails."""
+        self._thread.start()
+        self._started.wait()
+        if self._start_error is not None:
+            self._thread.join()
+            raise self._start_error
+
+    def in_io_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Run ``fn`` in the I/O thread and return its result (or raise its error).
+
+        Raises ``ConnectionLost`` when there is no connection now or it drops
+        before ``fn`` finished; pika errors from ``fn`` come back translated.
+        """
+        if self.in_io_thread():
+            return fn()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            with self._lock:
+                self._pending.discard(future)
+            if future.done():  # already failed as lost
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, not swallowed
+                future.set_exception(exc)
+
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise ConnectionLost(f"{self.name}: not connected")
+            self._pending.add(future)
+            try:
+                conn.add_callback_threadsafe(run)
+            except PIKA_ERRORS:
+                self._pending.discard(future)
+                raise ConnectionLost(f"{self.name}: connection closed") from None
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TransportError(f"{self.name}: no answer within {timeout} s") from None
+        except PIKA_ERRORS as exc:
+            raise translate(exc, self.name) from None
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            try:
+                conn.add_callback_threadsafe(lambda: None)  # wake the loop now
+            except PIKA_ERRORS:
+                pass
+        if self._thread.is_alive() and not self.in_io_thread():
+            self._thread.join(timeout=15)
+
+    # ----------------------------------------------------------------- I/O thread
+
+    def _run(self) -> None:
+        backoff = Backoff(initial=0.1, maximum=10.0)
+        while not self._stop.is_set():
+            conn = None
+            try:
+                conn = open_connection(self._broker, self.name)
+                self._on_connect(conn)
+            except (TransportError, *PIKA_ERRORS) as exc:
+                err = translate(exc, f"{self.name}: connect")
+                _close_quietly(conn)
+                if not self._started.is_set():
+                    self._start_error = err
+                    self._started.set()
+                    return
+                delay = backoff.next_delay()
+                log.warning("reconnect failed", connection=self.name, error=str(err), retry_in=delay)
+                self._stop.wait(delay)
+                continue
+            backoff.reset()
+            with self._lock:
+                self._conn = conn
+                self.generation += 1
+            self.connected.set()
+            self._started.set()
+            self._loop(conn)
+        self._started.set()
+
+    def _loop(self, conn: pika.BlockingConnection) -> None:
+        try:
+            while not self._stop.is_set() and conn.is_open:
+                conn.process_data_events(time_limit=_POLL_S)
+        except PIKA_ERRORS as exc:
+            log.warning("connection lost", connection=self.name, error=str(translate(exc, self.name)))
+        finally:
+            self.connected.clear()
+            with self._lock:
+                self._conn = None
+            _close_quietly(conn)
+            with self._lock:
+                pending, self._pending = self._pending, set()
+            for future in pending:
+                if not future.done():
+                    future.set_exception(ConnectionLost(f"{self.name}: connection lost"))
+
+
+def _close_quietly(conn: pika.BlockingConnection | None) -> None:
+    if conn is not None and conn.is_open:
+        try:
+            conn.close()
+        except PIKA_ERRORS:
+            pass

@@ -1,0 +1,158 @@
+"""The RabbitMQ transport: a worker's connections to its local broker.
+
+Queue-level replay. A consumer acks a delivery only after the application has
+durably applied its effect (written the checkpoint that contains it, with the
+message id recorded in its ``Deduplicator``). Anything not durably applied is
+therefore still unacked when a WAN link drops, a consumer crashes (even
+``kill -9``) or a broker restarts, and the broker delivers it again: the
+queues *are* the replay log, and no application-level resend exists. Repeats
+(redeliveries, publish retries after a lost confirm, federation link resets,
+which arrive with ``redelivered = False``) are discarded by message id.
+
+Layout (see ``nebula_mq.topology``): the producer side of a flow declares the
+bounded copy of its queue on the sending cluster, the consumer side of a
+cross-cluster flow declares the uncapped, federated copy on the receiving
+cluster (the federation policy itself is provisioned by the stack). Messages
+are published to the local broker only, via the default exchange.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import pika.exceptions as px
+import structlog
+from pika.adapters.blocking_connection import BlockingChannel
+
+from nebula_mq import topology
+from nebula_mq.errors import TransportError
+from nebula_mq.settings import BrokerSettings, TransportSettings
+
+from . import base, declare
+from .connection import open_connection
+from .consumer import RabbitConsumer
+from .pika_errors import PIKA_ERRORS, translate
+from .publisher import RabbitPublisher
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class RabbitTransport(base.Transport):
+    def __init__(
+        self, broker: BrokerSettings, settings: TransportSettings, job_id: str, cluster: str
+    ) -> None:
+        super().__init__(job_id, cluster)
+        topology.vhost(job_id)  # validates the job id early (ValueError on a bad slug)
+        self.broker = broker
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._children: list[RabbitPublisher | RabbitConsumer] = []
+        self._dead_letter_publisher: RabbitPublisher | None = None
+        self._serial = 0
+
+    def _name(self, role: str) -> str:
+        with self._lock:
+            self._serial += 1
+            return f"{self.job_id}/{self.cluster}/{role}-{self._serial}"
+
+    def _adopt(self, child: Any) -> Any:
+        with self._lock:
+            self._children.append(child)
+        return child
+
+    def open(self) -> None:
+        self._with_channel("open", lambda channel: None)
+
+    def close(self) -> None:
+        with self._lock:
+            children, self._children = self._children, []
+            self._dead_letter_publisher = None
+        for child in children:
+            child.close()
+
+    def publisher(self) -> RabbitPublisher:
+        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub")))
+
+    def consume(self, queue: str, prefetch: int | None = None) -> RabbitConsumer:
+        return self._adopt(
+            RabbitConsumer(
+                self.broker, queue, prefetch or self.settings.prefetch,
+                self.dead_letter_queue, self._name("sub"),
+            )
+        )
+
+    # ------------------------------------------------------------------ declaring
+
+    def declare_flow(self, flow: topology.Flow, side: base.Side) -> str:
+        self.check_side(flow, side)
+        name = self.queue_for(flow)
+        if side == "consumer" and flow.crosses_clusters:
+            arguments = declare.federated_downstream_arguments()
+        else:
+            arguments = declare.bounded_queue_arguments(self.settings.max_queue_bytes)
+        self._declare(name, arguments)
+        return name
+
+    def declare_dead_letter_queue(self) -> str:
+        self._declare(self.dead_letter_queue, declare.dead_letter_arguments())
+        return self.dead_letter_queue
+
+    def _declare(self, name: str, arguments: dict[str, Any]) -> None:
+        self._with_channel(
+            f"declare queue {name!r}",
+            lambda ch: ch.queue_declare(name, durable=True, arguments=arguments),
+        )
+
+    def queue_depth(self, queue: str) -> int | None:
+        def passive(channel: BlockingChannel) -> int | None:
+            try:
+                return int(channel.queue_declare(queue, passive=True).method.message_count)
+            except px.ChannelClosedByBroker as exc:
+                if exc.reply_code == 404:
+                    return None
+                raise
+
+        return self._with_channel(f"inspect queue {queue!r}", passive)
+
+    def delete_queue(self, queue: str) -> None:
+        self._with_channel(f"delete queue {queue!r}", lambda ch: ch.queue_delete(queue))
+
+    def _with_channel(self, what: str, fn: Callable[[BlockingChannel], T]) -> T:
+        """A short-lived connection for rare control operations (declares, status)."""
+        conn = open_connection(self.broker, self._name("control"))
+        try:
+            return fn(conn.channel())
+        except PIKA_ERRORS as exc:
+            raise translate(exc, what) from None
+        finally:
+            try:
+                if conn.is_open:
+                    conn.close()
+            except PIKA_ERRORS:
+                pass
+
+    # ------------------------------------------------------------------ dead letters
+
+    def dead_letter(
+        self,
+        body: bytes | memoryview,
+        message_id: str,
+        reason: str,
+        detail: str = "",
+        original_queue: str = "",
+        headers: Mapping[str, Any] | None = None,
+    ) -> None:
+        with self._lock:
+            publisher = self._dead_letter_publisher
+        if publisher is None:
+            publisher = self._adopt(RabbitPublisher(self.broker, self.settings, self._name("dlq")))
+            with self._lock:
+                self._dead_letter_publisher = publisher
+        headers = base.dead_letter_headers(headers, message_id, reason, detail, original_queue)
+        publisher.publish(self.dead_letter_queue, body, message_id, headers)
+        log.error("message dead-lettered", queue=original_queue, message_id=message_id,
+                  reason=reason, detail=detail)
