@@ -28,7 +28,7 @@ from paddle import nn
 from nebula_mq.errors import ShapeMismatch
 from nebula_mq.models.abnet_config import ENCODER_WEIGHTS, ABNetConfig, StackConfig, check_shape
 from nebula_mq.models.adapters import CrossAttentionAdapter, EncoderAdapter
-from nebula_mq.models.beam_search import beam_search, greedy_search
+from nebula_mq.models.beam_search import StepFn, beam_search, greedy_search
 from nebula_mq.models.bert import (Adapter, BertConfig, BertEncoder, Memory, causal_bias, freeze,
                                    load_numpy_state, padding_bias)
 from nebula_mq.models.pretrained import PrunedVocab, PretrainedWeights, load_e5_small, load_minilm
@@ -154,25 +154,32 @@ class DecoderSide(nn.Layer):
         loss.backward()
         return float(loss), enc_out.grad.numpy()
 
-    def decode(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, beam: int = 4,
-               max_len: int = 64, alpha: float = 1.0) -> list[list[int]]:
-        """Translate from a received activation; beam=1 is greedy. Outputs exclude BOS/EOS."""
-        was_training = self.training
-        self.eval()
+    def next_token_scorer(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray) -> StepFn:
+        """A no-grad ``step(prefix, rows) -> log-probs [N, V]`` for the search functions."""
         enc = paddle.to_tensor(np.asarray(enc_out_np, dtype=np.float32))
         mask = paddle.to_tensor(np.asarray(enc_mask_np, dtype=np.float32))
+        never = [self.cfg.tgt_bos_id, self.cfg.tgt_pad_id]
 
         def step(prefix: np.ndarray, rows: np.ndarray) -> np.ndarray:
             idx = paddle.to_tensor(rows)
             with paddle.no_grad():
                 logits = self.logits(paddle.gather(enc, idx), paddle.gather(mask, idx), paddle.to_tensor(prefix))
-                return F.log_softmax(logits[:, -1], axis=-1).numpy()
+                logp = F.log_softmax(logits[:, -1], axis=-1).numpy()  # [N, V]
+            logp[:, never] = -np.inf  # BOS and padding are never generated
+            return logp
 
-        c = self.cfg
+        return step
+
+    def decode(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, beam: int = 4,
+               max_len: int = 64, alpha: float = 1.0) -> list[list[int]]:
+        """Translate from a received activation; beam=1 is greedy. Outputs exclude BOS/EOS."""
+        was_training = self.training
+        self.eval()
+        step, c, batch = self.next_token_scorer(enc_out_np, enc_mask_np), self.cfg, len(enc_out_np)
         try:
             if beam == 1:
-                return greedy_search(step, enc.shape[0], c.tgt_bos_id, c.tgt_eos_id, max_len)
-            return beam_search(step, enc.shape[0], c.tgt_bos_id, c.tgt_eos_id, max_len, beam, alpha)
+                return greedy_search(step, batch, c.tgt_bos_id, c.tgt_eos_id, max_len)
+            return beam_search(step, batch, c.tgt_bos_id, c.tgt_eos_id, max_len, beam, alpha)
         finally:
             self.train(was_training)
 

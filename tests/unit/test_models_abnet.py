@@ -1,0 +1,138 @@
+"""ABNet (tiny preset): the split encoder/decoder API trains exactly like the joint model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+paddle = pytest.importorskip("paddle")
+
+from nebula_mq.errors import ConfigError, ShapeMismatch  # noqa: E402
+from nebula_mq.models.abnet import ABNet  # noqa: E402
+from nebula_mq.models.abnet_config import preset, tiny  # noqa: E402
+from nebula_mq.models.beam_search import beam_search, greedy_search  # noqa: E402
+
+pytestmark = pytest.mark.paddle
+
+
+def _copy_batch(rng: np.random.Generator, b: int = 8, n: int = 6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source = random tokens (ids 3..31, padded with 0); target = BOS + source + EOS + padding."""
+    lens = rng.integers(3, n + 1, b)
+    src = np.zeros((b, n), np.int64)
+    tgt = np.zeros((b, n + 2), np.int64)
+    for i, ln in enumerate(lens):
+        src[i, :ln] = rng.integers(3, 32, ln)
+        tgt[i, : ln + 2] = [1, *src[i, :ln], 2]
+    return src, (src != 0).astype(np.float32), tgt
+
+
+def _grads(model: ABNet) -> dict[str, np.ndarray]:
+    return {n: p.grad.numpy().copy() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _clear(model: ABNet) -> None:
+    for p in model.parameters():
+        p.clear_gradient(set_to_zero=False)
+
+
+def test_split_backward_equals_joint_backward() -> None:
+    model = ABNet(tiny())
+    src, mask, tgt = _copy_batch(np.random.default_rng(0))
+
+    joint_loss = model.loss(src, mask, tgt)
+    joint_loss.backward()
+    joint = _grads(model)
+    _clear(model)
+
+    enc_out = model.encoder(src, mask)  # cluster S
+    loss, grad = model.decoder.loss_and_grad(enc_out.numpy(), mask, tgt)  # cluster T, over the "WAN"
+    model.encoder.backward(enc_out, grad)  # cluster S again
+    split = _grads(model)
+
+    assert loss == pytest.approx(float(joint_loss), rel=1e-6)
+    assert set(split) == set(joint) and any(k.startswith("encoder.") for k in split)
+    for name in joint:
+        np.testing.assert_allclose(split[name], joint[name], rtol=1e-4, atol=1e-7, err_msg=name)
+    assert grad.shape == tuple(enc_out.shape) and np.abs(grad).sum() > 0
+    assert np.abs(grad[mask == 0]).max() < 1e-20  # padded source positions are (numerically) never attended
+
+
+def test_only_adapters_and_head_get_gradients() -> None:
+    model = ABNet(tiny())
+    src, mask, tgt = _copy_batch(np.random.default_rng(1))
+    model.loss(src, mask, tgt).backward()
+    trainable = {id(p) for p in model.trainable_parameters()}
+    for name, p in model.named_parameters():
+        is_adapter = ".after_" in name or name.startswith("decoder.head.")
+        assert (id(p) in trainable) == is_adapter, name
+        assert (p.grad is not None) == is_adapter, name
+
+
+def test_loss_decreases_on_copy_task_and_frozen_weights_stay() -> None:
+    model = ABNet(tiny())
+    frozen = {n: p.numpy().copy() for n, p in model.named_parameters() if p.stop_gradient}
+    enc_opt = paddle.optimizer.Adam(3e-3, parameters=model.encoder.trainable_parameters())
+    dec_opt = paddle.optimizer.Adam(3e-3, parameters=model.decoder.trainable_parameters())
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(30):
+        src, mask, tgt = _copy_batch(rng, b=16)
+        enc_out = model.encoder(src, mask)
+        loss, grad = model.decoder.loss_and_grad(enc_out.numpy(), mask, tgt)
+        model.encoder.backward(enc_out, grad)
+        for opt in (enc_opt, dec_opt):
+            opt.step()
+            opt.clear_grad()
+        losses.append(loss)
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
+    for n, p in model.named_parameters():
+        if n in frozen:
+            np.testing.assert_array_equal(p.numpy(), frozen[n])
+
+
+def test_label_smoothing_raises_loss_of_a_confident_model() -> None:
+    src, mask, tgt = _copy_batch(np.random.default_rng(3))
+    plain = ABNet(tiny())
+    smooth = ABNet(preset("tiny", label_smoothing=0.3))
+    enc = plain.encoder(src, mask).numpy()
+    a = float(plain.decoder.loss(paddle.to_tensor(enc), mask, tgt))
+    b = float(smooth.decoder.loss(paddle.to_tensor(enc), mask, tgt))
+    assert a != pytest.approx(b)  # same seed, same weights: only the smoothing differs
+
+
+def test_beam_one_equals_greedy_on_the_model() -> None:
+    model = ABNet(tiny())
+    src, mask, _ = _copy_batch(np.random.default_rng(4))
+    enc = model.encoder(src, mask).numpy()
+    step = model.decoder.next_token_scorer(enc, mask)
+    greedy = greedy_search(step, len(src), 1, 2, max_len=9)
+    assert beam_search(step, len(src), 1, 2, max_len=9, beam=1) == greedy
+    assert model.translate(src, mask, beam=1, max_len=9) == greedy
+    out = model.translate(src, mask, beam=4, max_len=9)
+    assert len(out) == len(src) and all(len(s) <= 9 and not {0, 1, 2} & set(s) for s in out)
+
+
+def test_beam_search_finds_the_sequence_greedy_misses() -> None:
+    # vocab: 0 BOS, 1 EOS, 2 'a', 3 'b'. P(a)=.6, P(b)=.4; after 'a' nearly uniform; after 'b' EOS=.9
+    table = {(0,): [0, 0.0, 0.6, 0.4], (0, 2): [0, 0.34, 0.33, 0.33], (0, 3): [0, 0.9, 0.05, 0.05]}
+
+    def step(prefix: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        p = np.array([table.get(tuple(r), [0, 1.0, 0, 0]) for r in prefix]) + 1e-12
+        return np.log(p)
+
+    assert greedy_search(step, 2, 0, 1, max_len=5) == [[2], [2]]
+    assert beam_search(step, 2, 0, 1, max_len=5, beam=2) == [[3], [3]]
+
+
+def test_bad_inputs_raise_typed_errors() -> None:
+    model = ABNet(tiny())
+    src, mask, tgt = _copy_batch(np.random.default_rng(5))
+    enc_out = model.encoder(src, mask)
+    with pytest.raises(ShapeMismatch):
+        model.encoder.backward(enc_out, np.zeros((1, 2, 3), np.float32))
+    with pytest.raises(ShapeMismatch):
+        model.decoder.loss_and_grad(enc_out.numpy(), mask, tgt[:3])
+    with pytest.raises(ConfigError):
+        preset("huge")
+    with pytest.raises(ConfigError):
+        preset("tiny", label_smoothing=1.5)
