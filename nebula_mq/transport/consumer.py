@@ -150,6 +150,11 @@ class RabbitConsumer(base.Consumer):
             # From a connection that died: the broker delivers it again.
 
     @property
+    def connection_name(self) -> str:
+        """As the broker lists it (``rabbitmqctl list_connections name``)."""
+        return self._io.name
+
+    @property
     def connected(self) -> bool:
         return self._io.connected.is_set()
 

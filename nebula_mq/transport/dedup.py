@@ -46,14 +46,17 @@ class _Stream:
         if self.seen(seq):
             return
         self.pending.add(seq)
-        while self.watermark + 1 in self.pending:
-            self.watermark += 1
-            self.pending.discard(self.watermark)
+        self._advance()
         if len(self.pending) > max_pending:
             lowest = min(self.pending)
             log.warning("dedup gap given up", stream=name, skipped=(self.watermark + 1, lowest - 1))
             self.watermark = lowest - 1
-            self.record(lowest, max_pending, name)
+            self._advance()
+
+    def _advance(self) -> None:
+        while self.watermark + 1 in self.pending:
+            self.watermark += 1
+            self.pending.discard(self.watermark)
 
 
 class Deduplicator:

@@ -85,6 +85,11 @@ class RabbitPublisher(base.Publisher):
         )
 
     @property
+    def connection_name(self) -> str:
+        """As the broker lists it (``rabbitmqctl list_connections name``)."""
+        return self._io.name
+
+    @property
     def connected(self) -> bool:
         return self._io.connected.is_set()
 
