@@ -1,0 +1,22 @@
+"""Tensor codecs (pure numpy): quantisation, low-rank, sparsification, lossless.
+
+``parse_codec("fp16(svd(0.6))")`` builds a codec from a config string;
+``codec.encode(x) -> Encoded``; :func:`decode_tree` decodes any tree.
+Importing this package registers every concrete codec by wire id and name.
+"""
+
+from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, decode_tree, registered
+from nebula_mq.codecs.cast import BF16, FP16, Identity
+from nebula_mq.codecs.compose import ByRole, BySize, Chain
+from nebula_mq.codecs.int8 import Int8
+from nebula_mq.codecs.lossless import LZ4
+from nebula_mq.codecs.lowrank import SVD, LowRankState, RandomizedSVD
+from nebula_mq.codecs.parse import parse_codec
+from nebula_mq.codecs.schedule import CompressionSchedule
+from nebula_mq.codecs.sparse import TopK
+
+__all__ = [
+    "BF16", "FP16", "LZ4", "SVD", "ByRole", "BySize", "Chain", "Codec", "CompressionSchedule",
+    "EncodeContext", "Encoded", "Identity", "Int8", "LowRankState", "RandomizedSVD", "TopK",
+    "codec_class", "decode_tree", "parse_codec", "registered",
+]

@@ -1,0 +1,100 @@
+"""Cast codecs: identity, fp16 and bf16 (paper's C_FP16)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.errors import NonFiniteTensor
+
+FP16_MAX = float(np.finfo(np.float16).max)  # 65504
+# Largest float32 that rounds (to nearest even) to a finite bf16: 0x7F7F7FFF.
+BF16_SAFE_MAX = float(np.array([0x7F7F7FFF], dtype=np.uint32).view(np.float32)[0])
+
+
+@dataclass(frozen=True)
+class Identity(Codec):
+    """Raw bytes; any wire dtype, NaN/Inf pass only with allow_non_finite."""
+
+    wire_id = 0
+    name = "none"
+
+    def accepts(self, dtype: np.dtype) -> bool:
+        return True
+
+    def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [(shape, dtype)]
+
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
+        check_finite(x, ctx, self.spec)
+        return self._node(x, x)
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        expect_parts(self.spec, parts, (shape, dtype.name))
+        return parts[0]
+
+
+def _range(x: np.ndarray) -> tuple[float, float]:
+    return (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class FP16(Codec):
+    """IEEE half precision; finite values beyond +-65504 are clamped, not turned into Inf."""
+
+    wire_id = 1
+    name = "fp16"
+
+    def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [(shape, np.dtype(np.float16))]
+
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
+        lo, hi = _range(x)
+        finite = math.isfinite(lo) and math.isfinite(hi)
+        if finite and -FP16_MAX <= lo and hi <= FP16_MAX:
+            return self._node(x, x.astype(np.float16))  # fast path: one pass
+        if not finite and not ctx.allow_non_finite:
+            raise NonFiniteTensor(f"fp16: tensor {x.shape} contains NaN or Inf")
+        clipped = np.clip(x, -FP16_MAX, FP16_MAX)
+        if not finite:  # keep NaN/Inf as they were (clip would turn Inf into 65504)
+            np.copyto(clipped, x, where=~np.isfinite(x))
+        return self._node(x, clipped.astype(np.float16))
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        expect_parts(self.spec, parts, (shape, "float16"))
+        return parts[0].astype(dtype)
+
+
+@dataclass(frozen=True)
+class BF16(Codec):
+    """bfloat16 (upper 16 bits of float32, round-to-nearest-even), shipped as uint16."""
+
+    wire_id = 2
+    name = "bf16"
+
+    def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [(shape, np.dtype(np.uint16))]
+
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
+        check_finite(x, ctx, self.spec)
+        f = x.astype(np.float32, copy=True)
+        lo, hi = _range(f)
+        if lo < -BF16_SAFE_MAX or hi > BF16_SAFE_MAX:  # also true for +-Inf, harmless
+            finite = np.isfinite(f)
+            np.clip(f, -BF16_SAFE_MAX, BF16_SAFE_MAX, out=f, where=finite)
+        u = f.view(np.uint32)
+        nan = np.isnan(f) if ctx.allow_non_finite else None
+        # Round to nearest even on the discarded 16 bits, in place.
+        u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+        out = (u >> np.uint32(16)).astype(np.uint16)
+        if nan is not None and nan.any():
+            out[nan] = 0x7FC0  # rounding may have carried a NaN into Inf
+        return self._node(x, out)
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        expect_parts(self.spec, parts, (shape, "uint16"))
+        wide = parts[0].astype(np.uint32) << np.uint32(16)
+        return wide.view(np.float32).astype(dtype, copy=False)

@@ -1,0 +1,82 @@
+"""Symmetric int8 quantisation with one float32 scale per row or per block.
+
+``int8`` keeps one scale per row (the last axis: per token for [B,T,H]
+activations/gradients); ``int8(block=64)`` one per 64 consecutive values of the
+flattened tensor, which bounds the damage of a single outlier. The error per
+element is at most scale/2 = max|row or block| / 254.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.errors import CodecError
+
+# Rows processed per pass so the float temporaries stay in L2 (~256 KiB).
+_CHUNK_ELEMS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Int8(Codec):
+    wire_id = 3
+    name = "int8"
+    block: int = 0  # 0: one scale per row (last axis); else values per scale block
+
+    def __post_init__(self) -> None:
+        if self.block != 0 and not 8 <= self.block <= 1 << 20:
+            raise CodecError(f"int8: block must be 0 (per row) or 8..1048576, got {self.block}")
+
+    def _layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(rows, cols) of the 2-D view that gets one scale per row."""
+        n = math.prod(shape)
+        if self.block:
+            return -(-n // self.block), self.block
+        cols = shape[-1] if shape else 1
+        return (n // cols if cols else 0), cols
+
+    def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+        rows, cols = self._layout(shape)
+        q_shape = (rows * cols,) if self.block else shape
+        return [(q_shape, np.dtype(np.int8)), ((rows,), np.dtype(np.float32))]
+
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
+        check_finite(x, ctx, "int8", representable=False)
+        rows, cols = self._layout(x.shape)
+        flat = x.reshape(-1)
+        if self.block and rows * cols != flat.size:  # pad the tail block with zeros
+            flat = np.concatenate([flat, np.zeros(rows * cols - flat.size, x.dtype)])
+        x2 = flat.reshape(rows, cols)
+        if x2.size == 0:
+            amax = np.zeros(rows, np.float32)
+        else:
+            amax = np.maximum(x2.max(axis=1), -x2.min(axis=1)).astype(np.float32)
+        scale = amax / np.float32(127.0)
+        scale[scale == 0] = 1.0  # all-zero row: any scale works, avoid 0/0
+        inv = (np.float32(1.0) / scale)[:, None]
+        q = np.empty((rows, cols), np.int8)
+        step = max(1, _CHUNK_ELEMS // max(cols, 1))
+        buf = np.empty((min(step, rows), cols), np.float32)
+        for r0 in range(0, rows, step):
+            part = x2[r0:r0 + step]
+            b = buf[: part.shape[0]]
+            np.multiply(part, inv[r0:r0 + step], out=b, casting="same_kind")
+            np.rint(b, out=b)
+            q[r0:r0 + step] = b
+        q_out = q.reshape(x.shape) if not self.block else q.reshape(-1)
+        return self._node(x, q_out, scale)
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        rows, cols = self._layout(shape)
+        q_shape = (rows * cols,) if self.block else shape
+        expect_parts("int8", parts, (q_shape, "int8"), ((rows,), "float32"))
+        q, scale = parts
+        if not np.isfinite(scale).all() or (scale < 0).any():
+            raise CodecError("int8: scales must be finite and non-negative")
+        out = q.reshape(rows, cols).astype(np.float32)
+        out *= scale[:, None]
+        n = math.prod(shape)
+        return out.reshape(-1)[:n].reshape(shape).astype(dtype, copy=False)
