@@ -1,0 +1,156 @@
+"""The part of every worker daemon that is not about its role.
+
+A worker owns: its transport to the local broker, a checkpoint store, hooks
+(metrics, logs), a status file, and the list of deliveries whose effect is
+applied in memory but not yet checkpointed. :meth:`Worker.commit` writes the
+checkpoint and only then acks those deliveries: the queue-level replay
+contract (see ``nebula_mq.transport.rabbit``).
+
+SIGTERM and SIGINT set a stop flag; a role's loop checks it between
+micro-batches, finishes what is in flight, commits, and exits 0. A restart
+resumes from the last checkpoint: safe at any moment, since anything not in a
+checkpoint is still unacked on the broker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.hooks import Hook, Hooks
+from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.metrics import MetricsHook
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Delivery, Transport
+
+log = get_logger(__name__)
+
+
+def make_transport(settings: Settings, cluster: str) -> Transport:
+    """The RabbitMQ transport to ``cluster``'s broker, from the job's settings."""
+    if cluster not in settings.clusters:
+        raise ConfigError(settings.source or "<settings>", f"clusters.{cluster}",
+                          f"a cluster named in {sorted(settings.clusters)}", cluster)
+    from nebula_mq.transport.rabbit import RabbitTransport
+
+    broker = settings.clusters[cluster].broker
+    return RabbitTransport(broker, settings.transport, settings.job.id, cluster)
+
+
+def status_dir(settings: Settings) -> Path:
+    return settings.run_dir / "status"
+
+
+class Worker(ABC):
+    """Base of the role workers in the top-level ``workers`` package."""
+
+    role: str = "worker"
+
+    def __init__(
+        self,
+        settings: Settings,
+        cluster: str,
+        worker_id: str,
+        transport: Transport | None = None,
+        hooks: Sequence[Hook] = (),
+        checkpoint_every: int = 10,
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster
+        # Unique within the job; names the checkpoint dir, status and metrics files.
+        self.worker_id = worker_id
+        self.checkpoint_every = max(1, checkpoint_every)
+        run_dir = settings.run_dir
+        self.store = CheckpointStore(run_dir / "checkpoints" / worker_id)
+        self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom")
+        self.hooks = Hooks([self.metrics, *hooks])
+        self.transport = transport if transport is not None else make_transport(settings, cluster)
+        self.stop_requested = threading.Event()
+        self._pending_acks: list[Delivery] = []
+        self.step = 0
+        self.values: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []
+        bind_context(job=settings.job.id, role=self.role, worker=worker_id, cluster=cluster)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: finish the micro-batch in flight, checkpoint, ack, exit."""
+
+        def _stop(signum: int, _frame: Any) -> None:
+            log.info("stop_requested", signal=signal.Signals(signum).name)
+            self.stop_requested.set()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+    def main(self) -> int:
+        """Run the role to completion (or to a stop request) with the transport open."""
+        self.write_status("starting")
+        with self.transport:
+            try:
+                code = self.run()
+            except BaseException:
+                self.write_status("failed")
+                raise
+        self.write_status("finished" if code == 0 and not self.stop_requested.is_set()
+                          else "stopped")
+        return code
+
+    @abstractmethod
+    def run(self) -> int:
+        """The role's loop. Returns the process exit code."""
+
+    # ------------------------------------------------------------------ replay contract
+
+    def defer_ack(self, delivery: Delivery) -> None:
+        """Ack ``delivery`` once the next checkpoint (holding its effect) is durable."""
+        self._pending_acks.append(delivery)
+
+    def commit(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Checkpoint:
+        """Checkpoint at ``self.step``, then ack everything it covers."""
+        ck = self.store.save(self.step, arrays, meta)
+        for delivery in self._pending_acks:
+            delivery.ack()  # False when the connection died: the repeat is deduped later
+        self._pending_acks.clear()
+        log.info("checkpoint", step=self.step, digest=ck.digest[:16])
+        return ck
+
+    def record_step(self, values: Mapping[str, float]) -> None:
+        self.values = {k: float(v) for k, v in values.items()}
+        self.history.append({"step": float(self.step), "time": time.time(), **self.values})
+        self.hooks.on_step(self.step, self.values)
+        self.write_status("running")
+
+    def write_status(self, state: str, **extra: Any) -> None:
+        path = status_dir(self.settings) / f"{self.worker_id}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
+            "job": self.settings.job.id, "pid": os.getpid(), "state": state,
+            "step": self.step, "updated": time.time(), "values": self.values, **extra,
+        }
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(body, sort_keys=True))
+        os.replace(tmp, path)
+
+    def write_history(self) -> Path:
+        """Per-step values (loss curves) for reports, as JSON lines."""
+        path = self.settings.run_dir / "history" / f"{self.worker_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            for row in self.history:
+                fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self.history.clear()
+        return path

@@ -1,0 +1,142 @@
+"""What the ABNet encoder (cluster S) and decoder (cluster T) workers share.
+
+The paper keeps the two halves of the data apart: S sees only the source
+sentences, T only the targets (§3.2). Both sides read their own half of the
+same tokenized split and agree on micro-batch ``i`` through a deterministic
+schedule (seed, epoch permutation); the activation message carries the sample
+ids so T can look up its targets. No text crosses the WAN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from nebula_mq import config, topology
+from nebula_mq.errors import DataError
+from nebula_mq.settings import Settings
+
+ACTIVATIONS_FLOW = "activations"
+
+
+@dataclass(frozen=True)
+class AbnetJob:
+    """The ``[abnet]`` section of a job file."""
+
+    preset: Literal["tiny", "small", "full"] = "tiny"
+    # Layers kept from each pretrained stack (small preset); fewer = faster on CPU.
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    # "synthetic": a seeded toy translation task (tests, tiny); "corpus": `data build` output.
+    data: Literal["synthetic", "corpus"] = "synthetic"
+    data_dir: str = "run/data"
+    split: str = "train"
+    batch_size: int = 16
+    # Synthetic task only: source length range and vocabulary come from the tiny preset.
+    synthetic_len: int = 8
+    # Micro-batches whose gradient is not back yet; bounds staleness and memory.
+    in_flight: int = 4
+    lr: float = 1e-3
+    checkpoint_every: int = 10
+    src_cluster: str = "s"
+    tgt_cluster: str = "t"
+    # Requester id of the (single) encoder worker; names its reply flow.
+    encoder_id: str = "enc-0"
+
+    def validate(self) -> None:
+        if self.in_flight < 1:
+            raise ValueError("in_flight >= 1")
+        if self.batch_size < 1:
+            raise ValueError("batch_size >= 1")
+        if self.src_cluster == self.tgt_cluster:
+            raise ValueError("src_cluster != tgt_cluster")
+
+    def flows(self) -> tuple[topology.Flow, topology.Flow]:
+        act, reply = topology.abnet_flows(self.src_cluster, self.tgt_cluster, (self.encoder_id,))
+        return act, reply
+
+
+def load_job(settings: Settings) -> AbnetJob:
+    return config.build(AbnetJob, dict(settings.abnet), settings.source or "<settings>", "abnet.")
+
+
+def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
+    """Seed for dropout of micro-batch ``mb``: a function of the schedule, not of history,
+    so a worker resumed from a checkpoint draws exactly what a clean run draws."""
+    digest = hashlib.sha256(f"{job_seed}/{side}/{mb}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class TranslationData:
+    """One side's view of the training pairs, addressed by micro-batch index."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> None:
+        self.arrays = arrays
+        self.n = len(arrays["index"])
+        if self.n < batch_size:
+            raise DataError(f"{self.n} samples are fewer than one batch of {batch_size}")
+        self.batch_size = batch_size
+        self.seed = seed
+        self.batches_per_epoch = self.n // batch_size  # drop_last: equal shapes per epoch
+        self._row_of = {int(s): r for r, s in enumerate(arrays["index"])}
+
+    def rows(self, mb: int) -> np.ndarray:
+        epoch, k = divmod(mb, self.batches_per_epoch)
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return order[k * self.batch_size : (k + 1) * self.batch_size]
+
+    def source(self, mb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(sample ids int64 [B], src ids int32 [B, S], src mask int8 [B, S]), trimmed."""
+        rows = self.rows(mb)
+        mask = self.arrays["src_mask"][rows]
+        width = max(int(mask.sum(axis=1).max()), 1)
+        ids = self.arrays["src_ids"][rows][:, :width].astype(np.int32)
+        return self.arrays["index"][rows].astype(np.int64), ids, mask[:, :width].astype(np.int8)
+
+    def targets(self, sample_ids: np.ndarray) -> np.ndarray:
+        """Target ids int64 [B, T] of the given samples, trimmed to the longest."""
+        try:
+            rows = np.array([self._row_of[int(s)] for s in sample_ids], dtype=np.int64)
+        except KeyError as exc:
+            raise DataError(f"unknown sample id {exc}") from None
+        mask = self.arrays["tgt_mask"][rows]
+        width = max(int(mask.sum(axis=1).max()), 2)
+        return self.arrays["tgt_ids"][rows][:, :width].astype(np.int64)
+
+
+def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str) -> dict[str, np.ndarray]:
+    """A toy translation task for the tiny preset: the target is a fixed token
+    permutation of the source, reversed, framed by BOS=1 and EOS=2 (pad 0).
+    ``side`` selects which half is materialised, as each cluster sees one half."""
+    rng = np.random.default_rng([seed, 7])
+    perm = rng.permutation(np.arange(3, vocab))
+    lengths = rng.integers(2, max_len + 1, size=n)
+    src = np.zeros((n, max_len), np.int32)
+    tgt = np.zeros((n, max_len + 2), np.int32)
+    for i, length in enumerate(lengths):
+        tokens = rng.integers(3, vocab, size=length)
+        src[i, :length] = tokens
+        tgt[i, : length + 2] = [1, *perm[tokens[::-1] - 3], 2]
+    out = {"index": np.arange(n, dtype=np.int64)}
+    if side == "src":
+        out.update(src_ids=src, src_mask=(src != 0).astype(np.int8))
+    else:
+        out.update(tgt_ids=tgt, tgt_mask=(tgt != 0).astype(np.int8))
+    return out
+
+
+def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int) -> TranslationData:
+    """Only this side's arrays are loaded (S never holds targets, T never sources)."""
+    if job.data == "synthetic":
+        arrays = synthetic_pairs(4096, vocab, job.synthetic_len, seed, side)
+    else:
+        path = Path(job.data_dir) / "parallel" / f"{job.split}.npz"
+        from nebula_mq.data.batches import load_arrays
+
+        full = load_arrays(path)
+        arrays = {k: v for k, v in full.items() if k == "index" or k.startswith(f"{side}_")}
+    return TranslationData(arrays, job.batch_size, seed)
