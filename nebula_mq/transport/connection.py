@@ -107,6 +107,7 @@ class IoThread:
         self._conn: pika.BlockingConnection | None = None
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._stop = threading.Event()
+        self._restart = threading.Event()  # drop this connection and make a new one
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"pika-io-{name}", daemon=True)
@@ -161,6 +162,10 @@ class IoThread:
         except PIKA_ERRORS as exc:
             raise translate(exc, self.name) from None
 
+    def restart(self) -> None:
+        """Reconnect (from the I/O thread, e.g. when the broker cancelled a consumer)."""
+        self._restart.set()
+
     def close(self) -> None:
         self._stop.set()
         with self._lock:
@@ -204,7 +209,8 @@ class IoThread:
 
     def _loop(self, conn: pika.BlockingConnection) -> None:
         try:
-            while not self._stop.is_set() and conn.is_open:
+            self._restart.clear()
+            while not self._stop.is_set() and not self._restart.is_set() and conn.is_open:
                 conn.process_data_events(time_limit=_POLL_S)
         except PIKA_ERRORS as exc:
             log.warning("connection lost", connection=self.name, error=str(translate(exc, self.name)))

@@ -123,6 +123,9 @@ class RabbitConsumer(base.Consumer):
         channel.basic_qos(prefetch_count=self._prefetch)  # per consumer, not global
         dl_channel = conn.channel()
         dl_channel.confirm_delivery()
+        # The broker cancels us when the queue is deleted: resubscribe via a reconnect
+        # (which waits, with backoff, until the queue is declared again).
+        channel.add_on_cancel_callback(lambda _frame: self._io.restart())
         channel.basic_consume(self.queue, on_message_callback=self._on_message)
         self._channel, self._dl_channel = channel, dl_channel
 

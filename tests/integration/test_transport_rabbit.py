@@ -185,3 +185,19 @@ def test_consuming_a_missing_queue_is_a_transport_error(transport: RabbitTranspo
     with pytest.raises(TransportError, match="404"):
         transport.consume(transport.queue_for("f"))
     assert transport.queue_depth(transport.queue_for("f")) is None
+
+
+def test_consumer_resubscribes_after_its_queue_is_deleted_and_redeclared(
+    transport: RabbitTransport,
+) -> None:
+    q = _local_queue(transport)
+    consumer = transport.consume(q)
+    transport.delete_queue(q)  # the broker cancels the subscription
+    time.sleep(0.5)
+    _local_queue(transport)
+    with transport.publisher() as pub:
+        pub.publish(q, b"x", "m0")
+    d = consumer.get(timeout=15)
+    assert d is not None and d.message_id == "m0"
+    assert d.ack()
+    assert consumer.reconnects >= 1
