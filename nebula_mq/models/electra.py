@@ -128,7 +128,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Unit tests: seconds on one core.
     "tiny": {"vocab_size": 512, "max_len": 32, "batch_size": 8, "warmup_steps": 3, "total_steps": 200,
              "disc_lr": 1e-3, "discriminator": {"hidden": 64, "layers": 2, "heads": 2, "ffn": 128},
-             "generators": [{"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 1e-3}]},
+             "generators": [{"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 2e-3}]},
     # The CPU demo: a few minutes for a few hundred steps.
     "small": {"vocab_size": 8000, "max_len": 64, "batch_size": 16, "warmup_steps": 20, "total_steps": 400,
               "disc_lr": 5e-4, "discriminator": {"hidden": 128, "layers": 4, "heads": 4, "ffn": 512},
