@@ -110,7 +110,7 @@ class Codec(ABC):
             raise CodecError(f"{self.spec}: dtype {x.dtype} cannot travel on the wire")
         if not self.accepts(x.dtype):
             raise CodecError(f"{self.spec}: cannot encode dtype {x.dtype}")
-        return self._encode(np.ascontiguousarray(x), ctx)
+        return self._encode(np.asarray(x, order="C"), ctx)  # ascontiguousarray would make 0-d 1-d
 
     def decode(self, enc: Encoded) -> np.ndarray:
         return decode_tree(enc)

@@ -54,8 +54,8 @@ class Int8(Codec):
             amax = np.zeros(rows, np.float32)
         else:
             amax = np.maximum(x2.max(axis=1), -x2.min(axis=1)).astype(np.float32)
-        scale = amax / np.float32(127.0)
-        scale[scale == 0] = 1.0  # all-zero row: any scale works, avoid 0/0
+        # The floor keeps 1/scale finite for all-zero or subnormal rows (error <= 5e-31 there).
+        scale = np.maximum(amax / np.float32(127.0), np.float32(1e-30))
         inv = (np.float32(1.0) / scale)[:, None]
         q = np.empty((rows, cols), np.int8)
         step = max(1, _CHUNK_ELEMS // max(cols, 1))

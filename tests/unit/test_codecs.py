@@ -1,0 +1,244 @@
+"""Property tests of every codec: round-trip error bounds, ratios, composition, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from nebula_mq.codecs import (
+    FP16, LZ4, SVD, CompressionSchedule, Identity, Int8, LowRankState, RandomizedSVD, TopK,
+    decode_tree, parse_codec, registered,
+)
+from nebula_mq.codecs.base import Codec, Encoded
+from nebula_mq.errors import CodecError, NonFiniteTensor, ShapeMismatch, UnknownCodec
+
+FLOATS = [np.float32, np.float16, np.float64]
+shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=24)
+
+
+def floats_array(dtype: type, shape_strategy: st.SearchStrategy = shapes, bound: float = 1e3) -> st.SearchStrategy:
+    return hnp.arrays(dtype, shape_strategy, elements=st.floats(-bound, bound, width=np.dtype(dtype).itemsize * 8))
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(a), 1e-30))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_fp16_relative_error(dtype: type, data: st.DataObject) -> None:
+    x = data.draw(floats_array(dtype))
+    enc = FP16().encode(x)
+    y = decode_tree(enc)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    x64 = x.astype(np.float64)
+    # half precision: 11-bit mantissa (rel 2**-11) or absolute 2**-25 near zero (subnormals)
+    assert np.all(np.abs(y.astype(np.float64) - x64) <= np.abs(x64) * 2.0**-11 + 2.0**-24)
+    assert enc.nbytes == x.size * 2
+
+
+def test_fp16_clamps_instead_of_overflowing() -> None:
+    x = np.array([1e6, -1e6, 3.0], np.float32)
+    y = decode_tree(FP16().encode(x))
+    assert y.tolist() == [65504.0, -65504.0, 3.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_bf16_relative_error(dtype: type, data: st.DataObject) -> None:
+    x = data.draw(floats_array(dtype))
+    y = decode_tree(parse_codec("bf16").encode(x))
+    x64 = x.astype(np.float64)
+    # 8-bit mantissa, round to nearest: rel error <= 2**-8 (plus float32 subnormal slack)
+    assert np.all(np.abs(y.astype(np.float64) - x64) <= np.abs(x64) * 2.0**-8 + 1e-38)
+
+
+@pytest.mark.parametrize("block", [0, 8, 64])
+@pytest.mark.parametrize("dtype", FLOATS)
+@given(data=st.data())
+@settings(max_examples=20, deadline=None)
+def test_int8_error_within_half_step(block: int, dtype: type, data: st.DataObject) -> None:
+    x = data.draw(floats_array(dtype))
+    codec = Int8(block=block)
+    y = decode_tree(codec.encode(x)).astype(np.float64)
+    x64 = x.astype(np.float64)
+    if block:
+        flat = np.concatenate([x64.reshape(-1), np.zeros(-x.size % block)]).reshape(-1, block)
+        amax = np.repeat(np.abs(flat).max(axis=1), block)[: x.size].reshape(x.shape)
+    else:
+        amax = np.abs(x64).max(axis=-1, keepdims=True)
+    # rounding to the nearest of 255 levels: |err| <= max/254, plus float32 scale rounding
+    # and the rounding of the result into the output dtype (matters for float16)
+    out_rounding = np.abs(x64) * np.finfo(dtype).eps
+    assert np.all(np.abs(y - x64) <= amax / 254 * (1 + 1e-5) + out_rounding + 1e-30)
+
+
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_svd_error_equals_discarded_energy(data: st.DataObject) -> None:
+    x = data.draw(floats_array(np.float64, hnp.array_shapes(min_dims=2, max_dims=3, min_side=2, max_side=20), 100))
+    frac = data.draw(st.floats(0.05, 1.0))
+    codec = SVD(frac)
+    y = decode_tree(codec.encode(x))
+    t, h = x.shape[-2:]
+    k = codec.rank(t, h)
+    s = np.linalg.svd(x.reshape(-1, t, h), compute_uv=False)
+    discarded = float(np.sum(s[:, k:] ** 2))
+    assert np.isclose(np.sum((y - x) ** 2), discarded, rtol=1e-6, atol=1e-8 * max(1.0, float(np.sum(x**2))))
+
+
+@pytest.mark.parametrize("frac", [0.1, 0.3, 0.6])
+def test_rsvd_close_to_exact_on_decaying_spectrum(frac: float) -> None:
+    rng = np.random.default_rng(1)
+    u, v = rng.standard_normal((8, 32, 32)), rng.standard_normal((8, 32, 96))
+    x = ((u * np.exp(-np.arange(32) / 6)) @ v).astype(np.float32)
+    exact = rel_err(x, decode_tree(SVD(frac).encode(x)))
+    approx = rel_err(x, decode_tree(RandomizedSVD(frac).encode(x)))
+    assert exact <= approx <= exact * 1.1 + 1e-6
+
+
+def test_rsvd_warm_start_uses_and_updates_state() -> None:
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 16, 48)).astype(np.float32)
+    state = LowRankState()
+    codec = RandomizedSVD(0.25, iters=0)
+    cold = rel_err(x, decode_tree(codec.encode(x, state=state)))
+    assert state.basis is not None and state.warm_starts == 0
+    warm = [rel_err(x, decode_tree(codec.encode(x, state=state))) for _ in range(4)]
+    assert state.warm_starts == 4
+    exact = rel_err(x, decode_tree(SVD(0.25).encode(x)))
+    assert warm[-1] <= cold and warm[-1] <= exact * 1.02  # subspace iteration converges
+
+
+def test_lowrank_1d_is_sent_raw() -> None:
+    x = np.arange(10, dtype=np.float32)
+    enc = SVD(0.5).encode(x)
+    assert enc.codec_id == Identity.wire_id
+    assert np.array_equal(decode_tree(enc), x)
+
+
+@given(x=floats_array(np.float32), frac=st.floats(0.01, 1.0))
+@settings(max_examples=40, deadline=None)
+def test_topk_keeps_largest_exactly(x: np.ndarray, frac: float) -> None:
+    codec = TopK(frac)
+    y = decode_tree(codec.encode(x))
+    k = codec.count(x.size)
+    assert np.count_nonzero(y != x) <= x.size - k  # kept values are exact
+    kept = np.abs(x[y != 0]) if np.any(y != 0) else np.array([np.inf])
+    dropped = np.abs(x[(y == 0) & (x != 0)])
+    if dropped.size:
+        assert dropped.max() <= kept.min()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16, np.bool_, np.float32, np.float16])
+@given(data=st.data())
+@settings(max_examples=15, deadline=None)
+def test_lz4_bit_exact(dtype: type, data: st.DataObject) -> None:
+    x = data.draw(hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=3, max_side=40),
+                             elements=None if np.dtype(dtype).kind != "f" else st.floats(-1e3, 1e3, width=np.dtype(dtype).itemsize * 8)))
+    y = decode_tree(LZ4().encode(x))
+    assert y.dtype == x.dtype and y.shape == x.shape and y.tobytes() == x.tobytes()
+
+
+CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=32)", "svd(0.6)", "rsvd(0.5)", "topk(0.1)", "lz4",
+          "fp16(svd(0.6))", "int8(svd(0.5))", "fp16(rsvd(0.3))", "lz4(topk(0.2))", "fp16(topk(0.2))",
+          "lz4(fp16(svd(0.4)))", "size(1000, small=lz4, large=fp16(svd(0.6)))"]
+
+
+@pytest.mark.parametrize("spec", CHAINS)
+@given(x=floats_array(np.float32, hnp.array_shapes(min_dims=2, max_dims=3, min_side=2, max_side=24), 100))
+@settings(max_examples=10, deadline=None)
+def test_chain_roundtrip_and_ratio_estimate(spec: str, x: np.ndarray) -> None:
+    codec = parse_codec(spec)
+    assert parse_codec(codec.spec).spec == codec.spec  # spec strings round-trip
+    enc = codec.encode(x)
+    y = decode_tree(enc)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    est, real = codec.estimated_ratio(x.shape, x.dtype), enc.nbytes / x.nbytes
+    if "lz4" in spec:  # data dependent: the estimate is an upper bound (lz4 overhead <= 0.4% + 16 B)
+        assert real <= est * 1.005 + 16 / x.nbytes + 1e-9
+    else:
+        assert real == pytest.approx(est, rel=1e-9)
+
+
+def test_chain_composition_is_inner_then_outer() -> None:
+    x = np.random.default_rng(3).standard_normal((4, 32, 64)).astype(np.float32)
+    enc = parse_codec("fp16(svd(0.6))").encode(x)
+    assert enc.codec_id == SVD.wire_id
+    assert [p.codec_id for p in enc.parts] == [FP16.wire_id, FP16.wire_id]
+    plain = decode_tree(SVD(0.6).encode(x))
+    assert rel_err(plain, decode_tree(enc)) < 2e-3  # fp16 on the factors adds ~1e-3
+
+
+def test_paper_ratio_fp16_svd06_for_64_token_sequences() -> None:
+    ratio = parse_codec("fp16(svd(0.6))").estimated_ratio((32, 64, 768), np.float32)
+    assert 0.30 <= ratio <= 0.33  # paper Table 5: 0.30
+
+
+def test_non_finite_refused_by_default_and_allowed_on_request() -> None:
+    x = np.array([[1.0, np.nan], [np.inf, 2.0]], np.float32)
+    for spec in ["none", "fp16", "bf16", "int8", "svd(0.5)", "lz4", "topk(0.5)"]:
+        with pytest.raises(NonFiniteTensor):
+            parse_codec(spec).encode(x)
+    for spec in ["none", "fp16", "bf16", "lz4"]:
+        y = decode_tree(parse_codec(spec).encode(x, allow_non_finite=True))
+        assert np.isnan(y[0, 1]) and np.isposinf(y[1, 0]) and y[0, 0] == 1.0
+    with pytest.raises(NonFiniteTensor):  # int8 cannot represent them at all
+        Int8().encode(x, allow_non_finite=True)
+
+
+def test_role_and_schedule_pick_codecs() -> None:
+    role = parse_codec("role(activation=fp16(svd(0.6)), gradient=int8, ids=lz4)")
+    x = np.ones((4, 8, 16), np.float32)
+    assert role.encode(x, role="gradient").codec_id == Int8.wire_id
+    assert role.encode(np.arange(5), role="ids").codec_id == LZ4.wire_id
+    assert role.encode(x).codec_id == Identity.wire_id  # unknown role -> default
+    sched = CompressionSchedule.parse("fp16", compress_from_step=100)
+    assert sched.codec_for(99).spec == "none" and sched.codec_for(100).spec == "fp16"
+
+
+@pytest.mark.parametrize("bad, err, token", [
+    ("fp17(svd(0.6))", UnknownCodec, "fp17"), ("svd(1.5)", CodecError, "1.5"),
+    ("fp16(svd(0.6)", CodecError, "end of string"), ("svd(0.6))", CodecError, "')'"),
+    ("int8(blk=3)", CodecError, "blk"), ("svd", CodecError, "fraction"), ("fp16($)", CodecError, "'$'"),
+    ("", CodecError, "non-empty"), ("rsvd(0.5, iters=-1)", CodecError, "iters"),
+])
+def test_parser_errors_name_the_bad_token(bad: str, err: type, token: str) -> None:
+    with pytest.raises(err, match=None) as info:
+        parse_codec(bad)
+    assert token in str(info.value)
+
+
+def test_registry_rejects_duplicate_wire_ids() -> None:
+    with pytest.raises(TypeError, match="already used"):
+        class Clash(Codec):  # noqa: F841 - the class statement itself must fail
+            wire_id = FP16.wire_id
+            name = "clash"
+    assert {c.name for c in registered().values()} >= {"none", "fp16", "bf16", "int8", "svd", "rsvd", "topk", "lz4"}
+
+
+def test_decode_validates_instead_of_returning_garbage() -> None:
+    x = np.ones((2, 8, 8), np.float32)
+    enc = SVD(0.5).encode(x)
+    bad_shape = Encoded(enc.codec_id, enc.params, (2, 8, 9), enc.dtype, enc.parts)
+    with pytest.raises(ShapeMismatch):
+        decode_tree(bad_shape)
+    with pytest.raises(CodecError):
+        decode_tree(Encoded(enc.codec_id, {"fraction": 7.0}, enc.shape, enc.dtype, enc.parts))
+    with pytest.raises(UnknownCodec):
+        decode_tree(Encoded(99, {}, enc.shape, enc.dtype, enc.parts))
+    q = Int8().encode(x)
+    with pytest.raises(CodecError):
+        decode_tree(Encoded(q.codec_id, q.params, q.shape, q.dtype, (q.parts[0], -np.ones(16, np.float32))))
+    t = TopK(0.5).encode(np.arange(8, dtype=np.float32))
+    with pytest.raises(CodecError):
+        decode_tree(Encoded(t.codec_id, t.params, t.shape, t.dtype, (t.parts[0], t.parts[1] + 100)))
+    with pytest.raises(CodecError):
+        decode_tree(Encoded(LZ4.wire_id, {}, (4,), "int64", (np.frombuffer(b"\xff" * 8, np.uint8),)))
+    with pytest.raises(CodecError):  # hostile shape must not allocate
+        decode_tree(Encoded(LZ4.wire_id, {}, (2**40,), "float64", (np.zeros(4, np.uint8),)))
