@@ -74,8 +74,9 @@ class Int8(Codec):
         q_shape = (rows * cols,) if self.block else shape
         expect_parts("int8", parts, (q_shape, "int8"), ((rows,), "float32"))
         q, scale = parts
-        if not np.isfinite(scale).all() or (scale < 0).any():
-            raise CodecError("int8: scales must be finite and non-negative")
+        # A real scale is max|x|/127 of finite float32 data, so larger ones are forged.
+        if not np.isfinite(scale).all() or (scale < 0).any() or (scale > 3.4e38 / 127).any():
+            raise CodecError("int8: scales must be finite, non-negative and <= float32 max / 127")
         out = q.reshape(rows, cols).astype(np.float32)
         out *= scale[:, None]
         n = math.prod(shape)

@@ -72,6 +72,9 @@ class _LowRank(Codec):
         k = self.rank(t, h)
         expect_parts(self.name, parts, ((*lead, t, k), "f"), ((*lead, k, h), "f"))
         left, right = (p.astype(_work_dtype(dtype), copy=False) for p in parts)
+        for p in (left, right):  # the encoder refuses NaN/Inf, so such factors are corrupt
+            if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
+                raise CodecError(f"{self.name}: non-finite factor")
         return np.matmul(left, right).astype(dtype, copy=False)
 
 
