@@ -22,6 +22,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--languages", nargs="+", default=None, metavar="ISO", help="languages of the multilingual corpus")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-len", type=int, default=128, help="token limit per sentence in the tokenized arrays")
+    b.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     b.set_defaults(func=_build)
 
     s = sub.add_parser("stats", help="print the manifest of a built data directory")
@@ -34,6 +35,10 @@ def _build(args: argparse.Namespace) -> int:
     from nebula_mq.data.build import STAGES, BuildOptions, build, default_data_dir
     from nebula_mq.errors import DataError
 
+    from nebula_mq.runtime.logs import configure_logging
+
+    # Logs go to stderr so stdout carries only the summary.
+    configure_logging(args.log_level, stream=_CurrentStderr())  # type: ignore[arg-type]
     if args.max_pairs is not None and args.max_pairs < 1:
         raise DataError(f"--max-pairs must be positive, got {args.max_pairs}")
     options = BuildOptions(
@@ -76,12 +81,25 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is at write time (test runners swap it), for the log stream."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def summary(manifest: dict[str, Any]) -> str:
     """Human-readable counts: pairs per domain and split, languages per family, skipped inputs."""
     lines = ["parallel es→en pairs:"]
     counts = manifest.get("parallel", {}).get("counts", {})
     for domain, by_split in sorted(counts.items()):
-        split_text = "  ".join(f"{s}={n}" for s, n in by_split.items())
+        split_text = "  ".join(f"{s}={by_split[s]}" for s in ("train", "valid", "test") if s in by_split)
         lines.append(f"  {domain:<10} {split_text}  total={sum(by_split.values())}")
     multilingual = manifest.get("multilingual", {})
     families = multilingual.get("families", {})

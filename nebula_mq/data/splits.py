@@ -43,6 +43,7 @@ def assign_groups(sizes: Mapping[str, int], fractions: SplitFractions, seed: int
         "valid": max(1, math.ceil(fractions.valid * total * fractions.slack)) if fractions.valid else 0,
     }
     filled = {"test": 0, "valid": 0}
+    position = {name: i for i, name in enumerate(names)}
     out: dict[str, str] = {}
     for name in names:
         out[name] = "train"
@@ -57,7 +58,8 @@ def assign_groups(sizes: Mapping[str, int], fractions: SplitFractions, seed: int
     # Every group larger than the caps: still hold out the smallest ones, if training keeps one.
     for split in HELD_OUT:
         if caps[split] and filled[split] == 0:
-            train = sorted((n for n in names if out[n] == "train"), key=lambda n: (sizes[n], n))
+            # Smallest first; among equals, the seed's shuffled order decides.
+            train = sorted((n for n in names if out[n] == "train"), key=lambda n: (sizes[n], position[n]))
             if len(train) > 1:
                 out[train[0]] = split
                 filled[split] = sizes[train[0]]
