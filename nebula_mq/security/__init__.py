@@ -1,0 +1,1 @@
+"""Security of a deployment: certificates (``certs``); later, rotation, revocation and audit."""

@@ -1,0 +1,293 @@
+"""Certificates of a nebula-mq deployment: one CA per cluster, exchanged as trust bundles.
+
+Layout under the certificate directory (``DIR``)::
+
+    DIR/<cluster>/ca.pem, ca.key           the cluster's own CA
+    DIR/<cluster>/trust.pem                 CAs this cluster's broker and clients trust:
+                                            its own CA plus every peer cluster's CA
+    DIR/<cluster>/server/cert.pem, key.pem  the broker's server certificate
+    DIR/<cluster>/clients/<cn>/cert.pem, key.pem
+                                            client identities issued by this cluster's CA
+                                            (workers, and the broker's federation client)
+
+A client identity's CN is the RabbitMQ user name it logs in as (EXTERNAL auth,
+``ssl_cert_login_from = common_name``). A broker verifies the *peer* broker's
+federation client certificate, which the peer's CA issued, so each broker's
+``cacertfile`` is the trust bundle, not only its own CA.
+
+Everything is idempotent: a certificate is kept while it is valid for at least
+``RENEW_BEFORE`` more and was signed by the current CA; otherwise it is reissued.
+Private keys are created with mode 0600 and written atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from nebula_mq.errors import CertificateError
+
+CA_DAYS = 3650
+LEAF_DAYS = 825
+# A certificate expiring sooner than this is reissued by the next ``ensure_*`` call.
+RENEW_BEFORE = dt.timedelta(days=30)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def federation_identity(cluster: str) -> str:
+    """CN (and RabbitMQ user name) of ``cluster``'s broker when it acts as a federation client."""
+    return f"federation-{cluster}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Files of one certificate identity (a broker or a client)."""
+
+    cn: str
+    cert_file: Path
+    key_file: Path
+    # Bundle of CAs this identity trusts when verifying its peer.
+    ca_file: Path
+
+
+def _check_name(name: str, what: str) -> str:
+    if not _NAME.match(name):
+        raise CertificateError(f"{what} must match {_NAME.pattern}, got {name!r}")
+    return name
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` with mode 0600 from the first byte on, then rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _write_public(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _new_key() -> ec.EllipticCurvePrivateKey:
+    # P-256: fast to generate, supported by Erlang/OTP 25 and Python's ssl.
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _load_cert(path: Path) -> x509.Certificate | None:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _load_key(path: Path) -> ec.EllipticCurvePrivateKey | None:
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return None
+    return key if isinstance(key, ec.EllipticCurvePrivateKey) else None
+
+
+def _fresh(cert: x509.Certificate | None) -> bool:
+    return cert is not None and cert.not_valid_after_utc - _now() > RENEW_BEFORE
+
+
+def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _matches(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bool:
+    return cert.public_key() == key.public_key()
+
+
+class ClusterCA:
+    """The CA of one cluster and the identities it issues."""
+
+    def __init__(self, root: str | os.PathLike[str], cluster: str) -> None:
+        self.cluster = _check_name(cluster, "cluster name")
+        self.dir = Path(root) / cluster
+        self.ca_cert_file = self.dir / "ca.pem"
+        self.ca_key_file = self.dir / "ca.key"
+        self.trust_file = self.dir / "trust.pem"
+
+    # ------------------------------------------------------------------ the CA itself
+
+    def ensure_ca(self) -> x509.Certificate:
+        """Load the CA, creating (or replacing an expiring) one; returns its certificate."""
+        cert, key = _load_cert(self.ca_cert_file), _load_key(self.ca_key_file)
+        if cert is not None and key is not None and _fresh(cert) and _matches(cert, key):
+            return cert
+        key = _new_key()
+        name = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nebula-mq"),
+                x509.NameAttribute(NameOID.COMMON_NAME, f"nebula-mq CA {self.cluster}"),
+            ]
+        )
+        now = _now()
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, key_cert_sign=True, crl_sign=True,
+                    content_commitment=False, key_encipherment=False, data_encipherment=False,
+                    key_agreement=False, encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256())
+        )
+        write_private(self.ca_key_file, _key_pem(key))
+        _write_public(self.ca_cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        return cert
+
+    def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        cert = self.ensure_ca()
+        key = _load_key(self.ca_key_file)
+        if key is None:
+            raise CertificateError(f"{self.ca_key_file}: unreadable CA key")
+        return cert, key
+
+    # ------------------------------------------------------------------ leaves
+
+    def server(self) -> Identity:
+        d = self.dir / "server"
+        return Identity(self.cluster, d / "cert.pem", d / "key.pem", self.trust_file)
+
+    def client(self, cn: str) -> Identity:
+        d = self.dir / "clients" / _check_name(cn, "client identity")
+        return Identity(cn, d / "cert.pem", d / "key.pem", self.trust_file)
+
+    def ensure_server(self, hostnames: Sequence[str] = ()) -> Identity:
+        """Server certificate with SANs localhost, 127.0.0.1, the cluster name and ``hostnames``."""
+        names = ["localhost", self.cluster, *hostnames]
+        ident = self.server()
+        self._ensure_leaf(ident, server=True, dns=names, ips=["127.0.0.1"])
+        return ident
+
+    def ensure_client(self, cn: str) -> Identity:
+        """Client certificate whose CN is the RabbitMQ user name ``cn``."""
+        ident = self.client(cn)
+        self._ensure_leaf(ident, server=False, dns=[], ips=[])
+        return ident
+
+    def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str]) -> None:
+        ca_cert, ca_key = self._ca()
+        cert, key = _load_cert(ident.cert_file), _load_key(ident.key_file)
+        if (
+            cert is not None and key is not None and _fresh(cert)
+            and _signed_by(cert, ca_cert) and _matches(cert, key)
+            and (not server or _sans(cert) >= set(dns) | set(ips))
+        ):
+            return
+        key = _new_key()
+        now = _now()
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"nebula-mq {self.cluster}"),
+                x509.NameAttribute(NameOID.COMMON_NAME, ident.cn),
+            ]))
+            .issuer_name(ca_cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(min(now + dt.timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        )
+        if dns or ips:
+            sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(dns)]
+            sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        write_private(ident.key_file, _key_pem(key))
+        _write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
+
+    def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
+        """Trust bundle: this cluster's CA first, then each peer's CA."""
+        pems = [self.ensure_ca().public_bytes(serialization.Encoding.PEM)]
+        pems += [p.ensure_ca().public_bytes(serialization.Encoding.PEM) for p in peers if p.cluster != self.cluster]
+        data = b"".join(pems)
+        if not self.trust_file.exists() or self.trust_file.read_bytes() != data:
+            _write_public(self.trust_file, data)
+        return self.trust_file
+
+
+def _sans(cert: x509.Certificate) -> set[str]:
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return set(ext.get_values_for_type(x509.DNSName)) | {str(i) for i in ext.get_values_for_type(x509.IPAddress)}
+
+
+def init_certs(
+    root: str | os.PathLike[str],
+    clusters: Sequence[str],
+    identities: Iterable[tuple[str, str]] = (),
+) -> dict[str, ClusterCA]:
+    """Create (or keep) every cluster's CA, trust bundle, server and federation client certs.
+
+    ``identities`` are extra ``(cluster, cn)`` client identities (workers).
+    """
+    if not clusters:
+        raise CertificateError("at least one cluster is needed")
+    cas = {c: ClusterCA(root, c) for c in clusters}
+    for ca in cas.values():
+        ca.ensure_ca()
+    for ca in cas.values():
+        ca.write_trust(cas.values())
+        ca.ensure_server()
+        ca.ensure_client(federation_identity(ca.cluster))
+    for cluster, cn in identities:
+        if cluster not in cas:
+            raise CertificateError(f"identity {cn!r} names unknown cluster {cluster!r}")
+        cas[cluster].ensure_client(cn)
+    return cas

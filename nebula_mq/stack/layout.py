@@ -1,0 +1,162 @@
+"""Where each node of a local stack keeps its files, and which ports it uses.
+
+Port plan for cluster number ``i`` (0-based) of a stack with base port ``B``:
+TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, Erlang distribution
+``B+20000+i``. The default ``B = 5681`` stays clear of the system node's
+5672/15672/25672. The layout is saved as ``stack.json`` in the run directory so
+``stack status|down`` and ``wan ...`` find a running stack without repeating flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from nebula_mq.errors import StackError
+
+DEFAULT_CLUSTERS = ("cluster-a", "cluster-b")
+DEFAULT_BASE_PORT = 5681
+DEFAULT_PREFIX = "nebula"
+RELAY_OFFSET = 10
+DIST_OFFSET = 20000
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("NEBULA_RUN_DIR", "run/stack"))
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """One RabbitMQ node standing for one cluster."""
+
+    cluster: str
+    # Erlang node name, unique on this host (several stacks share the default epmd).
+    node: str
+    tls_port: int
+    dist_port: int
+    # Port of the relay that forwards to this node's TLS port: peers federate through it.
+    relay_port: int
+    # Absolute directory holding the node's home, config, mnesia and logs.
+    dir: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    @property
+    def home(self) -> Path:
+        return self.path / "home"
+
+    @property
+    def mnesia_base(self) -> Path:
+        return self.path / "mnesia"
+
+    @property
+    def log_base(self) -> Path:
+        return self.path / "log"
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / "rabbitmq.conf"
+
+    @property
+    def plugins_file(self) -> Path:
+        return self.path / "enabled_plugins"
+
+    @property
+    def env_file(self) -> Path:
+        return self.path / "rabbitmq-env.conf"
+
+    @property
+    def advanced_config_file(self) -> Path:
+        return self.path / "advanced.config"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.mnesia_base / f"{self.node}.pid"
+
+
+@dataclass(frozen=True)
+class StackLayout:
+    run_dir: str
+    base_port: int
+    prefix: str
+    nodes: tuple[NodeLayout, ...]
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+    @property
+    def certs_dir(self) -> Path:
+        return self.path / "certs"
+
+    @property
+    def wan_dir(self) -> Path:
+        return self.path / "wan"
+
+    @property
+    def clusters(self) -> tuple[str, ...]:
+        return tuple(n.cluster for n in self.nodes)
+
+    def node(self, cluster: str) -> NodeLayout:
+        for n in self.nodes:
+            if n.cluster == cluster:
+                return n
+        raise StackError(f"no cluster {cluster!r} in this stack (has {', '.join(self.clusters)})")
+
+    def save(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        data = {"run_dir": self.run_dir, "base_port": self.base_port, "prefix": self.prefix,
+                "nodes": [asdict(n) for n in self.nodes]}
+        tmp = self.path / ".stack.json.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, self.path / "stack.json")
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike[str]) -> StackLayout | None:
+        path = Path(run_dir).resolve() / "stack.json"
+        try:
+            data = json.loads(path.read_text())
+            nodes = tuple(NodeLayout(**n) for n in data["nodes"])
+            return cls(data["run_dir"], int(data["base_port"]), data["prefix"], nodes)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StackError(f"{path}: unreadable stack layout ({exc})") from None
+
+
+def plan(
+    run_dir: str | os.PathLike[str],
+    clusters: Sequence[str] = DEFAULT_CLUSTERS,
+    base_port: int = DEFAULT_BASE_PORT,
+    prefix: str = DEFAULT_PREFIX,
+) -> StackLayout:
+    """Compute a layout; raises :class:`StackError` on bad names or ports."""
+    if not clusters or len(set(clusters)) != len(clusters):
+        raise StackError(f"clusters must be distinct and non-empty, got {list(clusters)}")
+    if len(clusters) > RELAY_OFFSET:
+        raise StackError(f"at most {RELAY_OFFSET} clusters, got {len(clusters)}")
+    for name in (*clusters, prefix):
+        if not _SLUG.match(name):
+            raise StackError(f"names must match {_SLUG.pattern}, got {name!r}")
+    if not 1024 <= base_port <= 65535 - DIST_OFFSET - len(clusters):
+        raise StackError(f"base port must leave room for +{DIST_OFFSET} dist ports, got {base_port}")
+    root = Path(run_dir).resolve()
+    nodes = tuple(
+        NodeLayout(
+            cluster=c,
+            node=f"{prefix}-{c}@localhost",
+            tls_port=base_port + i,
+            dist_port=base_port + DIST_OFFSET + i,
+            relay_port=base_port + RELAY_OFFSET + i,
+            dir=str(root / "nodes" / c),
+        )
+        for i, c in enumerate(clusters)
+    )
+    return StackLayout(str(root), base_port, prefix, nodes)

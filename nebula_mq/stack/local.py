@@ -1,0 +1,224 @@
+"""The local multi-cluster stack: TLS-only RabbitMQ nodes joined by federation over relays.
+
+Usage::
+
+    stack = Stack("run/stack")               # cluster-a and cluster-b, ports 5681/5682
+    stack.up()                               # idempotent; returns when every node is ready
+    stack.provision_job("demo", abnet_flows("cluster-a", "cluster-b", ("enc-0",)),
+                        {"cluster-a": ["enc-0"], "cluster-b": ["dec-0"]})
+    settings = stack.broker_settings("cluster-a", "enc-0", vhost=topology.vhost("demo"))
+    stack.cut(); stack.heal()                # the emulated WAN
+    stack.down()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nebula_mq import topology
+from nebula_mq.errors import StackError
+from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
+from nebula_mq.settings import BrokerSettings
+from nebula_mq.stack import node as nodes
+from nebula_mq.stack import provision, wan
+from nebula_mq.stack.layout import DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, StackLayout, plan
+from nebula_mq.stack.relay import Shape
+from nebula_mq.topology import Flow
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    cluster: str
+    node: str
+    running: bool
+    tls_port: int
+    relay_port: int
+    # Relay in front of this node: its pid (None = not running) and current shape.
+    relay_pid: int | None
+    shape: Shape
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    messages: int
+    message_bytes: int
+
+
+class Stack:
+    """A set of local nodes, one per cluster, with the relays between them."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str] | None = None,
+        clusters: Sequence[str] = DEFAULT_CLUSTERS,
+        base_port: int = DEFAULT_BASE_PORT,
+        prefix: str = DEFAULT_PREFIX,
+    ) -> None:
+        from nebula_mq.stack.layout import default_run_dir
+
+        root = Path(run_dir) if run_dir is not None else default_run_dir()
+        saved = StackLayout.load(root)
+        fresh = plan(root, clusters, base_port, prefix)
+        if saved is not None and saved != fresh and any(nodes.is_running(n) for n in saved.nodes):
+            # A running stack keeps its layout; ask for `down` before changing it.
+            self.layout = saved
+        else:
+            self.layout = fresh
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str] | None = None) -> Stack:
+        """The stack saved in ``run_dir`` (by a previous ``up``), with its own layout."""
+        from nebula_mq.stack.layout import default_run_dir
+
+        root = Path(run_dir) if run_dir is not None else default_run_dir()
+        saved = StackLayout.load(root)
+        if saved is None:
+            raise StackError(f"no stack in {root.resolve()} (run `nebula-mq stack up` first)")
+        return cls(root, saved.clusters, saved.base_port, saved.prefix)
+
+    @property
+    def clusters(self) -> tuple[str, ...]:
+        return self.layout.clusters
+
+    def ca(self, cluster: str) -> ClusterCA:
+        self.layout.node(cluster)
+        return ClusterCA(self.layout.certs_dir, cluster)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def up(self, timeout: float = 90.0) -> None:
+        """Create certificates, render configs, start nodes and relays; wait until ready."""
+        self.layout.save()
+        init_certs(self.layout.certs_dir, self.clusters)
+        for n in self.layout.nodes:
+            nodes.render(n, self.ca(n.cluster).server())
+        with ThreadPoolExecutor(len(self.layout.nodes)) as pool:
+            list(pool.map(lambda n: nodes.start(n, timeout), self.layout.nodes))
+        for link in wan.links(self.layout):
+            link.start()
+        for n in self.layout.nodes:
+            nodes.tls_probe(n, self.ca(n.cluster).client(federation_identity(n.cluster)))
+
+    def down(self) -> None:
+        """Stop relays and nodes; leaves nothing of this stack running."""
+        for link in wan.links(self.layout):
+            link.stop()
+        errors = []
+        for n in self.layout.nodes:
+            try:
+                nodes.stop(n)
+            except StackError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise StackError("; ".join(errors))
+
+    def status(self) -> dict[str, NodeStatus]:
+        out = {}
+        for n, link in zip(self.layout.nodes, wan.links(self.layout)):
+            out[n.cluster] = NodeStatus(n.cluster, n.node, nodes.is_running(n), n.tls_port,
+                                        n.relay_port, link.pid(), link.shape())
+        return out
+
+    def restart_node(self, cluster: str, timeout: float = 90.0) -> None:
+        """Stop and start one node (its relay stays; federation links reconnect)."""
+        n = self.layout.node(cluster)
+        nodes.stop(n)
+        nodes.start(n, timeout)
+
+    def rabbitmqctl(self, cluster: str, *args: str, timeout: float = 60.0) -> str:
+        return nodes.rabbitmqctl(self.layout.node(cluster), *args, timeout=timeout)
+
+    # ------------------------------------------------------------------ clients
+
+    def broker_settings(self, cluster: str, identity: str, vhost: str = "/", heartbeat_s: int = 30) -> BrokerSettings:
+        """TLS settings for worker ``identity`` on its local ``cluster`` (issues its cert if needed)."""
+        n = self.layout.node(cluster)
+        ident = self.ca(cluster).ensure_client(identity)
+        return BrokerSettings(host="127.0.0.1", port=n.tls_port, vhost=vhost, tls=True,
+                              ca_file=str(ident.ca_file), cert_file=str(ident.cert_file),
+                              key_file=str(ident.key_file), server_name="localhost",
+                              heartbeat_s=heartbeat_s)
+
+    def provision_job(
+        self,
+        job_id: str,
+        flows: Sequence[Flow],
+        identities: Mapping[str, Sequence[str]] | None = None,
+    ) -> str:
+        """Create the job's vhost, users, upstreams and federation policy on every cluster.
+
+        ``identities`` maps a cluster to the worker identities (certificate CNs) that
+        connect there. Idempotent. Returns the job's vhost.
+        """
+        identities = identities or {}
+        for c in (*identities, *(f.src_cluster for f in flows), *(f.dst_cluster for f in flows)):
+            self.layout.node(c)
+        try:
+            vhost = topology.vhost(job_id)
+            for f in flows:
+                topology.queue_name(job_id, f.name)
+        except ValueError as exc:
+            raise StackError(str(exc)) from None
+        upstreams = {}
+        for n in self.layout.nodes:
+            for peer in self.clusters:
+                if peer != n.cluster:
+                    client = self.ca(peer).ensure_client(federation_identity(peer))
+                    upstreams[(peer, n.cluster)] = provision.Upstream(n.cluster, "127.0.0.1", n.relay_port, client)
+
+        def apply(cluster: str) -> None:
+            for cn in identities.get(cluster, ()):
+                self.ca(cluster).ensure_client(cn)
+            peers = [p for p in self.clusters if p != cluster]
+            ups = {src: up for (dst, src), up in upstreams.items() if dst == cluster}
+            defs = provision.definitions(job_id, cluster, flows, identities.get(cluster, ()), peers, ups)
+            path = self.layout.node(cluster).path / f"definitions-{job_id}.json"
+            path.write_text(json.dumps(defs, indent=1))
+            self.rabbitmqctl(cluster, "import_definitions", str(path))
+
+        with ThreadPoolExecutor(len(self.clusters)) as pool:
+            list(pool.map(apply, self.clusters))
+        return vhost
+
+    def queue_depths(self, cluster: str, vhost: str) -> dict[str, QueueDepth]:
+        out = self.rabbitmqctl(cluster, "list_queues", "-p", vhost, "name", "messages", "message_bytes",
+                               "--formatter", "json", "--quiet")
+        try:
+            rows: list[dict[str, Any]] = json.loads(out or "[]")
+            return {r["name"]: QueueDepth(int(r["messages"]), int(r["message_bytes"])) for r in rows}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StackError(f"{cluster}: unexpected list_queues output ({exc}): {out[:200]!r}") from None
+
+    # ------------------------------------------------------------------ the emulated WAN
+
+    def shape(self, cluster: str | None = None, **changes: Any) -> None:
+        """Change the link(s) towards ``cluster`` (all when None): rate_mbit, delay_ms."""
+        for link in wan.links(self.layout, cluster):
+            link.set_shape(**changes)
+
+    def cut(self, cluster: str | None = None) -> None:
+        self.shape(cluster, cut=True)
+
+    def heal(self, cluster: str | None = None) -> None:
+        self.shape(cluster, cut=False)
+
+    def wan_status(self) -> dict[str, dict[str, Any]]:
+        return {link.name: link.status() for link in wan.links(self.layout)}
+
+    def wait_until(self, predicate: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
+        """Poll ``predicate()`` until truthy; returns its value or raises :class:`StackError`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise StackError(f"condition not met within {timeout}s")
+            time.sleep(interval)

@@ -1,0 +1,171 @@
+"""One RabbitMQ node of the local stack: render its config, start, probe, stop, run rabbitmqctl.
+
+Nodes run from the system's ``/usr/lib/rabbitmq/bin`` scripts as root (the
+``/usr/sbin`` wrappers switch user). Every ``rabbitmqctl`` call passes ``-n`` with
+this node's name: the system node on 5672 is never addressed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+from string import Template
+
+from nebula_mq.errors import StackError
+from nebula_mq.security.certs import Identity
+from nebula_mq.stack.layout import NodeLayout
+
+RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+BROKER_DIR = Path(__file__).resolve().parents[2] / "broker"
+
+
+def _template(name: str) -> str:
+    try:
+        return (BROKER_DIR / name).read_text()
+    except OSError as exc:
+        raise StackError(f"broker template {name} missing in {BROKER_DIR}: {exc}") from None
+
+
+def node_env(node: NodeLayout) -> dict[str, str]:
+    """Environment of this node's server and of every CLI call addressed to it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+    env.update(
+        HOME=str(node.home),
+        RABBITMQ_NODENAME=node.node,
+        RABBITMQ_NODE_PORT=str(node.tls_port),
+        RABBITMQ_DIST_PORT=str(node.dist_port),
+        RABBITMQ_CONFIG_FILE=str(node.config_file),
+        RABBITMQ_ADVANCED_CONFIG_FILE=str(node.advanced_config_file),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(node.plugins_file),
+        RABBITMQ_MNESIA_BASE=str(node.mnesia_base),
+        RABBITMQ_LOG_BASE=str(node.log_base),
+        RABBITMQ_CONF_ENV_FILE=str(node.env_file),
+        RABBITMQ_PID_FILE=str(node.pid_file),
+    )
+    return env
+
+
+def render(node: NodeLayout, server: Identity) -> None:
+    """Write the node's config files from ``broker/`` templates (idempotent)."""
+    for d in (node.home, node.mnesia_base, node.log_base):
+        d.mkdir(parents=True, exist_ok=True)
+    cookie = node.home / ".erlang.cookie"
+    if not cookie.exists():
+        fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(20).upper())
+    conf = Template(_template("rabbitmq.conf.template")).substitute(
+        node=node.node,
+        tls_port=node.tls_port,
+        ca_file=server.ca_file,
+        cert_file=server.cert_file,
+        key_file=server.key_file,
+        default_pass=secrets.token_hex(16),
+    )
+    if not node.config_file.exists():
+        node.config_file.write_text(conf)
+    else:
+        # Keep the first random default password; refresh everything else.
+        old = node.config_file.read_text()
+        keep = [ln for ln in old.splitlines() if ln.startswith("default_pass")]
+        lines = [keep[0] if ln.startswith("default_pass") and keep else ln for ln in conf.splitlines()]
+        node.config_file.write_text("\n".join(lines) + "\n")
+    node.plugins_file.write_text(_template("enabled_plugins"))
+    node.env_file.write_text(_template("rabbitmq-env.conf.template"))
+    node.advanced_config_file.write_text("[].\n")
+
+
+def _pid(node: NodeLayout) -> int | None:
+    try:
+        return int(node.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_running(node: NodeLayout) -> bool:
+    """True while this node's Erlang VM is alive (its cmdline names the node's own HOME)."""
+    pid = _pid(node)
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"beam" in cmdline and str(node.home).encode() + b"\0" in cmdline
+
+
+def rabbitmqctl(node: NodeLayout, *args: str, timeout: float = 60.0, check: bool = True) -> str:
+    """Run ``rabbitmqctl -n NODE ARGS``; returns stdout, raises :class:`StackError` on failure."""
+    cmd = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.node, *args]
+    try:
+        proc = subprocess.run(cmd, env=node_env(node), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"{node.node}: rabbitmqctl {' '.join(args[:2])} timed out after {timeout}s") from None
+    except OSError as exc:
+        raise StackError(f"cannot run {cmd[0]}: {exc}") from None
+    if check and proc.returncode != 0:
+        msg = (proc.stderr.strip() or proc.stdout.strip())[-800:]
+        raise StackError(f"{node.node}: rabbitmqctl {' '.join(args[:2])} failed ({proc.returncode}): {msg}")
+    return proc.stdout
+
+
+def start(node: NodeLayout, timeout: float = 60.0) -> None:
+    """Start the node detached and wait until its TLS listener answers a handshake."""
+    if is_running(node):
+        return
+    node.pid_file.unlink(missing_ok=True)
+    server = str(RABBITMQ_BIN / "rabbitmq-server")
+    out = node.log_base / "start.out"
+    with open(out, "ab") as fh:
+        proc = subprocess.run([server, "-detached"], env=node_env(node), stdout=fh, stderr=fh, timeout=60)
+    if proc.returncode != 0:
+        raise StackError(f"{node.node}: rabbitmq-server -detached failed; see {out}")
+    # `await_startup` right after -detached can fail (node not yet registered); `wait PIDFILE` waits.
+    deadline = time.monotonic() + timeout
+    while not node.pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rabbitmqctl(node, "wait", "--timeout", str(int(timeout)), str(node.pid_file), timeout=timeout + 15)
+    wait_tls(node, deadline)
+
+
+def wait_tls(node: NodeLayout, deadline: float) -> None:
+    """Probe until the TLS port accepts TCP connections (the listener is up)."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", node.tls_port), timeout=2):
+                return
+        except OSError as exc:
+            last = exc
+            time.sleep(0.1)
+    raise StackError(f"{node.node}: TLS port {node.tls_port} not listening ({last})")
+
+
+def tls_probe(node: NodeLayout, client: Identity, timeout: float = 5.0) -> str:
+    """Complete a TLS handshake with a client certificate; returns the negotiated version."""
+    ctx = ssl.create_default_context(cafile=str(client.ca_file))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(client.cert_file), str(client.key_file))
+    try:
+        with socket.create_connection(("127.0.0.1", node.tls_port), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                return str(tls.version())
+    except (OSError, ssl.SSLError) as exc:
+        raise StackError(f"{node.node}: TLS probe on {node.tls_port} failed: {exc}") from None
+
+
+def stop(node: NodeLayout, timeout: float = 60.0) -> None:
+    """Stop the node and wait for its VM to exit (no-op when it is not running)."""
+    if not is_running(node):
+        return
+    rabbitmqctl(node, "stop", str(node.pid_file), timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while is_running(node) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if is_running(node):
+        raise StackError(f"{node.node}: still running {timeout}s after stop")

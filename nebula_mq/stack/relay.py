@@ -1,0 +1,282 @@
+"""A user-space TCP relay that emulates one WAN link: latency, a bandwidth cap, cuts.
+
+``tc netem`` is missing on this kernel, so the stack forwards each federation link
+through this relay. Per direction of every relayed connection, chunks are
+
+1. read in large pieces (``CHUNK``),
+2. paced by a token bucket shared by all connections of the relay in that direction
+   (the link's capacity; an ``asyncio.Lock`` makes waiting FIFO, so connections
+   share it fairly chunk by chunk),
+3. delivered ``delay_ms`` after they left the bucket (propagation delay), in order,
+   with ``drain()`` so a slow receiver pushes back on the sender through TCP.
+
+The relay reads its shape from a JSON control file (see :mod:`nebula_mq.stack.wan`)
+that it polls, and reports the applied ``generation``, byte counters and open
+connections in a status file. ``cut`` aborts every open connection and closes new
+ones at once (the link refuses traffic) until healed.
+
+Run as ``python -m nebula_mq.stack.relay --daemon ...``: the parent returns once
+the relay listens, the relay itself is re-parented to init (pidfile given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+CHUNK = 256 * 1024
+POLL_S = 0.05
+# The bucket holds at most this many seconds of traffic: keeps bursts short.
+BURST_S = 0.01
+MIN_BUFFER = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the link looks like now; written by the CLI, applied by the relay."""
+
+    # Capacity per direction in Mbit/s (10**6 bit/s); 0 = unlimited.
+    rate_mbit: float = 60.0
+    # One-way propagation delay added to every chunk.
+    delay_ms: float = 0.0
+    cut: bool = False
+    # Bumped by every write, echoed in the status file once applied.
+    generation: int = 0
+
+
+class TokenBucket:
+    """Paces bytes to ``rate`` bytes/s; a debt is slept off, so large chunks stay exact."""
+
+    def __init__(self, rate: float) -> None:
+        self._lock = asyncio.Lock()
+        self.rate = rate
+        self._tokens = 0.0
+        self._stamp = time.monotonic()
+
+    def set_rate(self, rate: float) -> None:
+        self._refill()
+        self.rate = rate
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        if self.rate > 0:
+            burst = max(self.rate * BURST_S, 64 * 1024)
+            self._tokens = min(burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    async def take(self, n: int) -> None:
+        async with self._lock:
+            if self.rate <= 0:
+                return
+            self._refill()
+            self._tokens -= n
+            if self._tokens < 0:
+                await asyncio.sleep(-self._tokens / self.rate)
+
+
+@dataclass
+class Counters:
+    # Bytes forwarded client -> target ("up") and target -> client ("down").
+    up: int = 0
+    down: int = 0
+    accepted: int = 0
+    refused: int = 0
+
+
+@dataclass
+class Relay:
+    listen_port: int
+    target_host: str
+    target_port: int
+    control_file: Path
+    status_file: Path
+    shape: Shape = field(default_factory=Shape)
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        self._buckets = {"up": TokenBucket(self._bps()), "down": TokenBucket(self._bps())}
+        self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._control_mtime = 0.0
+
+    def _bps(self) -> float:
+        return self.shape.rate_mbit * 1e6 / 8
+
+    # ------------------------------------------------------------------ control
+
+    def apply(self, shape: Shape) -> None:
+        self.shape = shape
+        for b in self._buckets.values():
+            b.set_rate(self._bps())
+        if shape.cut:
+            for a, b in list(self._conns):
+                a.transport.abort()
+                b.transport.abort()
+
+    def poll_control(self) -> bool:
+        try:
+            st = self.control_file.stat()
+        except FileNotFoundError:
+            return False
+        if st.st_mtime_ns == self._control_mtime:
+            return False
+        self._control_mtime = st.st_mtime_ns
+        try:
+            data = json.loads(self.control_file.read_text())
+            shape = Shape(**data)
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"relay: ignoring bad control file: {exc}", file=sys.stderr, flush=True)
+            return False
+        if shape != self.shape:
+            self.apply(shape)
+        return True
+
+    def write_status(self) -> None:
+        data = {"pid": os.getpid(), "listen_port": self.listen_port,
+                "target": f"{self.target_host}:{self.target_port}", "shape": asdict(self.shape),
+                "connections": len(self._conns), "counters": asdict(self.counters),
+                "time": time.time()}
+        tmp = self.status_file.with_name(f".{self.status_file.name}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.status_file)
+
+    async def control_loop(self) -> None:
+        last = 0.0
+        while True:
+            changed = self.poll_control()
+            if changed or time.monotonic() - last > 1.0:
+                self.write_status()
+                last = time.monotonic()
+            await asyncio.sleep(POLL_S)
+
+    # ------------------------------------------------------------------ forwarding
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.shape.cut:
+            self.counters.refused += 1
+            writer.transport.abort()
+            return
+        try:
+            t_reader, t_writer = await asyncio.open_connection(self.target_host, self.target_port)
+        except OSError:
+            self.counters.refused += 1
+            writer.transport.abort()
+            return
+        self.counters.accepted += 1
+        pair = (writer, t_writer)
+        self._conns.add(pair)
+        try:
+            await asyncio.gather(self._pump(reader, t_writer, "up"), self._pump(t_reader, writer, "down"))
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._conns.discard(pair)
+            for w in pair:
+                w.transport.abort() if self.shape.cut else w.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> None:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        space = asyncio.Event()
+        queued = 0
+
+        async def deliver() -> None:
+            nonlocal queued
+            while (item := await queue.get()) is not None:
+                due, data = item
+                if (wait := due - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+                queued -= len(data)
+                setattr(self.counters, way, getattr(self.counters, way) + len(data))
+                space.set()
+            if writer.can_write_eof():
+                writer.write_eof()
+
+        task = asyncio.create_task(deliver())
+        try:
+            while data := await reader.read(CHUNK):
+                await self._buckets[way].take(len(data))
+                queued += len(data)
+                await queue.put((loop.time() + self.shape.delay_ms / 1000.0, data))
+                # Hold at most ~2x the bandwidth-delay product: TCP pushes back on the sender.
+                limit = max(MIN_BUFFER, 2 * self._bps() * self.shape.delay_ms / 1000.0)
+                while queued > limit and not task.done():
+                    space.clear()
+                    await space.wait()
+            await queue.put(None)
+            await task
+        finally:
+            task.cancel()
+
+
+async def serve(relay: Relay, ready_fd: int | None) -> None:
+    relay.poll_control()
+    server = await asyncio.start_server(relay.handle, "127.0.0.1", relay.listen_port, reuse_address=True)
+    relay.write_status()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready_fd is not None:
+        os.write(ready_fd, b"ready\n")
+        os.close(ready_fd)
+    control = asyncio.create_task(relay.control_loop())
+    async with server:
+        await stop.wait()
+    control.cancel()
+    relay.status_file.unlink(missing_ok=True)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nebula_mq.stack.relay", description=__doc__.splitlines()[0])
+    p.add_argument("--listen-port", type=int, required=True)
+    p.add_argument("--target", required=True, help="HOST:PORT")
+    p.add_argument("--control", type=Path, required=True)
+    p.add_argument("--status", type=Path, required=True)
+    p.add_argument("--pidfile", type=Path)
+    p.add_argument("--log", type=Path)
+    p.add_argument("--daemon", action="store_true", help="detach; return once listening")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    host, _, port = args.target.rpartition(":")
+    relay = Relay(args.listen_port, host or "127.0.0.1", int(port), args.control, args.status)
+    ready_fd = None
+    if args.daemon:
+        r, w = os.pipe()
+        if os.fork() > 0:
+            os.close(w)
+            with os.fdopen(r, "rb") as fh:
+                ok = fh.readline() == b"ready\n"
+            return 0 if ok else 1
+        os.close(r)
+        os.setsid()
+        ready_fd = w
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        if args.log:
+            log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+    if args.pidfile:
+        args.pidfile.write_text(f"{os.getpid()}\n")
+    try:
+        asyncio.run(serve(relay, ready_fd))
+    except OSError as exc:
+        print(f"relay: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Manage the emulated WAN: one relay process per link endpoint, shaped through control files.
+
+A *link* is named after the cluster it leads to (``to-cluster-a``): the relay
+listens on that node's ``relay_port`` and forwards to its TLS port, so every
+peer's federation upstream pointing at cluster A crosses it. Files per link under
+``RUN/wan/``: ``<link>.json`` (control, written here), ``<link>.status.json``
+(written by the relay), ``<link>.pid`` and ``<link>.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.errors import StackError
+from nebula_mq.stack.layout import NodeLayout, StackLayout
+from nebula_mq.stack.relay import Shape
+
+APPLY_TIMEOUT_S = 5.0
+
+
+def link_name(node: NodeLayout) -> str:
+    return f"to-{node.cluster}"
+
+
+class Link:
+    """The relay in front of one node."""
+
+    def __init__(self, layout: StackLayout, node: NodeLayout) -> None:
+        self.node = node
+        self.name = link_name(node)
+        d = layout.wan_dir
+        self.control_file = d / f"{self.name}.json"
+        self.status_file = d / f"{self.name}.status.json"
+        self.pid_file = d / f"{self.name}.pid"
+        self.log_file = d / f"{self.name}.log"
+
+    # ------------------------------------------------------------------ shape
+
+    def shape(self) -> Shape:
+        try:
+            return Shape(**json.loads(self.control_file.read_text()))
+        except FileNotFoundError:
+            return Shape()
+        except (OSError, ValueError, TypeError) as exc:
+            raise StackError(f"{self.control_file}: unreadable ({exc})") from None
+
+    def set_shape(self, wait: bool = True, **changes: Any) -> Shape:
+        """Change the link (rate_mbit, delay_ms, cut); waits until a running relay applied it."""
+        shape = replace(self.shape(), **changes)
+        if shape.rate_mbit < 0 or shape.delay_ms < 0:
+            raise StackError(f"{self.name}: rate and delay must be >= 0, got {shape}")
+        shape = replace(shape, generation=shape.generation + 1)
+        self.control_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.control_file.with_name(f".{self.control_file.name}.tmp")
+        tmp.write_text(json.dumps(asdict(shape)))
+        os.replace(tmp, self.control_file)
+        if wait and self.pid() is not None:
+            deadline = time.monotonic() + APPLY_TIMEOUT_S
+            while time.monotonic() < deadline:
+                if self.status().get("shape", {}).get("generation") == shape.generation:
+                    return shape
+                time.sleep(0.02)
+            raise StackError(f"{self.name}: relay did not apply the new shape within {APPLY_TIMEOUT_S}s")
+        return shape
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.status_file.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    # ------------------------------------------------------------------ process
+
+    def pid(self) -> int | None:
+        """Pid of the running relay, or None (a stale pidfile is ignored)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if b"nebula_mq.stack.relay" in cmdline and self.name.encode() in cmdline else None
+
+    def start(self) -> None:
+        if self.pid() is not None:
+            return
+        if not self.control_file.exists():
+            self.set_shape(wait=False)
+        cmd = [sys.executable, "-m", "nebula_mq.stack.relay", "--daemon",
+               "--listen-port", str(self.node.relay_port),
+               "--target", f"127.0.0.1:{self.node.tls_port}",
+               "--control", str(self.control_file), "--status", str(self.status_file),
+               "--pidfile", str(self.pid_file), "--log", str(self.log_file)]
+        src_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src_root, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0 or self.pid() is None:
+            raise StackError(f"relay {self.name} failed to start; see {self.log_file}: {proc.stderr[-500:]}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        pid = self.pid()
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while self.pid() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.pid() is not None:
+            os.kill(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+
+
+def links(layout: StackLayout, cluster: str | None = None) -> list[Link]:
+    """All links, or only the one leading to ``cluster``."""
+    nodes = layout.nodes if cluster is None else (layout.node(cluster),)
+    return [Link(layout, n) for n in nodes]
