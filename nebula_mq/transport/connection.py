@@ -62,7 +62,7 @@ def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq") -> pi
         broker.validate()
     except ValueError as exc:
         raise TransportError(f"broker settings: {exc}") from None
-    credentials: pika.credentials.VALID_TYPES
+    credentials: pika.credentials.PlainCredentials | pika.credentials.ExternalCredentials
     if broker.tls:
         ssl_options = pika.SSLOptions(ssl_context(broker), server_hostname=broker.server_name)
         credentials = pika.credentials.ExternalCredentials()

@@ -111,7 +111,8 @@ class RabbitConsumer(base.Consumer):
         self.queue = queue
         self.dead_letter_queue = dead_letter_queue
         self._prefetch = prefetch
-        self._inbox: queue_mod.Queue[RabbitDelivery] = queue_mod.Queue()
+        # Deliveries for the application; None is put by close() to wake a waiting get().
+        self._inbox: queue_mod.Queue[RabbitDelivery | None] = queue_mod.Queue()
         self._channel: BlockingChannel | None = None
         self._dl_channel: BlockingChannel | None = None
         self._closed = False
@@ -148,6 +149,8 @@ class RabbitConsumer(base.Consumer):
                 delivery = self._inbox.get(timeout=remaining)
             except queue_mod.Empty:
                 return None
+            if delivery is None:
+                continue  # woken by close(): the loop head raises
             if delivery._channel is self._channel:
                 return delivery
             # From a connection that died: the broker delivers it again.
@@ -168,3 +171,4 @@ class RabbitConsumer(base.Consumer):
     def close(self) -> None:
         self._closed = True
         self._io.close()
+        self._inbox.put(None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,6 +14,18 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 from . import base
 from .connection import IoThread
 from .retry import PublishStats, publish_patiently
+
+
+class _DropReturnedWarnings(logging.Filter):
+    """pika logs every returned message at WARNING *and* raises UnroutableError; we
+    count those waits ourselves, so a federation that is still starting does not
+    flood the log with one line per retry."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Published message was returned")
+
+
+logging.getLogger("pika.adapters.blocking_connection").addFilter(_DropReturnedWarnings())
 
 
 def message_properties(

@@ -248,3 +248,22 @@ def test_reply_goes_to_reply_to_with_correlation_id(make_transport: MakeTranspor
         assert reply is not None
         assert (bytes(reply.body), reply.correlation_id) == (b"answer", "corr-7")
         assert reply.ack()
+
+
+def test_close_wakes_a_waiting_get(make_transport: MakeTransport) -> None:
+    t = make_transport()
+    consumer = t.consume(_local(t))
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            consumer.get(timeout=None)
+        except TransportError as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    time.sleep(0.3)
+    consumer.close()
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and len(errors) == 1
