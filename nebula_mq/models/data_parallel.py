@@ -80,9 +80,9 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
                ) -> DataParallelGroup:
     """Join the gloo group of ``world_size`` CPU processes; blocks until all have joined.
 
-    ``endpoints`` are ``host:port`` per rank (paddle wants them; gloo traffic
-    itself goes through the TCP store at ``master``, default: port 1 below the
-    first endpoint's). Every rank must pass the same endpoints and master.
+    ``endpoints`` are ``host:port`` per rank (paddle's launcher contract);
+    ``master`` is the TCP store rank 0 serves for the rendezvous (default: the
+    port 1 below the first endpoint's). Every rank must pass the same values.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise WorkerError(f"rank {rank} outside a group of {world_size}")

@@ -123,13 +123,14 @@ class _Trainer:
 class GeneratorTrainer(_Trainer):
     """Cluster A: masks, trains the MLM generator, samples replacements, emits micro-batches."""
 
-    def __init__(self, cfg: ElectraConfig, index: int = 0) -> None:
+    def __init__(self, cfg: ElectraConfig, index: int = 0, gradient_sync: GradientSync | None = None) -> None:
         if not 0 <= index < len(cfg.generators):
             raise DataError(f"generator index {index} outside 0..{len(cfg.generators) - 1}")
         self.index, self.gen = index, cfg.generators[index]
         self.task = TASKS[self.gen.task]
         super().__init__(cfg, lambda: Generator(cfg, self.gen), self.gen.lr, cfg.seed * 1009 + self.gen.seed)
         self._micro = 0
+        self.gradient_sync = gradient_sync  # data parallelism among generator replicas (paper §3.3)
 
     def build_inputs(self, examples: Sequence[Any]) -> np.ndarray:
         """Raw examples of this generator's task -> [B, max_len] ids."""
@@ -142,6 +143,8 @@ class GeneratorTrainer(_Trainer):
                  ) -> tuple[dict[str, np.ndarray], paddle.Tensor, dict[str, float]]:
         ids = _check_ids(ids, self.cfg)
         mb = mask_batch(ids, rng, self.cfg.vocab, self.cfg.mask_prob, attention_mask)
+        if not mb.positions.any():
+            raise DataError("batch has no maskable token (only special ids or padding)")
         attn = (ids != self.cfg.pad_id) if attention_mask is None else np.asarray(attention_mask).astype(bool)
         states = self.model.encoder(paddle.to_tensor(mb.masked_ids.astype(np.int64)),
                                     padding_bias(paddle.to_tensor(attn.astype(np.float32))))
@@ -174,6 +177,8 @@ class GeneratorTrainer(_Trainer):
         if self._micro != self.gen.micro_batches:
             raise WorkerError(f"apply_update after {self._micro} of {self.gen.micro_batches} micro-batches")
         self._micro = 0
+        if self.gradient_sync is not None:
+            self.gradient_sync(self.model)
         return {"lr": self._optimizer_step(), "step": float(self.step)}
 
     def train_step(self, ids: np.ndarray, attention_mask: np.ndarray | None = None,
@@ -265,7 +270,8 @@ def e5_discriminator_init(cfg: ElectraConfig, corpus_ids: np.ndarray,
     d = cfg.discriminator
     if (s.hidden, s.heads, s.ffn) != (d.hidden, d.heads, d.ffn):
         raise DataError(f"discriminator size {d} does not match e5-small {s}")
-    assert weights.vocab is not None
+    if weights.vocab is None:
+        raise DataError("e5-small loader returned an unpruned vocabulary")
     return cfg.with_pruned_vocab(weights.vocab.kept_ids), weights.tensors, weights.vocab.kept_ids
 
 
@@ -288,4 +294,6 @@ def _check_micro_batch(batch: Mapping[str, np.ndarray], cfg: ElectraConfig) -> d
         if b[k].shape != shape:
             raise ShapeMismatch(f"micro-batch {k!r} shape {b[k].shape} != input_ids {shape}")
     _check_ids(b["labels"], cfg)
+    if not b["masked_positions"].any():
+        raise MalformedMessage("micro-batch has no masked position")
     return b

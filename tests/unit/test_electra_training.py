@@ -172,3 +172,15 @@ def test_config_presets_and_errors() -> None:
         DiscriminatorTrainer(electra_config({"preset": "pretrained"}))
     with pytest.raises(DataError):
         electra_config({"preset": "pretrained"}).with_pruned_vocab(np.arange(10))
+
+
+def test_batches_without_maskable_tokens_are_refused() -> None:
+    cfg = electra_config({"preset": "tiny"})
+    gen, disc = GeneratorTrainer(cfg), DiscriminatorTrainer(cfg)
+    only_specials = np.full((2, cfg.max_len), cfg.pad_id, dtype=np.int32)
+    only_specials[:, 0], only_specials[:, 1] = cfg.bos_id, cfg.eos_id
+    with pytest.raises(DataError):
+        gen.train_step(only_specials)
+    batch, _ = gen.train_step(gen.build_inputs(_sentences(np.random.default_rng(6), 2)))
+    with pytest.raises(MalformedMessage):
+        disc.train_step({**batch, "masked_positions": np.zeros_like(batch["masked_positions"])})
