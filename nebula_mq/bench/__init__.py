@@ -1,0 +1,1 @@
+"""Benchmarks behind ``nebula-mq bench <name>``; each module exposes ``run(args) -> int``."""

@@ -1,0 +1,166 @@
+"""``nebula-mq bench codecs``: ratio, error and single-core speed of every codec.
+
+Inputs are activation-shaped [B, 64, H] tensors: real hidden states of a
+randomly initialised Paddle Transformer encoder over token embeddings (when
+paddle is installed), and Gaussian noise for comparison (the worst case for
+low-rank codecs: a flat spectrum). BLAS is pinned to one thread so MB/s are
+per core; the process re-executes itself when the pin was not in place before
+numpy loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+SHAPES = [(32, 64, 384), (128, 64, 768)]
+CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
+          "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(svd(0.2))", "int8(svd(0.6))"]
+LOWRANK_FRACTIONS = [0.1, 0.3, 0.6]
+
+
+def transformer_activations(shape: tuple[int, int, int], seed: int = 0) -> Any:
+    """Hidden states of a random-init 2-layer paddle TransformerEncoder over token embeddings.
+
+    Paddle is imported only here (benchmark helper), never by the codecs.
+    """
+    import numpy as np
+    import paddle  # noqa: PLC0415 - optional, heavy
+
+    paddle.seed(seed)
+    paddle.set_device("cpu")
+    b, t, h = shape
+    vocab = 8000
+    emb = paddle.nn.Embedding(vocab, h)
+    pos = paddle.nn.Embedding(t, h)
+    layer = paddle.nn.TransformerEncoderLayer(h, max(1, h // 64), 4 * h, dropout=0.0)
+    enc = paddle.nn.TransformerEncoder(layer, 2)
+    enc.eval()
+    # Zipf-like token ids: real text is dominated by frequent tokens.
+    ids = np.minimum(np.random.default_rng(seed).zipf(1.3, (b, t)), vocab - 1).astype("int64")
+    with paddle.no_grad():
+        x = emb(paddle.to_tensor(ids)) + pos(paddle.arange(t).unsqueeze(0))
+        out = enc(x)
+    return out.numpy().astype(np.float32)
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def _machine() -> dict[str, Any]:
+    import numpy as np
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas_info = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # noqa: BLE001 - informational only
+        blas_info = "unknown"
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+            "blas": blas_info, "threads": {v: os.environ.get(v) for v in _THREAD_VARS}}
+
+
+def _inputs(shapes: list[tuple[int, int, int]]) -> list[tuple[str, Any]]:
+    import numpy as np
+
+    out = []
+    for shape in shapes:
+        try:
+            out.append((f"transformer{shape}", transformer_activations(shape)))
+        except ImportError:
+            print(f"  (paddle not installed: no real activations for {shape})")
+        out.append((f"gaussian{shape}", np.random.default_rng(1).standard_normal(shape).astype(np.float32)))
+    return out
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    import numpy as np
+
+    from nebula_mq.codecs import SVD, RandomizedSVD, decode_tree, parse_codec
+
+    repeats = 3 if args.quick else 5
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    machine = _machine()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
+    rows, lowrank = [], []
+    for label, x in _inputs(shapes):
+        raw_mb = x.nbytes / 1e6
+        norm = float(np.linalg.norm(x))
+        print(f"\n{label}: {x.nbytes / 2**20:.1f} MiB float32")
+        print(f"  {'codec':18s} {'ratio':>7s} {'rel.err':>9s} {'enc MB/s':>9s} {'dec MB/s':>9s}")
+        for spec in CHAINS:
+            codec = parse_codec(spec)
+            t_enc, enc = _median_time(lambda: codec.encode(x), repeats)
+            t_dec, y = _median_time(lambda: decode_tree(enc), repeats)
+            row = {"input": label, "codec": spec, "ratio": enc.nbytes / x.nbytes,
+                   "rel_err": float(np.linalg.norm(y - x)) / norm,
+                   "encode_MBps": raw_mb / t_enc, "decode_MBps": raw_mb / t_dec}
+            rows.append(row)
+            print(f"  {spec:18s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
+        for frac in LOWRANK_FRACTIONS:
+            t_svd, e_svd = _median_time(lambda: SVD(frac).encode(x), max(1, repeats - 2))
+            t_rsvd, e_rsvd = _median_time(lambda: RandomizedSVD(frac).encode(x), repeats)
+            err_svd = float(np.linalg.norm(decode_tree(e_svd) - x)) / norm
+            err_rsvd = float(np.linalg.norm(decode_tree(e_rsvd) - x)) / norm
+            item = {"input": label, "fraction": frac, "rank": SVD(frac).rank(*x.shape[-2:]),
+                    "svd_s": t_svd, "rsvd_s": t_rsvd, "speedup": t_svd / t_rsvd,
+                    "svd_err": err_svd, "rsvd_err": err_rsvd, "err_ratio": err_rsvd / err_svd}
+            lowrank.append(item)
+            print(f"  exact vs randomized, r={frac} (k={item['rank']}): svd {t_svd * 1e3:.0f} ms, "
+                  f"rsvd {t_rsvd * 1e3:.0f} ms -> {item['speedup']:.1f}x faster; "
+                  f"error {err_svd:.4f} vs {err_rsvd:.4f} (ratio {item['err_ratio']:.3f})")
+    return {"machine": machine, "codecs": rows, "lowrank": lowrank}
+
+
+def _targets(result: dict[str, Any]) -> list[str]:
+    out = []
+    for spec in ("fp16", "int8"):
+        speeds = [r["encode_MBps"] for r in result["codecs"] if r["codec"] == spec]
+        out.append(f"{spec} encode >= 1000 MB/s: {'met' if min(speeds) >= 1000 else 'MISSED'} (min {min(speeds):.0f})")
+    for item in result["lowrank"]:
+        ok = item["speedup"] >= 8 and item["err_ratio"] <= 1.10
+        out.append(f"rsvd >= 8x svd, err within 10% [{item['input']} r={item['fraction']}]: "
+                   f"{'met' if ok else 'MISSED'} ({item['speedup']:.1f}x, {item['err_ratio']:.3f})")
+    from nebula_mq.codecs import parse_codec
+    ratio = parse_codec("fp16(svd(0.6))").estimated_ratio((1, 64, 768), "float32")
+    ratio_384 = parse_codec("fp16(svd(0.6))").estimated_ratio((1, 64, 384), "float32")
+    out.append(f"fp16(svd(0.6)) ratio, 64 tokens: H=768 {ratio:.3f}, H=384 {ratio_384:.3f} (paper Table 5: 0.30)")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if any(os.environ.get(v) != "1" for v in _THREAD_VARS):
+        # BLAS reads these when it loads; numpy may already be loaded, so start afresh.
+        env = {**os.environ, **{v: "1" for v in _THREAD_VARS}}
+        argv = [sys.executable, "-m", "nebula_mq", "bench", "codecs"]
+        argv += (["--json", args.json] if args.json else []) + (["--quick"] if args.quick else [])
+        os.execve(sys.executable, argv, env)
+    result = _bench(args)
+    result["targets"] = _targets(result)
+    print("\ntargets:")
+    for line in result["targets"]:
+        print("  " + line)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"\nwrote {args.json}")
+    return 0

@@ -1,0 +1,28 @@
+"""``nebula-mq bench <name>``: micro-benchmarks. Add one by adding a row to BENCHES."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+# name -> (module exposing add_arguments(parser) and run(args) -> int, help text)
+BENCHES: dict[str, tuple[str, str]] = {
+    "codecs": ("nebula_mq.bench.codecs", "codec ratio, error and single-core MB/s on activation-shaped tensors"),
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("bench", help="run a benchmark")
+    sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, (module, help_text) in BENCHES.items():
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+        p.add_argument("--quick", action="store_true", help="fewer repeats, smaller set (CI smoke run)")
+        p.set_defaults(func=_runner(module))
+
+
+def _runner(module: str) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(module).run(args))  # heavy imports only now
+    return run
