@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,20 +103,42 @@ def modernise_spanish(text: str) -> str:
     return _WORD.sub(_respell, text)
 
 
-def decapitalise_opening(text: str) -> str:
-    """Title-case the all-caps first word that opens a chapter (``EN el principio`` → ``En``)."""
+def decapitalise_opening(text: str, casing: Mapping[str, str] | None = None) -> str:
+    """Undo the all-caps first word that opens a chapter (``EN el principio`` → ``En el principio``).
+
+    At the start of a sentence the word is capitalised; inside one (``Y COMO fueron``)
+    it takes the case ``casing`` records for it elsewhere in the text (``como``, but
+    ``Jehová``), capitalised when unknown.
+    """
     for match in _ALL_CAPS.finditer(text):
         word = match.group(0)
-        if word.isupper():
-            return text[: match.start()] + word.capitalize() + text[match.end() :]
+        if not word.isupper():
+            continue
+        before = text[: match.start()].rstrip(" ¡¿\"'(")
+        if not before or before[-1] in ".!?:":
+            fixed = word.capitalize()
+        else:
+            fixed = (casing or {}).get(word.lower(), word.capitalize())
+        return text[: match.start()] + fixed + text[match.end() :]
     return text
 
 
-def clean_verse(raw: str, *, chapter_start: bool, spanish: bool) -> str:
+def word_casing(texts: Iterable[str]) -> dict[str, str]:
+    """lowercase word → its more frequent form in ``texts``: lowercase or Capitalised."""
+    counts: Counter[str] = Counter(_WORD.findall(" ".join(texts)))
+    out: dict[str, str] = {}
+    for word in counts:
+        lower = word.lower()
+        if lower not in out:
+            out[lower] = lower if counts[lower] >= counts[lower.capitalize()] else lower.capitalize()
+    return out
+
+
+def clean_verse(raw: str, *, chapter_start: bool, spanish: bool, casing: Mapping[str, str] | None = None) -> str:
     """A verse ready for the corpus: markup gone, a Psalm title folded into the verse."""
     title, text = strip_markup(raw)
     if chapter_start:
-        text = decapitalise_opening(text)
+        text = decapitalise_opening(text, casing)
     if title:
         text = f"{title} {text}".strip()
     if spanish:
@@ -157,9 +180,12 @@ def read_module(root: Path, module: str, *, spanish: bool) -> dict[VerseKey, str
     # pysword decompresses a whole book for every verse it returns; caching the last
     # few decompressed blocks makes a full read take seconds instead of a minute.
     bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)  # type: ignore[method-assign]
+    raws = list(_iter_raw(bible))
+    # How words are cased inside chapters decides how a chapter's all-caps opening is undone.
+    casing = word_casing(strip_markup(raw)[1] for key, raw in raws if key[2] != 1)
     verses: dict[VerseKey, str] = {}
-    for key, raw in _iter_raw(bible):
-        text = clean_verse(raw, chapter_start=key[2] == 1, spanish=spanish)
+    for key, raw in raws:
+        text = clean_verse(raw, chapter_start=key[2] == 1, spanish=spanish, casing=casing)
         if text:
             verses[key] = text
     if not verses:

@@ -76,3 +76,11 @@ def test_align_joins_on_reference_and_drops_misaligned_lengths() -> None:
 def test_missing_module_is_a_data_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="spaRV1909eb"):
         bible.read_module(tmp_path, bible.SPANISH_MODULE, spanish=True)
+
+
+def test_caps_inside_a_sentence_take_the_case_used_elsewhere() -> None:
+    casing = bible.word_casing(["y como dijo Jehová", "Como Jehová quiso, como siempre"])
+    assert casing["como"] == "como" and casing["jehová"] == "Jehová"
+    assert bible.decapitalise_opening("Y COMO fueron cerca", casing) == "Y como fueron cerca"
+    assert bible.decapitalise_opening("Y JEHOVÁ habló", casing) == "Y Jehová habló"
+    assert bible.decapitalise_opening("Salmo de David. COMO el ciervo", casing) == "Salmo de David. Como el ciervo"
