@@ -1,0 +1,154 @@
+"""The WAN relay's rate cap, delay, fairness and cut, measured on real TCP sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula_mq.stack.relay import Relay, Shape
+
+MIB = 1024 * 1024
+
+
+async def _start(relay: Relay) -> asyncio.base_events.Server:
+    return await asyncio.start_server(relay.handle, "127.0.0.1", 0)
+
+
+def _relay(tmp_path: Path, target_port: int, shape: Shape) -> Relay:
+    relay = Relay(0, "127.0.0.1", target_port, tmp_path / "ctl.json", tmp_path / "status.json")
+    relay.apply(shape)
+    return relay
+
+
+async def _sink() -> tuple[asyncio.base_events.Server, dict[int, float]]:
+    """Server that reads everything; records when each connection finished, by bytes read."""
+    done: dict[int, float] = {}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = 0
+        while data := await reader.read(MIB):
+            n += len(data)
+        done[n] = time.monotonic()
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), done
+
+
+async def _send(port: int, nbytes: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    block = b"\x5a" * (4 * MIB)
+    left = nbytes
+    while left:
+        writer.write(block[: min(left, len(block))])
+        left -= min(left, len(block))
+        await writer.drain()
+    writer.write_eof()
+    await reader.read()
+    writer.close()
+
+
+@pytest.mark.parametrize("rate_mbit", [60.0, 170.0])
+def test_rate_cap_is_accurate_for_4mb_messages(tmp_path: Path, rate_mbit: float) -> None:
+    nbytes = int(rate_mbit * 1e6 / 8 * 1.5)  # ~1.5 s of traffic at the cap
+
+    async def run() -> float:
+        sink, done = await _sink()
+        relay = _relay(tmp_path, sink.sockets[0].getsockname()[1], Shape(rate_mbit=rate_mbit, delay_ms=20))
+        server = await _start(relay)
+        t0 = time.monotonic()
+        await _send(server.sockets[0].getsockname()[1], nbytes)
+        elapsed = done[nbytes] - t0
+        server.close()
+        sink.close()
+        return nbytes * 8 / elapsed / 1e6
+
+    measured = asyncio.run(run())
+    print(f"relay cap {rate_mbit} Mbit/s: measured {measured:.1f} Mbit/s")
+    assert 0.9 * rate_mbit <= measured <= 1.05 * rate_mbit
+
+
+def test_two_connections_share_the_cap_fairly(tmp_path: Path) -> None:
+    rate = 60.0
+    each = int(rate * 1e6 / 8 * 0.75)
+
+    async def run() -> tuple[float, float]:
+        sink, done = await _sink()
+        relay = _relay(tmp_path, sink.sockets[0].getsockname()[1], Shape(rate_mbit=rate))
+        server = await _start(relay)
+        port = server.sockets[0].getsockname()[1]
+        t0 = time.monotonic()
+        # Distinct sizes so the sink can tell the connections apart.
+        await asyncio.gather(_send(port, each), _send(port, each + 1))
+        server.close()
+        sink.close()
+        return done[each] - t0, done[each + 1] - t0
+
+    t1, t2 = asyncio.run(run())
+    total = 2 * each * 8 / max(t1, t2) / 1e6
+    assert 0.9 * rate <= total <= 1.05 * rate
+    # Fair sharing: both finish at about the same time (neither waits for the other).
+    assert abs(t1 - t2) < 0.15 * max(t1, t2)
+
+
+def test_delay_is_added_each_way(tmp_path: Path) -> None:
+    async def run() -> float:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(1024):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        target = await asyncio.start_server(echo, "127.0.0.1", 0)
+        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0, delay_ms=40))
+        server = await _start(relay)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        rtts = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            writer.write(b"ping")
+            await reader.readexactly(4)
+            rtts.append(time.monotonic() - t0)
+        writer.close()
+        server.close()
+        target.close()
+        return min(rtts)
+
+    rtt = asyncio.run(run())
+    assert 0.080 <= rtt <= 0.100
+
+
+def test_cut_aborts_connections_and_refuses_new_ones_until_healed(tmp_path: Path) -> None:
+    async def run() -> tuple[bytes, bytes, bytes]:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(1024):
+                writer.write(data)
+                await writer.drain()
+
+        target = await asyncio.start_server(echo, "127.0.0.1", 0)
+        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0))
+        server = await _start(relay)
+        port = server.sockets[0].getsockname()[1]
+        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+        w1.write(b"a")
+        before = await r1.readexactly(1)
+        # Cut through the control file, as the CLI does.
+        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "cut": True, "generation": 1}))
+        assert relay.poll_control()
+        cut_existing = await asyncio.wait_for(r1.read(10), 2)
+        r2, _w2 = await asyncio.open_connection("127.0.0.1", port)
+        cut_new = await asyncio.wait_for(r2.read(10), 2)
+        relay.apply(Shape(rate_mbit=0, cut=False, generation=2))
+        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+        w3.write(b"b")
+        healed = await asyncio.wait_for(r3.readexactly(1), 2)
+        server.close()
+        target.close()
+        return before + healed, cut_existing, cut_new
+
+    ok, cut_existing, cut_new = asyncio.run(run())
+    assert ok == b"ab"
+    assert cut_existing == b"" and cut_new == b""
