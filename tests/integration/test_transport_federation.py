@@ -1,7 +1,8 @@
 """Cross-cluster flows over the TLS stack: federation, WAN cuts, consumer crashes.
 
 Uses the session fixture ``stack`` (tests/fixtures/stack.py): two TLS-only
-nodes, cluster-a and cluster-b, federated through relays that can cut the WAN.
+nodes, cluster-a and cluster-b, federated through relays that can cut the WAN,
+one fresh job (own vhost, users, upstream, policy) per test.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -27,8 +27,8 @@ from nebula_mq.topology import Flow
 from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.rabbit import RabbitTransport
 
-pytest.importorskip("tests.fixtures.stack", reason="the TLS stack fixture is not there yet")
-from tests.fixtures.stack import stack  # noqa: E402,F401  (the session fixture)
+# The session fixture ``stack`` (a no-op when tests/conftest.py requires it too).
+pytest_plugins = ["tests.fixtures.stack"]
 
 pytestmark = pytest.mark.broker
 
@@ -40,13 +40,11 @@ class Job:
     """One provisioned job: a flow A -> B, a producer transport on A, a consumer one on B."""
 
     def __init__(self, stack: Any) -> None:
-        self.id = f"tf-{uuid.uuid4().hex[:8]}"
         self.flow = Flow("x", A, B)
-        self.vhost = stack.provision_job(self.id, [self.flow], {A: ["prod-0"], B: ["cons-0"]})
-        self.consumer_broker = stack.broker_settings(B, "cons-0", vhost=self.vhost)
-        self.producer = RabbitTransport(
-            stack.broker_settings(A, "prod-0", vhost=self.vhost), SETTINGS, self.id, A
-        )
+        handle = stack.new_job([self.flow], {A: ["prod-0"], B: ["cons-0"]}, prefix="tf")
+        self.id = handle.job_id
+        self.consumer_broker = handle.settings(B, "cons-0")
+        self.producer = RabbitTransport(handle.settings(A, "prod-0"), SETTINGS, self.id, A)
         self.consumer = RabbitTransport(self.consumer_broker, SETTINGS, self.id, B)
         self.producer.open()
         self.consumer.open()
@@ -64,7 +62,7 @@ def job(stack: Any) -> Iterator[Job]:
     j = Job(stack)
     yield j
     j.close()
-    stack.heal()
+    stack.clean_wan()
 
 
 def _drain(consumer: Any, dedup: Deduplicator, applied: list[str], want: int, timeout: float) -> int:
@@ -137,6 +135,7 @@ def test_backpressure_crosses_the_wan_without_a_downstream_cap(job: Job) -> None
 
 
 def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
+    wan = stack.stack
     dedup, applied = Deduplicator(), []
     consumer = job.consumer.consume(job.queue)
     pub = job.producer.publisher()
@@ -144,13 +143,13 @@ def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
         pub.publish(job.queue, b"x", f"m{i}")
     _drain(consumer, dedup, applied, 10, timeout=60)
 
-    stack.cut()
+    wan.cut()
     for i in range(10, 30):  # the local broker takes them: the sender never notices the cut
         pub.publish(job.queue, b"x", f"m{i}")
     time.sleep(2)
     depth = job.producer.queue_depth(job.queue)
     assert depth is not None and depth > 0  # held on the sending side during the outage
-    stack.heal()
+    wan.heal()
     _drain(consumer, dedup, applied, 30, timeout=120)
     assert sorted(applied, key=lambda m: int(m[1:])) == [f"m{i}" for i in range(30)]
     assert len(applied) == len(set(applied))
