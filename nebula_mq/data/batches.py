@@ -70,7 +70,8 @@ def tokenize_pairs(
     tgt_ids, tgt_mask = pad_and_truncate(encode_texts(tgt_tokenizer, tgt), max_len_tgt, pad_id_of(tgt_tokenizer))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp.npz")
-    np.savez(
+    # Compressed: rows are padded to the longest one, and padding compresses to nothing.
+    np.savez_compressed(
         tmp,
         index=np.arange(len(src), dtype=np.int64),
         src_ids=src_ids,

@@ -172,6 +172,9 @@ def _tokenize(out: Path, options: BuildOptions) -> dict[str, Any]:
 def _fingerprint(options: BuildOptions, cats: list[catalogues.Catalogue], fetched: dict[str, bool]) -> str:
     digest = hashlib.sha256()
     digest.update(json.dumps([MANIFEST_VERSION, __version__, options.fingerprint_fields(), fetched], sort_keys=True).encode())
+    # The pipeline's own code: a changed cleaning rule invalidates an old build.
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
     for c in cats:
         try:
             st = c.path.stat()
