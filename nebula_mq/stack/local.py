@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
@@ -28,9 +28,13 @@ from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
-from nebula_mq.stack.layout import DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, StackLayout, plan
+from nebula_mq.stack.layout import (
+    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, NodeLayout, StackLayout, default_run_dir, plan,
+)
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,6 @@ class Stack:
         base_port: int = DEFAULT_BASE_PORT,
         prefix: str = DEFAULT_PREFIX,
     ) -> None:
-        from nebula_mq.stack.layout import default_run_dir
-
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
         fresh = plan(root, clusters, base_port, prefix)
@@ -75,8 +77,6 @@ class Stack:
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str] | None = None) -> Stack:
         """The stack saved in ``run_dir`` (by a previous ``up``), with its own layout."""
-        from nebula_mq.stack.layout import default_run_dir
-
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
         if saved is None:
@@ -110,12 +110,15 @@ class Stack:
         """Stop relays and nodes; leaves nothing of this stack running."""
         for link in wan.links(self.layout):
             link.stop()
-        errors = []
-        for n in self.layout.nodes:
+        def stop(n: NodeLayout) -> str:
             try:
                 nodes.stop(n)
             except StackError as exc:
-                errors.append(str(exc))
+                return str(exc)
+            return ""
+
+        with ThreadPoolExecutor(len(self.layout.nodes)) as pool:
+            errors = [e for e in pool.map(stop, self.layout.nodes) if e]
         if errors:
             raise StackError("; ".join(errors))
 
@@ -212,7 +215,7 @@ class Stack:
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}
 
-    def wait_until(self, predicate: Any, timeout: float = 30.0, interval: float = 0.2) -> Any:
+    def wait_until(self, predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2) -> T:
         """Poll ``predicate()`` until truthy; returns its value or raises :class:`StackError`."""
         deadline = time.monotonic() + timeout
         while True:

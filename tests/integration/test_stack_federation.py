@@ -93,3 +93,16 @@ def test_wan_cut_blocks_delivery_and_heal_resumes_it(stack: StackHandle) -> None
         stack.clean_wan()
     got = _consume(job, "cluster-b", q, want=5, timeout=30)
     assert sorted(set(got)) == sorted(ids)
+
+
+def test_federation_link_survives_a_downstream_node_restart(stack: StackHandle) -> None:
+    job = stack.new_job()
+    q = job.queue("activations")
+    _publish(job, "cluster-a", q, ["before"])
+    assert _consume(job, "cluster-b", q, want=1, timeout=30) == ["before"]
+    stack.stack.restart_node("cluster-b")
+    assert stack.stack.status()["cluster-b"].running
+    ids = [f"r{i}" for i in range(5)]
+    _publish(job, "cluster-a", q, ids)
+    got = _consume(job, "cluster-b", q, want=5, timeout=30)
+    assert sorted(set(got)) == sorted(ids)
