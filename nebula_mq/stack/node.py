@@ -118,6 +118,9 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
     """Start the node detached and wait until its TLS listener answers a handshake."""
     if is_running(node):
         return
+    for port in (node.tls_port, node.dist_port):
+        if not _port_free(port):
+            raise StackError(f"{node.node}: port {port} is already in use (another stack or service?)")
     node.pid_file.unlink(missing_ok=True)
     server = str(RABBITMQ_BIN / "rabbitmq-server")
     out = node.log_base / "start.out"
@@ -131,6 +134,17 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
         time.sleep(0.1)
     rabbitmqctl(node, "wait", "--timeout", str(int(timeout)), str(node.pid_file), timeout=timeout + 15)
     wait_tls(node, deadline)
+
+
+def _port_free(port: int) -> bool:
+    """False when something listens on ``port`` (TIME_WAIT leftovers of a stopped node do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_tls(node: NodeLayout, deadline: float) -> None:
