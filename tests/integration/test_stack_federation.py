@@ -106,3 +106,38 @@ def test_federation_link_survives_a_downstream_node_restart(stack: StackHandle) 
     _publish(job, "cluster-a", q, ids)
     got = _consume(job, "cluster-b", q, want=5, timeout=30)
     assert sorted(set(got)) == sorted(ids)
+
+
+@pytest.mark.slow
+def test_federation_goodput_with_4mb_messages_reaches_the_shaped_rate(stack: StackHandle) -> None:
+    rate, size, n = 60.0, 4 * 1024 * 1024, 8
+    job = stack.new_job()
+    q = job.queue("activations")
+    try:
+        stack.stack.shape(None, rate_mbit=rate, delay_ms=20)
+        conn = pika.BlockingConnection(pika_parameters(job.settings("cluster-a")))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare(q, durable=True)
+        for i in range(n):
+            ch.basic_publish("", q, bytes([i]) * size, pika.BasicProperties(delivery_mode=2, message_id=str(i)))
+        conn.close()
+        arrivals = []
+        conn = pika.BlockingConnection(pika_parameters(job.settings("cluster-b")))
+        ch = conn.channel()
+        ch.queue_declare(q, durable=True)
+        ch.basic_qos(prefetch_count=4)
+        for method, _props, body in ch.consume(q, inactivity_timeout=30):
+            assert method is not None, "federation stalled"
+            assert len(body) == size
+            arrivals.append(time.monotonic())
+            ch.basic_ack(method.delivery_tag)
+            if len(arrivals) == n:
+                break
+        conn.close()
+    finally:
+        stack.clean_wan()
+    # Steady state: n-1 messages between the first and the last arrival.
+    goodput = (n - 1) * size * 8 / (arrivals[-1] - arrivals[0]) / 1e6
+    print(f"federation goodput {goodput:.1f} Mbit/s at a {rate} Mbit/s cap")
+    assert 0.9 * rate <= goodput <= 1.1 * rate

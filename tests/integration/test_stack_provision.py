@@ -1,0 +1,96 @@
+"""Job provisioning: which queues each cluster federates, and idempotency on real nodes."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nebula_mq import topology
+from nebula_mq.errors import StackError
+from nebula_mq.security.certs import Identity
+from nebula_mq.stack.provision import Upstream, definitions, job_queue_pattern
+from nebula_mq.topology import Flow
+from tests.fixtures.stack import StackHandle
+
+CLUSTERS = ("c0", "c1", "c2")
+flows_strategy = st.lists(
+    st.tuples(st.sampled_from(CLUSTERS), st.sampled_from(CLUSTERS)), min_size=1, max_size=8
+).map(lambda pairs: tuple(Flow(f"f{i}", s, d) for i, (s, d) in enumerate(pairs)))
+
+
+def _upstreams(dst: str) -> dict[str, Upstream]:
+    client = Identity(f"federation-{dst}", Path("c.pem"), Path("k.pem"), Path("t.pem"))
+    return {src: Upstream(src, "127.0.0.1", 1000 + i, client) for i, src in enumerate(CLUSTERS) if src != dst}
+
+
+@settings(max_examples=60, deadline=None)
+@given(flows=flows_strategy)
+def test_each_cluster_federates_exactly_the_flows_that_end_there(flows: tuple[Flow, ...]) -> None:
+    for cluster in CLUSTERS:
+        defs = definitions("j", cluster, flows, ["w"], [c for c in CLUSTERS if c != cluster], _upstreams(cluster))
+        upstream_of = {p["name"]: p for p in defs["parameters"]}
+        federated: dict[str, str] = {}
+        for pol in defs["policies"]:
+            up = pol["definition"]["federation-upstream"]
+            assert up in upstream_of
+            for f in flows:
+                q = topology.queue_name("j", f.name)
+                if re.match(pol["pattern"], q):
+                    assert q not in federated, "two policies match one queue"
+                    federated[q] = up
+        expected = {topology.queue_name("j", f.name): topology.upstream_name(f.src_cluster)
+                    for f in flows if f.crosses_clusters and f.dst_cluster == cluster}
+        assert federated == expected
+
+
+def test_upstream_uses_the_relay_and_loss_safe_link_settings() -> None:
+    flows = topology.abnet_flows("c0", "c1", ("e",))
+    defs = definitions("j", "c1", flows, [], ["c0"], _upstreams("c1"))
+    (param,) = defs["parameters"]
+    value = param["value"]
+    assert value["uri"].startswith("amqps://127.0.0.1:1000/nebula-j?")
+    assert "verify=verify_peer" in value["uri"] and "auth_mechanism=external" in value["uri"]
+    assert (value["ack-mode"], value["resource-cleanup-mode"]) == ("on-confirm", "never")
+    assert value["prefetch-count"] <= 32
+
+
+def test_permissions_cover_only_the_jobs_queues() -> None:
+    flows = topology.electra_flows("c0", "c1", 2)
+    pattern = job_queue_pattern("j", flows)
+    for f in flows:
+        assert re.match(pattern, topology.queue_name("j", f.name))
+    assert re.match(pattern, topology.dead_letter_queue("j"))
+    for other in ("nebula.j2.sync", "nebula.j.sync.x", "xnebula.j.sync", "amq.gen-123"):
+        assert not re.match(pattern, other)
+
+
+@pytest.mark.broker
+def test_provisioning_is_idempotent(stack: StackHandle) -> None:
+    job = stack.new_job()
+
+    def snapshot() -> dict[str, list[str]]:
+        out = {}
+        for c in ("cluster-a", "cluster-b"):
+            defs = json.loads(stack.stack.rabbitmqctl(c, "export_definitions", "-", "--format", "json", "--quiet"))
+            for key in ("policies", "parameters", "permissions", "users"):
+                rows = [r for r in defs[key] if r.get("vhost", job.vhost) == job.vhost]
+                out[f"{c}/{key}"] = sorted(json.dumps(r, sort_keys=True) for r in rows)
+        assert out["cluster-b/policies"] and out["cluster-b/parameters"]
+        return out
+
+    before = snapshot()
+    assert stack.stack.provision_job(job.job_id, job.flows, job.identities) == job.vhost
+    assert snapshot() == before
+
+
+@pytest.mark.broker
+def test_bad_job_or_cluster_is_a_stack_error(stack: StackHandle) -> None:
+    with pytest.raises(StackError):
+        stack.stack.provision_job("Bad Job", topology.abnet_flows("cluster-a", "cluster-b", ("e",)))
+    with pytest.raises(StackError):
+        stack.stack.provision_job("ok", topology.abnet_flows("cluster-a", "cluster-z", ("e",)))
