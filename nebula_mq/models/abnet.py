@@ -60,6 +60,15 @@ def _insert(stack: BertEncoder, sites: tuple[str, ...], make: type[Adapter] | ob
             setattr(layer, f"after_{site}", make())  # type: ignore[operator]
 
 
+def log_softmax(logits: paddle.Tensor) -> paddle.Tensor:
+    """log-softmax over the last axis as x - logsumexp(x).
+
+    paddle 3.3's CPU ``F.log_softmax`` kernel takes ~50 s forward for a
+    [16, 32, 30522] tensor (measured); this form takes 0.2 s and agrees to 2e-6.
+    """
+    return logits - paddle.logsumexp(logits, axis=-1, keepdim=True)
+
+
 def _trainable(layer: nn.Layer) -> list[paddle.Tensor]:
     return [p for p in layer.parameters() if not p.stop_gradient]
 
@@ -138,7 +147,7 @@ class DecoderSide(nn.Layer):
         if tgt.ndim != 2 or tgt.shape[1] < 2 or tgt.shape[0] != enc_out.shape[0]:
             raise ShapeMismatch(f"targets must be [B={enc_out.shape[0]}, T>=2], got {tgt.shape}")
         mask = paddle.to_tensor(np.asarray(enc_mask, dtype=np.float32))
-        logp = F.log_softmax(self.logits(enc_out, mask, paddle.to_tensor(tgt[:, :-1])), axis=-1)  # [B, T-1, V]
+        logp = log_softmax(self.logits(enc_out, mask, paddle.to_tensor(tgt[:, :-1])))  # [B, T-1, V]
         labels = paddle.to_tensor(tgt[:, 1:]).unsqueeze(-1)  # [B, T-1, 1]
         nll = -paddle.take_along_axis(logp, labels, axis=-1).squeeze(-1)  # [B, T-1]
         eps = self.cfg.label_smoothing
@@ -164,7 +173,7 @@ class DecoderSide(nn.Layer):
             idx = paddle.to_tensor(rows)
             with paddle.no_grad():
                 logits = self.logits(paddle.gather(enc, idx), paddle.gather(mask, idx), paddle.to_tensor(prefix))
-                logp = F.log_softmax(logits[:, -1], axis=-1).numpy()  # [N, V]
+                logp = log_softmax(logits[:, -1]).numpy()  # [N, V]
             logp[:, never] = -np.inf  # BOS and padding are never generated
             return logp
 

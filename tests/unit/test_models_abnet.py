@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,33 @@ def test_bad_inputs_raise_typed_errors() -> None:
         preset("huge")
     with pytest.raises(ConfigError):
         preset("tiny", label_smoothing=1.5)
+
+
+def test_small_preset_starts_from_the_pretrained_encoder() -> None:
+    """Pretrained sides load with a pruned source vocab; near-identity adapters keep e5's states."""
+    from nebula_mq.models.abnet import DecoderSide, EncoderSide
+    from nebula_mq.models.abnet_config import small
+    from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, padding_bias
+    from nebula_mq.models.pretrained import load_e5_small
+    from nebula_mq.models.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
+
+    cfg = dataclasses.replace(small(encoder_layers=2, decoder_layers=1), adapter_dropout=0.0)
+    ids = np.array([load_xlmr_tokenizer().encode("No se pudo abrir el archivo").ids])
+    mask = np.ones(ids.shape, np.float32)
+    side = EncoderSide(cfg, src_keep_ids=ids.ravel())
+    side.eval()
+    assert len(side.vocab.kept_ids) == len(set(ids.ravel()) | {0, 1, 2, 3})
+    with paddle.no_grad():
+        got = side(ids, mask).numpy()[0]
+    plain_w = load_e5_small(keep_ids=ids.ravel(), layers=2)
+    plain = BertEncoder(BertConfig.from_shape(plain_w.shape))
+    load_numpy_state(plain, plain_w.tensors)
+    plain.eval()
+    with paddle.no_grad():
+        ref = plain(paddle.to_tensor(plain_w.vocab.old_to_new(ids)), padding_bias(paddle.to_tensor(mask))).numpy()[0]
+    cos = (got * ref).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(ref, axis=-1)
+    assert cos.min() > 0.99 and not np.allclose(got, ref)
+
+    tgt = np.array([load_minilm_tokenizer().encode("could not open the file").ids])
+    loss, grad = DecoderSide(cfg).loss_and_grad(got[None], mask, tgt)
+    assert np.isfinite(loss) and grad.shape == got[None].shape and np.abs(grad).sum() > 0
