@@ -26,6 +26,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ def _now() -> dt.datetime:
 def write_private(path: Path, data: bytes) -> None:
     """Write ``data`` with mode 0600 from the first byte on, then rename into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, data)
@@ -87,7 +88,7 @@ def write_private(path: Path, data: bytes) -> None:
 
 def _write_public(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)

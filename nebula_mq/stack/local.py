@@ -65,6 +65,11 @@ class Stack:
         base_port: int = DEFAULT_BASE_PORT,
         prefix: str = DEFAULT_PREFIX,
     ) -> None:
+        """Plan a stack in ``run_dir`` (default ``$NEBULA_RUN_DIR`` or ``run/stack``).
+
+        If a stack with another layout is already running there, it keeps its own
+        layout (ports, prefix) until ``down``.
+        """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
         fresh = plan(root, clusters, base_port, prefix)

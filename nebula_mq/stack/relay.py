@@ -178,7 +178,10 @@ class Relay:
         finally:
             self._conns.discard(pair)
             for w in pair:
-                w.transport.abort() if self.shape.cut else w.close()
+                if self.shape.cut:
+                    w.transport.abort()  # a cut link drops data in flight, like a pulled cable
+                else:
+                    w.close()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> None:
         loop = asyncio.get_running_loop()
