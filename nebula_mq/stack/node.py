@@ -46,6 +46,8 @@ def node_env(node: NodeLayout) -> dict[str, str]:
         RABBITMQ_LOG_BASE=str(node.log_base),
         RABBITMQ_CONF_ENV_FILE=str(node.env_file),
         RABBITMQ_PID_FILE=str(node.pid_file),
+        # A VM that fails to boot dumps here, not into the caller's working directory.
+        ERL_CRASH_DUMP=str(node.log_base / "erl_crash.dump"),
     )
     return env
 
@@ -103,7 +105,8 @@ def rabbitmqctl(node: NodeLayout, *args: str, timeout: float = 60.0, check: bool
     """Run ``rabbitmqctl -n NODE ARGS``; returns stdout, raises :class:`StackError` on failure."""
     cmd = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.node, *args]
     try:
-        proc = subprocess.run(cmd, env=node_env(node), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, env=node_env(node), cwd=node.path, capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         raise StackError(f"{node.node}: rabbitmqctl {' '.join(args[:2])} timed out after {timeout}s") from None
     except OSError as exc:
@@ -125,7 +128,8 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
     server = str(RABBITMQ_BIN / "rabbitmq-server")
     out = node.log_base / "start.out"
     with open(out, "ab") as fh:
-        proc = subprocess.run([server, "-detached"], env=node_env(node), stdout=fh, stderr=fh, timeout=60)
+        proc = subprocess.run([server, "-detached"], env=node_env(node), cwd=node.path, stdout=fh, stderr=fh,
+                              timeout=60)
     if proc.returncode != 0:
         raise StackError(f"{node.node}: rabbitmq-server -detached failed; see {out}")
     # `await_startup` right after -detached can fail (node not yet registered); `wait PIDFILE` waits.
