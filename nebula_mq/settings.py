@@ -66,6 +66,14 @@ class CodecSettings:
     def validate(self) -> None:
         if self.compress_from_step < 0:
             raise ValueError("compress_from_step >= 0")
+        from nebula_mq.codecs import parse_codec  # numpy-only; checked at load time
+        from nebula_mq.errors import CodecError
+
+        for name in ("forward", "backward"):
+            try:
+                parse_codec(getattr(self, name))
+            except CodecError as exc:
+                raise ValueError(f"{name}: a codec chain like 'fp16(svd(0.6))' ({exc})") from None
 
 
 @dataclass(frozen=True)

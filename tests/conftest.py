@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# Session fixture `stack`: two TLS RabbitMQ nodes joined by federation through the WAN relay.
+pytest_plugins = ["tests.fixtures.stack"]
+
 
 def _children(pid: int) -> set[int]:
     """All descendants of ``pid``, read from /proc (no psutil dependency)."""

@@ -9,10 +9,11 @@ ids so T can look up its targets. No text crosses the WAN.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -110,7 +111,7 @@ class TranslationData:
 
 def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str) -> dict[str, np.ndarray]:
     """A toy translation task for the tiny preset: the target is a fixed token
-    permutation of the source, reversed, framed by BOS=1 and EOS=2 (pad 0).
+    permutation of the source, framed by BOS=1 and EOS=2 (pad 0).
     ``side`` selects which half is materialised, as each cluster sees one half."""
     rng = np.random.default_rng([seed, 7])
     perm = rng.permutation(np.arange(3, vocab))
@@ -120,7 +121,7 @@ def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str) -> d
     for i, length in enumerate(lengths):
         tokens = rng.integers(3, vocab, size=length)
         src[i, :length] = tokens
-        tgt[i, : length + 2] = [1, *perm[tokens[::-1] - 3], 2]
+        tgt[i, : length + 2] = [1, *perm[tokens - 3], 2]
     out = {"index": np.arange(n, dtype=np.int64)}
     if side == "src":
         out.update(src_ids=src, src_mask=(src != 0).astype(np.int8))
@@ -140,3 +141,24 @@ def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int)
         full = load_arrays(path)
         arrays = {k: v for k, v in full.items() if k == "index" or k.startswith(f"{side}_")}
     return TranslationData(arrays, job.batch_size, seed)
+
+
+def model_config(job: AbnetJob, seed: int) -> Any:
+    """The ABNet model config of this job (paddle-free; see nebula_mq.models.abnet_config)."""
+    from nebula_mq.models import abnet_config
+
+    if job.preset == "small":
+        cfg = abnet_config.small(job.encoder_layers, job.decoder_layers)
+    else:
+        cfg = abnet_config.preset(job.preset)
+    return dataclasses.replace(cfg, seed=seed)
+
+
+def source_keep_ids(job: AbnetJob) -> np.ndarray | None:
+    """XLM-R ids the corpus uses (vocabulary pruning of the e5 embeddings); None for toy data."""
+    if job.data == "synthetic":
+        return None
+    path = Path(job.data_dir) / "parallel" / "src_vocab.npy"
+    if not path.exists():
+        raise DataError(f"{path} missing: run `nebula-mq data build`")
+    return np.load(path)

@@ -127,6 +127,10 @@ class Worker(ABC):
         log.info("checkpoint", step=self.step, digest=ck.digest[:16])
         return ck
 
+    def has_checkpoint_at_step(self) -> bool:
+        steps = self.store.steps()
+        return bool(steps) and steps[-1] == self.step
+
     def record_step(self, values: Mapping[str, float]) -> None:
         self.values = {k: float(v) for k, v in values.items()}
         self.history.append({"step": float(self.step), "time": time.time(), **self.values})

@@ -103,3 +103,10 @@ def test_bad_env_override_is_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, GOOD), environ={"NEBULA__JOB__STEPS": "abc"})
     assert info.value.key == "job.steps"
+
+
+def test_bad_codec_chain_fails_at_load(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD.replace('"fp16(svd(0.6))"', '"fp17(svd(0.6))"')), environ={})
+    assert info.value.key == "codec"
+    assert "forward" in info.value.expected and "fp17" in info.value.expected

@@ -1,0 +1,179 @@
+"""Envelopes over a transport: what a role sends and receives on a flow.
+
+:class:`Outbox` encodes tensors with their codecs, wraps them in an envelope
+and publishes it, confirmed, to the flow's queue on the local broker.
+:class:`Inbox` takes deliveries off a flow's queue and turns each into exactly
+one of: a :class:`Received` message for the role; a duplicate, acked and
+dropped; or a condemned message, dead-lettered with its reason (checksum,
+version, schema, codec, NaN, wrong job, wrong flow). The role never sees a
+message it cannot trust, and the consumer keeps going.
+
+Message identity is ``(job, flow, step, micro_batch, seq)``; ``seq`` is the
+micro-batch index, so a worker that recomputes a micro-batch after a restart
+sends a message with the same id, which the receiver discards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nebula_mq import topology
+from nebula_mq.codecs import Codec
+from nebula_mq.errors import NebulaError, NonFiniteTensor, UnknownJob, WireError
+from nebula_mq.runtime.hooks import MessageEvent
+from nebula_mq.runtime.logs import get_logger
+from nebula_mq.transport.base import Delivery
+from nebula_mq.transport.dedup import Deduplicator
+from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors, unpack_tensors
+
+if TYPE_CHECKING:
+    from nebula_mq.runtime.worker import Worker
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Received:
+    envelope: Envelope
+    tensors: Mapping[str, np.ndarray]
+    delivery: Delivery
+
+    @property
+    def micro_batch(self) -> int:
+        return self.envelope.micro_batch
+
+    @property
+    def message_id(self) -> str:
+        return self.envelope.message_id
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        return self.envelope.meta
+
+
+def _event(env: Envelope, raw: int, wire: int, redelivered: bool = False) -> MessageEvent:
+    return MessageEvent(env.flow, env.step, env.micro_batch, env.message_id, raw, wire, redelivered)
+
+
+class Outbox:
+    """Publishes envelopes of one flow from one producer."""
+
+    def __init__(self, worker: Worker, flow: topology.Flow, producer_id: str,
+                 *, allow_non_finite: bool = False) -> None:
+        self.worker = worker
+        self.flow = flow
+        self.producer_id = producer_id
+        self.allow_non_finite = allow_non_finite
+        self.queue = worker.transport.queue_for(flow)
+        self.publisher = worker.transport.publisher()
+
+    def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]],
+             meta: Mapping[str, Any] | None = None, reply_to: str | None = None,
+             correlation_id: str | None = None, state: Any = None, queue: str | None = None) -> str:
+        """Encode, publish and wait for the broker's confirm; returns the message id.
+
+        ``state`` is the sender-owned codec state (rsvd warm start), given to
+        every tensor's codec. ``queue`` overrides the flow's queue (replies).
+        """
+        codecs = {name: codec for name, (_, codec) in tensors.items()}
+        records = pack_tensors({n: a for n, (a, _) in tensors.items()}, codecs,
+                               states={n: state for n in tensors} if state is not None else None,
+                               allow_non_finite=self.allow_non_finite)
+        env = Envelope(self.worker.settings.job.id, self.flow.name, step, micro_batch, micro_batch,
+                       self.producer_id, records, dict(meta or {}))
+        body = encode_envelope(env)
+        self.publisher.publish(queue or self.queue, body, env.message_id,
+                               correlation_id=correlation_id, reply_to=reply_to)
+        raw = sum(int(np.asarray(a).nbytes) for a, _ in tensors.values())
+        self.worker.hooks.on_published(_event(env, raw, len(body)))
+        return env.message_id
+
+    def close(self) -> None:
+        self.publisher.close()
+
+
+class Inbox:
+    """Trusted, deduplicated messages of one flow; see the module docstring."""
+
+    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator,
+                 *, held: int = 0, allow_non_finite: bool = False) -> None:
+        """``held``: deliveries the role keeps unacked on purpose (applied but not yet
+        checkpointed, or waiting for their turn). The prefetch must exceed it, or the
+        broker stops delivering while the role waits for the message that would let
+        it checkpoint: a deadlock."""
+        self.worker = worker
+        self.flow = flow
+        self.dedupe = dedupe
+        self.allow_non_finite = allow_non_finite
+        self.max_bytes = worker.settings.transport.max_message_bytes
+        prefetch = worker.settings.transport.prefetch + held
+        self.consumer = worker.transport.consume(worker.transport.queue_for(flow), prefetch)
+
+    def get(self, timeout: float | None = None) -> Received | None:
+        """The next trusted, new message; None when nothing came within ``timeout``."""
+        delivery = self.consumer.get(timeout)
+        while delivery is not None:
+            received = self._admit(delivery)
+            if received is not None:
+                return received
+            delivery = self.consumer.get(0)
+        return None
+
+    def _admit(self, delivery: Delivery) -> Received | None:
+        try:
+            env = decode_envelope(delivery.body, max_bytes=self.max_bytes)
+            if env.job_id != self.worker.settings.job.id:
+                raise UnknownJob(f"message of job {env.job_id!r} on job "
+                                 f"{self.worker.settings.job.id!r}'s queue")
+            if env.flow != self.flow.name:
+                raise UnknownJob(f"message of flow {env.flow!r} on flow {self.flow.name!r}")
+            if self.dedupe.seen(env.message_id, f"{env.flow}/{env.producer}", env.seq):
+                self.worker.hooks.on_duplicate(_event(env, 0, len(delivery.body)))
+                # Its effect is applied: in a checkpoint, or in memory with the
+                # first copy still unacked until the next one.
+                delivery.ack()
+                return None
+            tensors = unpack_tensors(env, max_decoded_bytes=4 * self.max_bytes)
+            if not self.allow_non_finite:
+                for name, arr in tensors.items():
+                    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                        raise NonFiniteTensor(f"tensor {name!r} holds NaN or Inf")
+        except WireError as exc:
+            self._dead_letter(delivery, exc)
+            return None
+        raw = sum(int(a.nbytes) for a in tensors.values())
+        self.worker.hooks.on_received(_event(env, raw, len(delivery.body), delivery.redelivered))
+        return Received(env, tensors, delivery)
+
+    def _dead_letter(self, delivery: Delivery, exc: NebulaError) -> None:
+        log.error("dead_letter", reason=exc.reason, detail=str(exc), message_id=delivery.message_id,
+                  queue=delivery.queue)
+        delivery.dead_letter(exc.reason, str(exc))
+        self.worker.hooks.on_dead_letter(
+            MessageEvent(self.flow.name, message_id=delivery.message_id), exc.reason, str(exc))
+
+    def reject(self, received: Received, exc: NebulaError) -> None:
+        """Condemn a decoded message the role found unacceptable (e.g. out of window)."""
+        self._dead_letter(received.delivery, exc)
+
+    def discard_duplicate(self, received: Received) -> None:
+        """A repeat of something already applied or already held: ack and forget.
+
+        Safe to ack at once: the first copy stays unacked until the checkpoint
+        that holds its effect, so a crash still replays it.
+        """
+        self.worker.hooks.on_duplicate(_event(received.envelope, 0, len(received.delivery.body)))
+        received.delivery.ack()
+
+    def applied(self, received: Received) -> None:
+        """The role applied the message's effect: remember it, ack with the next checkpoint."""
+        env = received.envelope
+        self.dedupe.record(env.message_id, f"{env.flow}/{env.producer}", env.seq)
+        self.worker.defer_ack(received.delivery)
+
+    def close(self) -> None:
+        self.consumer.close()
