@@ -22,6 +22,12 @@ from nebula_mq.errors import DataError
 from nebula_mq.settings import Settings
 
 ACTIVATIONS_FLOW = "activations"
+EVAL_KIND = "eval"  # meta "kind" of evaluation activations (no gradient comes back)
+
+
+def eval_producer(encoder_id: str) -> str:
+    """Producer id of an encoder's evaluation messages: a dedupe stream of their own."""
+    return f"{encoder_id}-eval"
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,21 @@ class AbnetJob:
     synthetic_len: int = 8
     # Micro-batches whose gradient is not back yet; bounds staleness and memory.
     in_flight: int = 4
+    # Training samples used (0 = the whole split): a small set gives several epochs in a
+    # short study, which is what delta compression feeds on.
+    train_samples: int = 0
+    # "delta": activations travel as the compressed change from the same sample's last
+    # reconstruction (AQ-SGD); "none": as themselves (nebula_mq.codecs.feedback).
+    forward_feedback: Literal["none", "delta"] = "none"
+    # "residual": the decoder adds each sample's gradient compression error to its next
+    # gradient (error feedback); "none": plain compressed gradients.
+    backward_feedback: Literal["none", "residual"] = "none"
+    # Evaluation after training: the first N samples of eval_split (0 = none) are encoded on
+    # S, sent as kind=eval activations, beam-decoded on T and scored against T's references.
+    eval_samples: int = 0
+    eval_split: str = "test"
+    eval_beam: int = 4
+    eval_max_len: int = 64
     lr: float = 1e-3
     checkpoint_every: int = 10
     src_cluster: str = "s"
@@ -53,6 +74,10 @@ class AbnetJob:
             raise ValueError("in_flight >= 1")
         if self.batch_size < 1:
             raise ValueError("batch_size >= 1")
+        if self.train_samples < 0 or self.eval_samples < 0:
+            raise ValueError("train_samples >= 0 and eval_samples >= 0")
+        if self.eval_beam < 1 or self.eval_max_len < 1:
+            raise ValueError("eval_beam >= 1 and eval_max_len >= 1")
         if self.src_cluster == self.tgt_cluster:
             raise ValueError("src_cluster != tgt_cluster")
 
@@ -92,7 +117,10 @@ class TranslationData:
 
     def source(self, mb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(sample ids int64 [B], src ids int32 [B, S], src mask int8 [B, S]), trimmed."""
-        rows = self.rows(mb)
+        return self.source_rows(self.rows(mb))
+
+    def source_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`source`, for explicit rows (evaluation walks the split in order)."""
         mask = self.arrays["src_mask"][rows]
         width = max(int(mask.sum(axis=1).max()), 1)
         ids = self.arrays["src_ids"][rows][:, :width].astype(np.int32)
@@ -109,12 +137,16 @@ class TranslationData:
         return self.arrays["tgt_ids"][rows][:, :width].astype(np.int64)
 
 
-def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str) -> dict[str, np.ndarray]:
+def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str,
+                    split: str = "train") -> dict[str, np.ndarray]:
     """A toy translation task for the tiny preset: the target is a fixed token
     permutation of the source, framed by BOS=1 and EOS=2 (pad 0).
-    ``side`` selects which half is materialised, as each cluster sees one half."""
+    ``side`` selects which half is materialised, as each cluster sees one half;
+    every split shares the permutation (the "language"), other splits draw other sentences."""
     rng = np.random.default_rng([seed, 7])
     perm = rng.permutation(np.arange(3, vocab))
+    if split != "train":
+        rng = np.random.default_rng([seed, 7, int.from_bytes(hashlib.sha256(split.encode()).digest()[:4], "little")])
     lengths = rng.integers(2, max_len + 1, size=n)
     src = np.zeros((n, max_len), np.int32)
     tgt = np.zeros((n, max_len + 2), np.int32)
@@ -130,17 +162,31 @@ def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str) -> d
     return out
 
 
-def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int) -> TranslationData:
-    """Only this side's arrays are loaded (S never holds targets, T never sources)."""
+SYNTHETIC_SAMPLES = 4096
+
+
+def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int,
+              split: str | None = None) -> TranslationData:
+    """Only this side's arrays are loaded (S never holds targets, T never sources).
+
+    ``split`` defaults to the training split, which ``train_samples`` may shorten."""
+    split = split or job.split
+    limit = job.train_samples if split == job.split else 0
     if job.data == "synthetic":
-        arrays = synthetic_pairs(4096, vocab, job.synthetic_len, seed, side)
+        arrays = synthetic_pairs(limit or SYNTHETIC_SAMPLES, vocab, job.synthetic_len, seed, side, split)
     else:
-        path = Path(job.data_dir) / "parallel" / f"{job.split}.npz"
+        path = Path(job.data_dir) / "tokenized" / f"{split}.npz"
         from nebula_mq.data.batches import load_arrays
 
         full = load_arrays(path)
-        arrays = {k: v for k, v in full.items() if k == "index" or k.startswith(f"{side}_")}
+        arrays = {k: v[:limit] if limit else v for k, v in full.items()
+                  if k == "index" or k.startswith(f"{side}_")}
     return TranslationData(arrays, job.batch_size, seed)
+
+
+def sample_lengths(mask: np.ndarray) -> np.ndarray:
+    """Real tokens per sample of a [B, S] 1/0 mask (keys the per-sample caches' blocks)."""
+    return np.asarray(mask, dtype=np.int64).sum(axis=1)
 
 
 def model_config(job: AbnetJob, seed: int) -> Any:
@@ -158,7 +204,7 @@ def source_keep_ids(job: AbnetJob) -> np.ndarray | None:
     """XLM-R ids the corpus uses (vocabulary pruning of the e5 embeddings); None for toy data."""
     if job.data == "synthetic":
         return None
-    path = Path(job.data_dir) / "parallel" / "src_vocab.npy"
+    path = Path(job.data_dir) / "tokenized" / "src_used_token_ids.npy"
     if not path.exists():
         raise DataError(f"{path} missing: run `nebula-mq data build`")
     return np.load(path)

@@ -19,6 +19,7 @@ import time
 import paddle
 
 from nebula_mq.codecs import CompressionSchedule
+from nebula_mq.codecs.feedback import DeltaCompression, ErrorFeedback, SampleRows
 from nebula_mq.errors import MalformedMessage, OutOfWindow
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
@@ -28,7 +29,8 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.abnet_common import load_job, load_side, micro_batch_seed, model_config
+from workers.abnet_common import EVAL_KIND, load_job, load_side, micro_batch_seed, model_config, sample_lengths
+from workers.abnet_eval import Evaluation
 from workers.paddle_state import load_state_arrays, state_arrays
 
 log = get_logger(__name__)
@@ -51,6 +53,12 @@ class AbnetDecoderWorker(Worker):
         self.schedule = CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step)
         self.dedupe = Deduplicator()
         self.total = settings.job.steps
+        # Mirror of the encoder's AQ-SGD cache (created on demand: the sender decides).
+        self.delta = DeltaCompression()
+        # Per-sample residual of the gradient codec (error feedback), sender-side state.
+        self.feedback = ErrorFeedback() if self.job.backward_feedback == "residual" else None
+        self.evaluation = Evaluation(self.job, settings.job.seed, self.cfg.decoder.vocab,
+                                     settings.run_dir, worker_id)
 
     def restore(self) -> None:
         ck = self.store.latest()
@@ -59,11 +67,18 @@ class AbnetDecoderWorker(Worker):
         load_state_arrays("decoder", self.model, self.optimizer, ck.arrays)
         self.step = ck.step
         self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        self.delta = DeltaCompression(SampleRows.restore(ck.arrays, "decoder/delta"))
+        if self.feedback is not None:
+            self.feedback = ErrorFeedback(SampleRows.restore(ck.arrays, "decoder/feedback"))
         log.info("resumed", step=self.step)
 
     def checkpoint(self) -> None:
-        self.commit(state_arrays("decoder", self.model, self.optimizer),
-                    {"dedupe": self.dedupe.export_state()})
+        arrays = state_arrays("decoder", self.model, self.optimizer)
+        if len(self.delta.cache):
+            arrays.update(self.delta.cache.export("decoder/delta"))
+        if self.feedback is not None:
+            arrays.update(self.feedback.residual.export("decoder/feedback"))
+        self.commit(arrays, {"dedupe": self.dedupe.export_state()})
         self.write_history()
 
     def run(self) -> int:
@@ -77,11 +92,15 @@ class AbnetDecoderWorker(Worker):
                       allow_non_finite=self.settings.codec.allow_non_finite)
         pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.job.in_flight)
         try:
-            while self.step < self.total and not self.stop_requested.is_set():
+            while ((self.step < self.total or not self.evaluation.done)
+                   and not self.stop_requested.is_set()):
                 t0 = time.perf_counter()
                 received = inbox.get(timeout=0.5)
                 self.hooks.on_wait(time.perf_counter() - t0)
                 if received is None:
+                    continue
+                if received.meta.get("kind") == EVAL_KIND:
+                    self.evaluate(inbox, received)
                     continue
                 if pending.is_duplicate(received.micro_batch):
                     inbox.discard_duplicate(received)
@@ -105,18 +124,35 @@ class AbnetDecoderWorker(Worker):
             inbox.close()
         return 0
 
+    def evaluate(self, inbox: Inbox, received: Received) -> None:
+        """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
+        t = received.tensors
+        try:
+            self.evaluation.on_batch(self.model, received.micro_batch, int(received.meta.get("batches", 0)),
+                                     t["enc_out"], t["src_mask"], t["sample_ids"])
+        except MalformedMessage as exc:
+            inbox.reject(received, exc)
+            return
+        received.delivery.ack()
+
     def train_on(self, inbox: Inbox, outbox: Outbox, received: Received) -> None:
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
-        targets = self.data.targets(received.tensors["sample_ids"])
+        sample_ids, mask = received.tensors["sample_ids"], received.tensors["src_mask"]
+        targets = self.data.targets(sample_ids)
+        enc_out = received.tensors["enc_out"]
+        if received.meta.get("delta"):  # AQ-SGD: the message holds the change (see feedback.py)
+            enc_out = self.delta.reconstruct(sample_ids, sample_lengths(mask), enc_out)
         paddle.seed(micro_batch_seed(self.settings.job.seed, "tgt", mb))
-        loss, grad = self.model.loss_and_grad(
-            received.tensors["enc_out"], received.tensors["src_mask"], targets)
+        loss, grad = self.model.loss_and_grad(enc_out, mask, targets)
         self.optimizer.step()
         self.optimizer.clear_grad()
+        codec = self.schedule.codec_for(mb)
+        if self.feedback is not None:
+            grad = self.feedback.compensate(sample_ids, sample_lengths(mask), grad, codec)
         self.hooks.on_compute(time.perf_counter() - t0)
-        outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, self.schedule.codec_for(mb))},
+        outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, codec)},
                     meta={"loss": loss}, correlation_id=received.message_id)
         self.step += 1
         inbox.applied(received)

@@ -25,6 +25,7 @@ import numpy as np
 import paddle
 
 from nebula_mq.codecs import LZ4, CompressionSchedule, LowRankState
+from nebula_mq.codecs.feedback import DeltaCompression, SampleRows
 from nebula_mq.errors import OutOfWindow
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
@@ -34,7 +35,8 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.abnet_common import load_job, load_side, micro_batch_seed, model_config, source_keep_ids
+from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side, micro_batch_seed,
+                                  model_config, sample_lengths, source_keep_ids)
 from workers.paddle_state import load_state_arrays, state_arrays
 
 log = get_logger(__name__)
@@ -55,6 +57,8 @@ class AbnetEncoderWorker(Worker):
         self.act_flow, self.reply_flow = self.job.flows()
         self.schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)
         self.lowrank = LowRankState()  # warm start of rsvd: sender-side state
+        # AQ-SGD reference per sample; mirrored on T, part of the checkpoint.
+        self.delta = DeltaCompression() if self.job.forward_feedback == "delta" else None
         self.dedupe = Deduplicator()
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
         self.total = settings.job.steps
@@ -69,11 +73,15 @@ class AbnetEncoderWorker(Worker):
         self.step = ck.step
         self.next_fwd = int(ck.meta["next_fwd"])
         self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        if self.delta is not None:
+            self.delta = DeltaCompression(SampleRows.restore(ck.arrays, "encoder/delta"))
         log.info("resumed", step=self.step, next_fwd=self.next_fwd)
 
     def checkpoint(self) -> None:
-        self.commit(state_arrays("encoder", self.model, self.optimizer),
-                    {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
+        arrays = state_arrays("encoder", self.model, self.optimizer)
+        if self.delta is not None:
+            arrays.update(self.delta.cache.export("encoder/delta"))
+        self.commit(arrays, {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
         self.write_history()
 
     # ------------------------------------------------------------------ loop
@@ -114,6 +122,8 @@ class AbnetEncoderWorker(Worker):
             # On an exception nothing is committed; the broker replays the rest.
             if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
                 self.checkpoint()
+            if self.step >= self.total and self.job.eval_samples and not self.stop_requested.is_set():
+                self.send_evaluation()
         finally:
             outbox.close()
             inbox.close()
@@ -132,12 +142,48 @@ class AbnetEncoderWorker(Worker):
         activation = enc_out.numpy()
         self.hooks.on_compute(time.perf_counter() - t0)
         codec = self.schedule.codec_for(mb)
+        meta: dict[str, object] = {}
+        state: LowRankState | None = self.lowrank
+        if self.delta is not None:
+            # The cache update needs the receiver's exact decode, so no warm-start state
+            # (an rsvd encode would then differ between the local and the sent copy).
+            activation = self.delta.send(sample_ids, sample_lengths(mask), activation, codec)
+            meta["delta"] = True
+            state = None
         outbox.send(
             step=mb, micro_batch=mb,
             tensors={"enc_out": (activation, codec), "src_mask": (mask, LZ4()),
                      "sample_ids": (sample_ids, LZ4())},
-            reply_to=reply_queue, state=self.lowrank,
+            meta=meta, reply_to=reply_queue, state=state,
         )
+
+    def send_evaluation(self) -> None:
+        """Encode the first ``eval_samples`` of the eval split (no dropout, no gradient)
+        and send them as kind=eval activations; T decodes them and scores BLEU.
+
+        A separate producer id gives them their own dedupe stream. Re-sending after a
+        restart is harmless: T's per-batch results are idempotent."""
+        data = load_side(self.job, self.settings.job.seed, "src", self.cfg.encoder.vocab, self.job.eval_split)
+        n = min(self.job.eval_samples, data.n)
+        size = self.job.batch_size
+        batches = -(-n // size)
+        codec = self.schedule.codec_for(self.total)
+        outbox = Outbox(self, self.act_flow, eval_producer(self.worker_id),
+                        allow_non_finite=self.settings.codec.allow_non_finite)
+        self.model.eval()
+        try:
+            for k in range(batches):
+                sample_ids, ids, mask = data.source_rows(np.arange(k * size, min(n, (k + 1) * size)))
+                with paddle.no_grad():
+                    activation = self.model(ids, mask).numpy()
+                outbox.send(step=self.total, micro_batch=k,
+                            tensors={"enc_out": (activation, codec), "src_mask": (mask, LZ4()),
+                                     "sample_ids": (sample_ids, LZ4())},
+                            meta={"kind": EVAL_KIND, "batches": batches, "split": self.job.eval_split})
+        finally:
+            self.model.train()
+            outbox.close()
+        log.info("evaluation_sent", batches=batches, samples=n)
 
     def apply_gradient(self, inbox: Inbox, received: Received) -> None:
         mb = received.micro_batch
