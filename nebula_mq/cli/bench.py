@@ -9,6 +9,7 @@ from typing import Any
 # name -> (module exposing add_arguments(parser) and run(args) -> int, help text)
 BENCHES: dict[str, tuple[str, str]] = {
     "codecs": ("nebula_mq.bench.codecs", "codec ratio, error and single-core MB/s on activation-shaped tensors"),
+    "transport": ("nebula_mq.bench.transport", "goodput over the shaped TLS federation link, loopback rates, WAN-cut recovery"),
 }
 
 
