@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
 import os
 import re
 import threading
@@ -217,11 +218,35 @@ class ClusterCA:
         self._ensure_leaf(ident, server=False, dns=[], ips=[])
         return ident
 
-    def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str]) -> None:
+    def reissue_client(self, cn: str) -> Identity:
+        """A new key and certificate for ``cn`` now (rotation); the old files are replaced."""
+        ident = self.client(cn)
+        self._ensure_leaf(ident, server=False, dns=[], ips=[], force=True)
+        return ident
+
+    def reissue_server(self, hostnames: Sequence[str] = ()) -> Identity:
+        """A new key and server certificate now (rotation)."""
+        ident = self.server()
+        self._ensure_leaf(ident, server=True, dns=["localhost", self.cluster, *hostnames], ips=["127.0.0.1"],
+                          force=True)
+        return ident
+
+    def revoked_serials(self) -> set[int]:
+        """Serials this CA revoked (``nebula_mq.security.revocation`` writes them)."""
+        try:
+            return {int(k) for k in json.loads((self.dir / "revoked.json").read_text())}
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError) as exc:
+            raise CertificateError(f"{self.dir / 'revoked.json'}: unreadable ({exc})") from None
+
+    def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str],
+                     force: bool = False) -> None:
         ca_cert, ca_key = self._ca()
         cert, key = _load_cert(ident.cert_file), _load_key(ident.key_file)
         if (
-            cert is not None and key is not None and _fresh(cert)
+            not force and cert is not None and key is not None and _fresh(cert)
+            and cert.serial_number not in self.revoked_serials()
             and _signed_by(cert, ca_cert) and _matches(cert, key)
             and (not server or _sans(cert) >= set(dns) | set(ips))
         ):

@@ -17,7 +17,8 @@ from pathlib import Path
 from string import Template
 
 from nebula_mq.errors import StackError
-from nebula_mq.security.certs import Identity
+from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.revocation import ensure_crls
 from nebula_mq.stack.layout import NodeLayout
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
@@ -79,7 +80,28 @@ def render(node: NodeLayout, server: Identity) -> None:
         node.config_file.write_text("\n".join(lines) + "\n")
     node.plugins_file.write_text(_template("enabled_plugins"))
     node.env_file.write_text(_template("rabbitmq-env.conf.template"))
-    node.advanced_config_file.write_text("[].\n")
+    node.advanced_config_file.write_text(
+        Template(_template("advanced.config.template")).substitute(
+            node=node.node, ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
+            key_file=_erl_string(server.key_file), crl_dir=_erl_string(_crl_dir(server))))
+
+
+def _erl_string(path: object) -> str:
+    s = str(path)
+    if '"' in s or "\\" in s:
+        raise StackError(f"path {s!r} must not contain quotes or backslashes (it goes into an Erlang string)")
+    return s
+
+
+def _crl_dir(server: Identity) -> str:
+    """Fresh CRLs of every CA next to ``server``'s (DIR/<cluster>/trust.pem -> DIR/crl).
+
+    ``crl_check`` refuses a peer whose issuer has no CRL, so every CA gets one
+    (empty until something is revoked) before the node starts.
+    """
+    certs_dir = Path(server.ca_file).parent.parent
+    cas = [ClusterCA(certs_dir, d.name) for d in sorted(certs_dir.iterdir()) if (d / "ca.pem").is_file()]
+    return str(ensure_crls(certs_dir, cas))
 
 
 def _pid(node: NodeLayout) -> int | None:

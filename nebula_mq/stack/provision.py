@@ -7,9 +7,12 @@ import is additive and overwrites same-named objects, so provisioning is idempot
 Per cluster ``C`` (see the layout in ``nebula_mq.topology``):
 
 * vhost ``topology.vhost(job)``;
-* worker users (certificate login, no password), limited to the job's queues;
+* worker users (certificate login, no password): a
+  :class:`~nebula_mq.security.roles.WorkerIdentity` gets exactly its role's
+  permissions (``nebula_mq.security.roles.permissions``); a plain CN gets every
+  queue of the job;
 * for each peer ``P``: user ``federation-P`` (the CN of P's federation client
-  certificate), so P's broker can pull the upstream copies held here;
+  certificate), allowed only to pull the flows that go from here to P;
 * for each cluster ``S`` that has flows *into* C: upstream ``nebula-upstream-S``
   pointing at S through the emulated WAN relay, and a policy making exactly those
   flows' queues federated queues here. Flows whose destination is not C never
@@ -25,7 +28,9 @@ from typing import Any
 from urllib.parse import quote
 
 from nebula_mq import topology
+from nebula_mq.errors import StackError
 from nebula_mq.security.certs import Identity, federation_identity
+from nebula_mq.security.roles import Permissions, federation_permissions, permissions
 from nebula_mq.topology import Flow
 
 # Federation link tuning (RABBITMQ.md): on-confirm loses nothing; never clean up the
@@ -84,16 +89,20 @@ def definitions(
 ) -> dict[str, Any]:
     """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster."""
     vhost = topology.vhost(job_id)
-    queues = job_queue_pattern(job_id, flows)
-    # Publishing through the default exchange needs write on amq.default.
-    write = queues[:-2] + "|amq\\.default)$"
-    users = list(dict.fromkeys([*workers, *(federation_identity(p) for p in peers)]))
+    perms: dict[str, Permissions] = {}
+    for p in peers:
+        perms[federation_identity(p)] = federation_permissions(job_id, flows, cluster, p)
+    for w in workers:
+        try:
+            perms[str(w)] = permissions(job_id, w, flows)
+        except ValueError as exc:
+            raise StackError(str(exc)) from None
     defs: dict[str, Any] = {
         "vhosts": [{"name": vhost}],
-        "users": [_user(u) for u in users],
+        "users": [_user(u) for u in perms],
         "permissions": [
-            {"user": u, "vhost": vhost, "configure": queues, "write": write, "read": queues}
-            for u in users
+            {"user": u, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
+            for u, p in perms.items()
         ],
         "parameters": [],
         "policies": [],

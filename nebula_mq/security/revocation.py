@@ -1,0 +1,123 @@
+"""Certificate revocation: one CRL per cluster CA, published where the brokers look.
+
+Every broker runs with ``ssl_options.crl_check = peer`` and Erlang's
+``ssl_crl_hash_dir`` CRL cache (``broker/advanced.config.template``). That cache
+reads ``DIR/crl/<issuer-hash>.r0`` from disk at each handshake, so a revocation
+takes effect at the next connection, without a broker restart. ``<issuer-hash>``
+is OpenSSL's subject-name hash of the CA (``openssl crl -hash``; Erlang's
+``public_key:short_name_hash`` computes the same value).
+
+Every CA always has a CRL, empty or not: with ``crl_check`` a peer whose issuer
+has no CRL is refused. CRLs are valid for ``CRL_DAYS`` and re-signed by every
+``ensure_crls`` (``stack up``) and every revocation.
+
+Layout, next to the certificates of ``nebula_mq.security.certs``::
+
+    DIR/<cluster>/revoked.json     serial -> {cn, revoked_at} of this CA's revoked certificates
+    DIR/<cluster>/crl.pem          the CA's current CRL
+    DIR/crl/<hash>.r0              copies of every cluster's CRL, named for the broker's cache
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+from nebula_mq.errors import CertificateError
+from nebula_mq.security.certs import ClusterCA, _load_cert, _load_key, _write_public
+
+CRL_DAYS = 30
+
+
+def crl_dir(certs_dir: str | os.PathLike[str]) -> Path:
+    """The directory every broker's CRL cache reads."""
+    return Path(certs_dir) / "crl"
+
+
+def _revoked_file(ca: ClusterCA) -> Path:
+    return ca.dir / "revoked.json"
+
+
+def revoked_serials(ca: ClusterCA) -> dict[int, dict[str, str]]:
+    """serial -> {cn, revoked_at} of the certificates ``ca`` revoked."""
+    try:
+        raw = json.loads(_revoked_file(ca).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise CertificateError(f"{_revoked_file(ca)}: unreadable revocation list ({exc})") from None
+    return {int(k): v for k, v in raw.items()}
+
+
+def issuer_hash(crl_pem: Path) -> str:
+    """OpenSSL's subject hash of the CRL's issuer (the name Erlang's hash-dir cache looks up)."""
+    try:
+        out = subprocess.run(["openssl", "crl", "-hash", "-noout", "-in", str(crl_pem)],
+                             capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise CertificateError(f"cannot hash CRL {crl_pem} with openssl: {exc}") from None
+    return out.stdout.strip().splitlines()[0]
+
+
+def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
+    """Sign ``ca``'s CRL (valid CRL_DAYS) and publish it into ``publish_to``; returns the CRL file."""
+    ca_cert = ca.ensure_ca()
+    ca_key = _load_key(ca.ca_key_file)
+    if ca_key is None:
+        raise CertificateError(f"{ca.ca_key_file}: unreadable CA key")
+    now = dt.datetime.now(dt.timezone.utc)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(now + dt.timedelta(days=CRL_DAYS))
+    )
+    for serial, info in sorted(revoked_serials(ca).items()):
+        when = dt.datetime.fromisoformat(info["revoked_at"])
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build())
+    crl = builder.sign(ca_key, hashes.SHA256())
+    pem = crl.public_bytes(serialization.Encoding.PEM)
+    crl_file = ca.dir / "crl.pem"
+    _write_public(crl_file, pem)
+    _write_public(publish_to / f"{issuer_hash(crl_file)}.r0", pem)
+    return crl_file
+
+
+def ensure_crls(certs_dir: str | os.PathLike[str], cas: Iterable[ClusterCA]) -> Path:
+    """Fresh CRLs for every CA in the brokers' CRL directory; returns that directory."""
+    out = crl_dir(certs_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for ca in cas:
+        write_crl(ca, out)
+    return out
+
+
+def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str) -> int:
+    """Revoke the current certificate of client ``cn`` of ``ca``; returns its serial.
+
+    The certificate files stay (so ``list`` can show them as revoked); the next
+    ``ensure_client(cn)`` issues a new certificate with a new serial.
+    """
+    ident = ca.client(cn)
+    cert = _load_cert(ident.cert_file)
+    if cert is None:
+        raise CertificateError(f"no certificate for {cn!r} on {ca.cluster} ({ident.cert_file})")
+    revoked = revoked_serials(ca)
+    revoked[cert.serial_number] = {"cn": cn, "revoked_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    _write_public(_revoked_file(ca), json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
+    out = crl_dir(certs_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_crl(ca, out)
+    return cert.serial_number
+
+
+def is_revoked(ca: ClusterCA, cert: x509.Certificate) -> bool:
+    return cert.serial_number in revoked_serials(ca)

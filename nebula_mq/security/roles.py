@@ -1,0 +1,108 @@
+"""Least-privilege broker permissions per worker role, derived from ``nebula_mq.topology``.
+
+A :class:`WorkerIdentity` is a certificate CN (it *is* a ``str``, so it goes
+wherever the stack expects a CN: ``Stack.provision_job(job, flows,
+{"cluster-a": [encoder("enc-0")]})``) that also names the flows its role
+publishes to and consumes from. Provisioning turns that into exact RabbitMQ
+regexes (:func:`permissions`):
+
+* configure: the queues of those flows and the job's dead-letter queue (the
+  worker declares them, with the arguments of ``transport.declare``);
+* write: the queues it publishes to, the dead-letter queue (condemning a
+  message republishes it there) and ``amq.default`` (publishing through the
+  default exchange needs write on it);
+* read: the queues it consumes, nothing else.
+
+A plain ``str`` identity keeps the older job-wide permissions (every queue of
+the job) for tools and tests that act as several roles at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nebula_mq import topology
+from nebula_mq.topology import Flow
+
+NOTHING = "^$"
+
+
+class WorkerIdentity(str):
+    """A CN plus the flow names its role publishes (``publishes``) and consumes (``consumes``)."""
+
+    publishes: tuple[str, ...]
+    consumes: tuple[str, ...]
+
+    def __new__(cls, cn: str, publishes: Iterable[str] = (), consumes: Iterable[str] = ()) -> WorkerIdentity:
+        obj = super().__new__(cls, cn)
+        obj.publishes = tuple(publishes)
+        obj.consumes = tuple(consumes)
+        return obj
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (WorkerIdentity, (str(self), self.publishes, self.consumes))
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One user's regexes in one vhost."""
+
+    configure: str
+    write: str
+    read: str
+
+
+def _alternation(names: Iterable[str]) -> str:
+    names = sorted(set(names))
+    return "^(" + "|".join(re.escape(n) for n in names) + ")$" if names else NOTHING
+
+
+def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permissions:
+    """Regexes for ``identity`` in the job's vhost; :class:`ValueError` if it names unknown flows."""
+    known = {f.name for f in flows}
+    dlq = topology.dead_letter_queue(job_id)
+    if not isinstance(identity, WorkerIdentity):
+        every = [topology.queue_name(job_id, f) for f in known] + [dlq]
+        return Permissions(_alternation(every), _alternation([*every, "amq.default"]), _alternation(every))
+    unknown = set(identity.publishes + identity.consumes) - known
+    if unknown:
+        raise ValueError(f"identity {str(identity)!r} names flows {sorted(unknown)} not in job {job_id!r}")
+    pub = [topology.queue_name(job_id, f) for f in identity.publishes]
+    sub = [topology.queue_name(job_id, f) for f in identity.consumes]
+    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub, dlq, "amq.default"]),
+                       _alternation(sub))
+
+
+def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, peer: str) -> Permissions:
+    """The peer broker's federation user on ``cluster``: it may only pull flows ``cluster`` -> ``peer``."""
+    out = [topology.queue_name(job_id, f.name) for f in flows if f.src_cluster == cluster and f.dst_cluster == peer]
+    return Permissions(_alternation(out), NOTHING, _alternation(out))
+
+
+# --------------------------------------------------------------------------- the scenarios' roles
+
+
+def encoder(cn: str) -> WorkerIdentity:
+    """ABNet encoder ``cn``: publishes activations, reads only its own gradient replies."""
+    return WorkerIdentity(cn, publishes=("activations",), consumes=(topology.reply_flow(cn),))
+
+
+def decoder(cn: str, requesters: Sequence[str]) -> WorkerIdentity:
+    """ABNet decoder: reads activations, publishes the requesters' replies."""
+    return WorkerIdentity(cn, publishes=[topology.reply_flow(r) for r in requesters], consumes=("activations",))
+
+
+def generator(cn: str) -> WorkerIdentity:
+    """ELECTRA generator: publishes results, reads sync tokens."""
+    return WorkerIdentity(cn, publishes=("gen-results",), consumes=("sync",))
+
+
+def root_discriminator(cn: str, n_sub: int) -> WorkerIdentity:
+    subs = [topology.sub_discriminator_flow(i) for i in range(n_sub)]
+    return WorkerIdentity(cn, publishes=("sync", *subs), consumes=("gen-results",))
+
+
+def sub_discriminator(cn: str, index: int) -> WorkerIdentity:
+    return WorkerIdentity(cn, consumes=(topology.sub_discriminator_flow(index),))
