@@ -1,0 +1,5 @@
+"""``nebula-mq report RUN_DIR``: one offline HTML page about a job's run directory.
+
+``parse`` reads the files, ``derive`` computes rates and ratios, ``plots``
+draws PNGs (matplotlib Agg) and ``render`` assembles the page.
+"""
