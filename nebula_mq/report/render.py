@@ -93,7 +93,18 @@ def _section(anchor: str, title: str, body: str) -> str:
 # --------------------------------------------------------------------------- sections
 
 
-def _summary(run: RunData) -> str:
+STALE_AFTER_S = 300.0  # a "running" worker silent this long before the report is likely dead
+
+
+def _state_badge(state: str, updated: float, generated: float) -> str:
+    badge = f'<span class="state {e(state)}">{e(state)}</span>'
+    if state in ("running", "starting") and updated > 0 and generated - updated > STALE_AFTER_S:
+        badge += (f' <span class="stale" title="no status update for a while: crashed or hung?">'
+                  f"silent {e(derive.human_duration(generated - updated))}</span>")
+    return badge
+
+
+def _summary(run: RunData, generated: float) -> str:
     workers = list(run.workers.values())
     traffic = derive.flow_compression(workers)
     wire_total = sum(f.wire_bytes for f in traffic)
@@ -123,7 +134,7 @@ def _summary(run: RunData) -> str:
         values = s.values if s else (w.metrics.values if w.metrics else {})
         rows.append([
             f"<code>{e(w.worker_id)}</code>", e(s.role) if s else "–", e(s.cluster) if s else "–",
-            f'<span class="state {e(s.state)}">{e(s.state)}</span>' if s else '<span class="state">no status</span>',
+            _state_badge(s.state, s.updated, generated) if s else '<span class="state">no status</span>',
             _num(s.step) if s else (_num(w.history[-1]["step"]) if w.history else "–"),
             e(", ".join(f"{k}={v:.4g}" for k, v in sorted(values.items()))) or "–",
             _num(w.checkpoints[-1]) if w.checkpoints else "–",
@@ -215,8 +226,11 @@ def _integrity(run: RunData) -> str:
                        | {f for f, _ in m.dead_letters})
         for flow in flows:
             dead = {r: v for (f, r), v in m.dead_letters.items() if f == flow and v}
+            received = m.messages.get((flow, "in"), 0)
+            if not (received or dead or m.duplicates.get(flow) or m.redeliveries.get(flow)):
+                continue  # the sending side of a flow: nothing to say here
             rows.append([f"<code>{e(w.worker_id)}</code>", e(flow),
-                         _num(m.messages.get((flow, "in"), 0)), _num(m.redeliveries.get(flow, 0)),
+                         _num(received), _num(m.redeliveries.get(flow, 0)),
                          _num(m.duplicates.get(flow, 0)), _num(sum(dead.values())),
                          e(", ".join(f"{r}: {v:.0f}" for r, v in sorted(dead.items()))) or "–"])
             classes.append("bad" if dead else ("warn" if m.duplicates.get(flow) else ""))
@@ -258,8 +272,10 @@ def _bench(run: RunData) -> str:
             parts.append(f'<p class="kv"><b>{e(k)}</b>: {e(str(shown))}</p>')
         for key, rows in tables.items():
             cols = list(dict.fromkeys(c for r in rows for c in r))
+            numeric = [i for i, c in enumerate(cols)
+                       if all(isinstance(r[c], (int, float)) for r in rows if c in r)]
             parts.append((f"<h4>{e(key)}</h4>" if key else "") +
-                         _table(cols, ([_num(r.get(c, "–")) for c in cols] for r in rows)))
+                         _table(cols, ([_num(r.get(c, "–")) for c in cols] for r in rows), numeric))
         if not tables and not scalars and not info:
             parts.append('<p class="empty">No tabular content.</p>')
     return "".join(parts)
@@ -278,7 +294,7 @@ def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: fl
     job = ", ".join(jobs) if jobs else run.run_dir.name
     state = derive.job_state(run.workers.values())
     sections = [
-        ("summary", "Job summary", _summary(run)),
+        ("summary", "Job summary", _summary(run, generated)),
         ("training", "Training curves", _figure(
             figures.get("training"), "training values per step, per worker",
             "Per-step values from history/*.jsonl; with many steps the faint trace is raw, the solid line an "

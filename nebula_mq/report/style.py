@@ -45,6 +45,7 @@ figcaption { color:var(--muted); font-size:12px; margin-top:2px; }
 .state.running, .state.starting { background:#bee3f8; color:#2a4365; }
 .state.stopped { background:#fefcbf; color:#744210; }
 .state.failed { background:#fed7d7; color:#822727; }
+.stale { color:var(--bad); font-size:12px; font-weight:600; }
 .empty { color:var(--muted); font-style:italic; }
 .ok { color:var(--ok); font-weight:600; }
 .badnote { color:var(--bad); font-weight:600; }

@@ -141,6 +141,13 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     (run_dir / "faults.jsonl").write_text(json.dumps(
         {"time": _row_time(run_dir, "dec-t0", CUT_AT + 1) - CUT_S, "kind": "wan_cut", "target": "s<->t",
          "recovered_after_s": CUT_S}) + "\n")
+    (run_dir / "bench").mkdir()  # the shape `nebula-mq bench codecs --json` writes
+    (run_dir / "bench" / "codecs.json").write_text(json.dumps({
+        "machine": {"cpu": "synthetic", "cores": 2},
+        "codecs": [{"input": "act 16x24x64", "codec": c, "ratio": r, "rel_err": err, "encode_MBps": mbps,
+                    "decode_MBps": 2 * mbps} for c, r, err, mbps in
+                   (("fp16", 0.5, 2e-4, 900.0), ("int8", 0.25, 4e-3, 610.0), ("fp16(svd(0.6))", 0.13, 0.21, 55.0))],
+        "lowrank": []}))
     (run_dir / "study").mkdir()
     (run_dir / "study" / "abnet.json").write_text(json.dumps([
         {"chain": "none", "bleu": 24.1, "forward_ratio": 1.0, "backward_ratio": 1.0, "s_per_step": 2.9},
@@ -226,6 +233,7 @@ def test_report_renders_in_a_browser_with_all_figures(run_dir: Path, tmp_path: P
     assert f"{reason}: 1" in text and flow == "activations"
     assert "1 message(s) dead-lettered" in text
     assert "wan_cut" in text and "fp16(svd(0.6))" in text and "activations" in text
+    assert "bench/codecs.json" in text and "encode_MBps" in text and "cores=2" in text
     assert "problem(s) reading" not in text
 
     shot = tmp_path / "shot.png"

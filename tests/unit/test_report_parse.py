@@ -133,6 +133,20 @@ def test_report_of_a_run_with_only_status_files_says_what_is_missing(tmp_path: P
     assert "<img" not in html and "No history/*.jsonl rows" in html and "No faults.jsonl" in html
     assert '<span class="state running">running</span>' in html  # starting counts as running
     assert list((tmp_path / "out" / "figures").iterdir()) == []
+    assert "silent" not in html  # no update time known: no staleness claim
+
+
+def test_a_running_worker_without_recent_status_updates_is_flagged(tmp_path: Path) -> None:
+    import time
+
+    from nebula_mq.report.render import build_report
+
+    (tmp_path / "status").mkdir()
+    for worker, age in (("fresh", 10.0), ("hung", 3 * 3600.0)):
+        (tmp_path / "status" / f"{worker}.json").write_text(json.dumps(
+            {"worker": worker, "role": "r", "state": "running", "updated": time.time() - age}))
+    html = build_report(tmp_path, tmp_path / "out").read_text()
+    assert html.count('class="stale"') == 1 and "silent 3.00 h" in html
 
 
 # --------------------------------------------------------------------------- derived figures
