@@ -31,6 +31,12 @@ import structlog
 from nebula_mq.errors import AuditError
 
 GENESIS = "0" * 64
+AUDIT_ENV = "NEBULA_AUDIT_LOG"
+
+
+def default_audit_path() -> Path:
+    """``$NEBULA_AUDIT_LOG`` or ``run/audit/audit.jsonl``."""
+    return Path(os.environ.get(AUDIT_ENV, "run/audit/audit.jsonl"))
 _RESERVED = {"seq", "prev", "hash"}
 
 

@@ -277,13 +277,34 @@ class ClusterCA:
         _write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
 
     def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
-        """Trust bundle: this cluster's CA first, then each peer's CA."""
+        """Trust bundle: this cluster's CA first, then each peer's CA, then imported peer CAs."""
         pems = [self.ensure_ca().public_bytes(serialization.Encoding.PEM)]
         pems += [p.ensure_ca().public_bytes(serialization.Encoding.PEM) for p in peers if p.cluster != self.cluster]
+        # CAs of peer clusters on other hosts, received with `nebula-mq certs exchange --import`.
+        for f in sorted((self.dir / "peers").glob("*.pem")):
+            pem = f.read_bytes()
+            if pem not in pems:
+                pems.append(pem)
         data = b"".join(pems)
         if not self.trust_file.exists() or self.trust_file.read_bytes() != data:
             _write_public(self.trust_file, data)
         return self.trust_file
+
+
+def import_peer_ca(ca: ClusterCA, peer: str, pem: bytes) -> Path:
+    """Trust ``peer``'s CA certificate (received out of band) on ``ca``'s cluster; rewrites the bundle."""
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except (ValueError, x509.ExtensionNotFound):
+        raise CertificateError(f"the certificate offered for peer {peer!r} is not a PEM CA certificate") from None
+    if not is_ca:
+        raise CertificateError(f"the certificate offered for peer {peer!r} is not a CA (basicConstraints)")
+    _write_public(ca.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
+                  cert.public_bytes(serialization.Encoding.PEM))
+    local = [ClusterCA(ca.dir.parent, d.name) for d in sorted(ca.dir.parent.iterdir())
+             if (d / "ca.key").is_file() and _NAME.match(d.name)]
+    return ca.write_trust(local)
 
 
 def _sans(cert: x509.Certificate) -> set[str]:

@@ -100,23 +100,24 @@ def ensure_crls(certs_dir: str | os.PathLike[str], cas: Iterable[ClusterCA]) -> 
     return out
 
 
-def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str) -> int:
-    """Revoke the current certificate of client ``cn`` of ``ca``; returns its serial.
+def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str, serial: int | None = None) -> int:
+    """Revoke client ``cn``'s certificate (its current one, or ``serial``); returns the serial.
 
     The certificate files stay (so ``list`` can show them as revoked); the next
     ``ensure_client(cn)`` issues a new certificate with a new serial.
     """
-    ident = ca.client(cn)
-    cert = _load_cert(ident.cert_file)
-    if cert is None:
-        raise CertificateError(f"no certificate for {cn!r} on {ca.cluster} ({ident.cert_file})")
+    if serial is None:
+        cert = _load_cert(ca.client(cn).cert_file)
+        if cert is None:
+            raise CertificateError(f"no certificate for {cn!r} on {ca.cluster} ({ca.client(cn).cert_file})")
+        serial = cert.serial_number
     revoked = revoked_serials(ca)
-    revoked[cert.serial_number] = {"cn": cn, "revoked_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    revoked[serial] = {"cn": cn, "revoked_at": dt.datetime.now(dt.timezone.utc).isoformat()}
     _write_public(_revoked_file(ca), json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
     out = crl_dir(certs_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_crl(ca, out)
-    return cert.serial_number
+    return serial
 
 
 def is_revoked(ca: ClusterCA, cert: x509.Certificate) -> bool:

@@ -104,6 +104,11 @@ def _crl_dir(server: Identity) -> str:
     return str(ensure_crls(certs_dir, cas))
 
 
+def log_file(node: NodeLayout) -> Path:
+    """The node's main log (connection refusals are audited from it: ``security.broker_log``)."""
+    return node.log_base / f"{node.node}.log"
+
+
 def _pid(node: NodeLayout) -> int | None:
     try:
         return int(node.pid_file.read_text().strip())

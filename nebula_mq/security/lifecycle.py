@@ -1,0 +1,105 @@
+"""Certificate lifecycle: issue, rotate, revoke, list (with expiry warnings); every event audited.
+
+Rotation without losing in-flight messages: messages live in durable queues,
+not in connections, and an established TLS connection is not re-checked. A
+rotation writes a new key and certificate and revokes the old serial, so the
+worker keeps its open connection (and its unacked deliveries) until it
+reconnects, and the next connection must present the new certificate. Brokers
+read certificate files at every handshake (``bypass_pem_cache``), so a rotated
+*server* certificate also applies to the next connection without a restart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nebula_mq.errors import CertificateError
+from nebula_mq.security.audit import AuditLog
+from nebula_mq.security.certs import ClusterCA, Identity, _load_cert
+from nebula_mq.security.revocation import revoke, revoked_serials
+
+# A certificate closer to its end than this is listed with a warning.
+WARN_BEFORE = dt.timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class CertInfo:
+    cluster: str
+    # "server", "ca", or the client CN.
+    name: str
+    serial: int
+    not_after: dt.datetime
+    # valid | expiring | expired | revoked
+    status: str
+    path: Path
+
+    @property
+    def days_left(self) -> float:
+        return (self.not_after - dt.datetime.now(dt.timezone.utc)).total_seconds() / 86400
+
+
+def _ca(certs_dir: str | os.PathLike[str], cluster: str) -> ClusterCA:
+    ca = ClusterCA(certs_dir, cluster)
+    if not ca.ca_cert_file.exists():
+        raise CertificateError(f"no CA for cluster {cluster!r} in {certs_dir} (run `nebula-mq certs init`)")
+    return ca
+
+
+def _serial(ident: Identity) -> int | None:
+    cert = _load_cert(ident.cert_file)
+    return None if cert is None else cert.serial_number
+
+
+def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog) -> Identity:
+    """Issue (or keep, while valid and not revoked) client ``cn``'s certificate from ``cluster``'s CA."""
+    ca = _ca(certs_dir, cluster)
+    before = _serial(ca.client(cn))
+    ident = ca.ensure_client(cn)
+    after = _serial(ident)
+    if after != before:
+        audit.record("cert_issued", cluster=cluster, cn=cn, serial=str(after))
+    return ident
+
+
+def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
+           revoke_old: bool = True) -> Identity:
+    """New key and certificate for ``cn`` (``"server"`` for the broker); the old one is revoked."""
+    ca = _ca(certs_dir, cluster)
+    server = cn == "server"
+    old = _serial(ca.server() if server else ca.client(cn))
+    ident = ca.reissue_server() if server else ca.reissue_client(cn)
+    if old is not None and revoke_old and not server:
+        revoke(certs_dir, ca, cn, serial=old)
+    audit.record("cert_rotated", cluster=cluster, cn=cn, old_serial=str(old), serial=str(_serial(ident)),
+                 old_revoked=bool(old is not None and revoke_old and not server))
+    return ident
+
+
+def revoke_cert(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog) -> int:
+    """Revoke ``cn``'s current certificate; refused at its next connection."""
+    serial = revoke(certs_dir, _ca(certs_dir, cluster), cn)
+    audit.record("cert_revoked", cluster=cluster, cn=cn, serial=str(serial))
+    return serial
+
+
+def list_certs(certs_dir: str | os.PathLike[str]) -> list[CertInfo]:
+    """Every CA, server and client certificate under ``certs_dir`` with its status."""
+    now = dt.datetime.now(dt.timezone.utc)
+    out = []
+    for d in sorted(p for p in Path(certs_dir).iterdir() if (p / "ca.pem").is_file()):
+        ca = ClusterCA(certs_dir, d.name)
+        revoked = revoked_serials(ca)
+        files = [("ca", ca.ca_cert_file), ("server", ca.server().cert_file)]
+        files += [(c.name, c / "cert.pem") for c in sorted((d / "clients").glob("*")) if c.is_dir()]
+        for name, path in files:
+            cert = _load_cert(path)
+            if cert is None:
+                continue
+            end = cert.not_valid_after_utc
+            status = ("revoked" if cert.serial_number in revoked else "expired" if end <= now
+                      else "expiring" if end - now < WARN_BEFORE else "valid")
+            out.append(CertInfo(d.name, name, cert.serial_number, end, status, path))
+    return out
