@@ -178,6 +178,12 @@ class AuditError(SecurityError):
     reason = "audit_chain"
 
 
+class DataAccessDenied(SecurityError):
+    """A job asked for a dataset its tenant does not own and no valid grant covers."""
+
+    reason = "data_access_denied"
+
+
 class DataError(NebulaError):
     """A dataset or input file is missing, corrupt or empty."""
 
