@@ -7,9 +7,13 @@ derived here from the job id, so no other module builds names by hand.
 How a cross-cluster flow is laid out (RabbitMQ 3.10, see ../shared/RABBITMQ.md):
 
 * The sender's cluster holds the **upstream copy** of the flow's queue: a classic
-  durable queue, bounded with ``x-max-length-bytes`` and ``x-overflow:
+  durable queue, bounded with ``max-length-bytes`` and ``overflow:
   reject-publish``. A full queue nacks the publish, so the producer waits and
-  retries. This is the only cap: it sits on the sending side of the WAN.
+  retries. This is the only cap: it sits on the sending side of the WAN. The
+  cap is a *policy* (:func:`cap_policy`), not a queue argument: the federation
+  link declares the upstream queue itself, with the downstream copy's
+  arguments, whenever the receiver starts first, so arguments must be equal on
+  both copies and the cap can only come from a policy.
 * The receiver's cluster holds the **downstream copy** with the same name, made
   a *federated queue* by policy. Queue federation only pulls messages across the
   WAN while the downstream queue has consumers with spare prefetch, so a stalled
@@ -82,6 +86,11 @@ def dead_letter_queue(job_id: str) -> str:
 
 def federation_policy(job_id: str) -> str:
     return f"{PREFIX}-{_check(job_id, 'job id')}-federate"
+
+
+def cap_policy(job_id: str) -> str:
+    """Policy bounding the upstream copies of a cluster's outbound cross-cluster flows."""
+    return f"{PREFIX}-{_check(job_id, 'job id')}-cap"
 
 
 def upstream_name(cluster: str) -> str:

@@ -43,6 +43,8 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+    # pika logs every connection attempt at INFO; our transport logs what matters.
+    logging.getLogger("pika").setLevel(logging.WARNING)
     _configured = True
 
 

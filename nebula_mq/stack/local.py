@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
-from nebula_mq.settings import BrokerSettings
+from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
 from nebula_mq.stack.layout import (
@@ -159,11 +160,14 @@ class Stack:
         job_id: str,
         flows: Sequence[Flow],
         identities: Mapping[str, Sequence[str]] | None = None,
+        max_queue_bytes: int = TransportSettings().max_queue_bytes,
     ) -> str:
         """Create the job's vhost, users, upstreams and federation policy on every cluster.
 
         ``identities`` maps a cluster to the worker identities (certificate CNs) that
-        connect there. Idempotent. Returns the job's vhost.
+        connect there. ``max_queue_bytes`` caps the sending-side copy of each
+        cross-cluster flow (the backpressure point; see ``nebula_mq.topology``).
+        Idempotent. Returns the job's vhost.
         """
         identities = identities or {}
         for c in (*identities, *(f.src_cluster for f in flows), *(f.dst_cluster for f in flows)):
@@ -190,6 +194,13 @@ class Stack:
             path = self.layout.node(cluster).path / f"definitions-{job_id}.json"
             path.write_text(json.dumps(defs, indent=1))
             self.rabbitmqctl(cluster, "import_definitions", str(path))
+            outbound = [re.escape(topology.queue_name(job_id, f.name)) for f in flows
+                        if f.crosses_clusters and f.src_cluster == cluster]
+            if outbound:
+                cap = {"max-length-bytes": max_queue_bytes, "overflow": "reject-publish"}
+                self.rabbitmqctl(cluster, "set_policy", "-p", vhost, "--apply-to", "queues",
+                                 topology.cap_policy(job_id), f"^({'|'.join(outbound)})$",
+                                 json.dumps(cap))
 
         with ThreadPoolExecutor(len(self.clusters)) as pool:
             list(pool.map(apply, self.clusters))

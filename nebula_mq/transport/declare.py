@@ -24,6 +24,14 @@ def bounded_queue_arguments(max_queue_bytes: int) -> dict[str, Any]:
     return {**_CLASSIC, "x-max-length-bytes": max_queue_bytes, "x-overflow": "reject-publish"}
 
 
+def federated_copy_arguments() -> dict[str, Any]:
+    """Both copies of a cross-cluster flow. The federation link may declare the
+    upstream copy itself with the downstream copy's arguments (when the receiver
+    starts first), so the two must be equal; the sending side's cap is applied
+    by the job's cap policy (``topology.cap_policy``), set at provisioning."""
+    return dict(_CLASSIC)
+
+
 def federated_downstream_arguments() -> dict[str, Any]:
     """The receiving side's copy of a cross-cluster flow. Never capped: a nack
     here makes the federation link resend in a hot loop over the WAN."""

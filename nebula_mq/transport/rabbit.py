@@ -90,8 +90,9 @@ class RabbitTransport(base.Transport):
     def declare_flow(self, flow: topology.Flow, side: base.Side) -> str:
         self.check_side(flow, side)
         name = self.queue_for(flow)
-        if side == "consumer" and flow.crosses_clusters:
-            arguments = declare.federated_downstream_arguments()
+        if flow.crosses_clusters:
+            # Capped by policy on the sending side, never downstream (declare.py).
+            arguments = declare.federated_copy_arguments()
         else:
             arguments = declare.bounded_queue_arguments(self.settings.max_queue_bytes)
         self._declare(name, arguments)

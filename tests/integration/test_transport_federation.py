@@ -41,7 +41,8 @@ class Job:
 
     def __init__(self, stack: Any) -> None:
         self.flow = Flow("x", A, B)
-        handle = stack.new_job([self.flow], {A: ["prod-0"], B: ["cons-0"]}, prefix="tf")
+        handle = stack.new_job([self.flow], {A: ["prod-0"], B: ["cons-0"]}, prefix="tf",
+                               max_queue_bytes=SETTINGS.max_queue_bytes)
         self.id = handle.job_id
         self.consumer_broker = handle.settings(B, "cons-0")
         self.producer = RabbitTransport(handle.settings(A, "prod-0"), SETTINGS, self.id, A)

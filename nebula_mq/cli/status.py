@@ -1,0 +1,122 @@
+"""``nebula-mq status JOB.toml``: per worker, where it is and how it is doing.
+
+Reads the status and metrics files the workers write into the job's run dir
+(no connection to a worker needed), and the queue depths from the local stack
+when it is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("status", help="show each worker's step, queues, link and compression figures")
+    p.add_argument("job", help="job TOML file")
+    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"))
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_status)
+
+
+def read_statuses(run_dir: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((run_dir / "status").glob("*.json")):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced right now; the next poll reads it
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def read_metrics(path: Path) -> dict[str, float]:
+    """Sum of each sample name over its labels, plus ``name{flow=...}`` entries."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    if not path.exists():
+        return out
+    for family in text_string_to_metric_families(path.read_text()):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            if "flow" in sample.labels:
+                key = f"{sample.name}{{flow={sample.labels['flow']}}}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def worker_rows(run_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    now = time.time()
+    for worker, st in read_statuses(run_dir).items():
+        m = read_metrics(run_dir / "metrics" / f"{worker}.prom")
+        elapsed = max(1e-9, now - m.get("nebula_started_timestamp", now))
+        compute, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
+        raw, wire = m.get("nebula_raw_bytes_total", 0.0), m.get("nebula_wire_bytes_total", 0.0)
+        state = st.get("state", "?")
+        if state in ("running", "starting") and not _alive(int(st.get("pid", 0))):
+            state = "dead"
+        rows.append({
+            "worker": worker, "role": st.get("role"), "cluster": st.get("cluster"), "state": state,
+            "step": st.get("step"), "loss": st.get("values", {}).get("loss"),
+            "steps_per_s": m.get("nebula_steps_total", 0.0) / elapsed,
+            "wire_mbit_s": 8 * wire / elapsed / 1e6,
+            "compression": (wire / raw) if raw else None,
+            "compute_share": compute / (compute + wait) if compute + wait else None,
+            "duplicates": m.get("nebula_duplicates_total", 0.0),
+            "dead_letters": m.get("nebula_dead_letters_total", 0.0),
+        })
+    return rows
+
+
+def _status(args: argparse.Namespace) -> int:
+    from nebula_mq import topology
+    from nebula_mq.errors import NebulaError
+    from nebula_mq.settings import load_settings
+
+    settings = load_settings(args.job)
+    rows = worker_rows(settings.run_dir)
+    queues: dict[str, Any] = {}
+    try:
+        from nebula_mq.stack import Stack
+
+        stack = Stack.open(args.stack)
+        for cluster in stack.clusters:
+            depths = stack.queue_depths(cluster, topology.vhost(settings.job.id))
+            queues[cluster] = {name: {"messages": d.messages, "bytes": d.message_bytes}
+                               for name, d in depths.items()}
+    except NebulaError as exc:
+        queues = {"unavailable": str(exc)}
+    if args.json:
+        print(json.dumps({"job": settings.job.id, "workers": rows, "queues": queues}, indent=1))
+        return 0
+    print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps")
+    head = f"{'worker':<12}{'role':<20}{'cluster':<11}{'state':<10}{'step':>6}{'loss':>9}" \
+           f"{'step/s':>8}{'Mbit/s':>8}{'ratio':>7}{'compute':>9}{'dups':>6}{'DLQ':>5}"
+    print(head)
+    for r in rows:
+        def f(v: Any, spec: str) -> str:
+            return format(v, spec) if isinstance(v, (int, float)) else "-"
+        print(f"{r['worker']:<12}{str(r['role']):<20}{str(r['cluster']):<11}{r['state']:<10}"
+              f"{f(r['step'], '>6d')}{f(r['loss'], '>9.4f')}{f(r['steps_per_s'], '>8.2f')}"
+              f"{f(r['wire_mbit_s'], '>8.2f')}{f(r['compression'], '>7.3f')}"
+              f"{f(r['compute_share'], '>9.0%')}{f(r['duplicates'], '>6.0f')}{f(r['dead_letters'], '>5.0f')}")
+    for cluster, qs in queues.items():
+        if isinstance(qs, str):
+            print(f"queues: {qs}")
+            continue
+        for name, d in sorted(qs.items()):
+            print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
+    return 0
