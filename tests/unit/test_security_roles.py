@@ -1,0 +1,86 @@
+"""Per-role broker permissions: exact regexes from the topology, least privilege."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nebula_mq import topology
+from nebula_mq.errors import StackError
+from nebula_mq.security.roles import (
+    NOTHING, WorkerIdentity, decoder, encoder, federation_permissions, generator, permissions, root_discriminator,
+    sub_discriminator,
+)
+from nebula_mq.stack.provision import definitions
+
+A, B = "cluster-a", "cluster-b"
+FLOWS = topology.abnet_flows(A, B, ("enc-0", "enc-1"))
+
+
+def _allows(regex: str, name: str) -> bool:
+    return re.fullmatch(regex, name) is not None
+
+
+def test_encoder_publishes_activations_and_reads_only_its_replies() -> None:
+    p = permissions("j", encoder("enc-0"), FLOWS)
+    q = lambda f: topology.queue_name("j", f)  # noqa: E731
+    dlq = topology.dead_letter_queue("j")
+    assert _allows(p.write, q("activations")) and _allows(p.write, "amq.default") and _allows(p.write, dlq)
+    assert not _allows(p.write, q("reply-enc-0")) and not _allows(p.write, q("reply-enc-1"))
+    assert _allows(p.read, q("reply-enc-0"))
+    assert not _allows(p.read, q("activations")) and not _allows(p.read, q("reply-enc-1"))
+    assert not _allows(p.read, dlq)
+    assert p.read == "^(" + re.escape(q("reply-enc-0")) + ")$"
+
+
+def test_decoder_reads_activations_and_writes_every_reply() -> None:
+    p = permissions("j", decoder("dec-0", ["enc-0", "enc-1"]), FLOWS)
+    q = lambda f: topology.queue_name("j", f)  # noqa: E731
+    assert _allows(p.read, q("activations")) and not _allows(p.read, q("reply-enc-0"))
+    assert _allows(p.write, q("reply-enc-0")) and _allows(p.write, q("reply-enc-1"))
+    assert not _allows(p.write, q("activations"))
+
+
+@given(job=st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True), n_sub=st.integers(1, 4),
+       other=st.from_regex(r"[a-z0-9.\-]{1,40}", fullmatch=True))
+def test_electra_roles_never_reach_other_queues_or_jobs(job: str, n_sub: int, other: str) -> None:
+    flows = topology.electra_flows(A, B, n_sub)
+    roles = [generator("gen"), root_discriminator("disc", n_sub), *(sub_discriminator(f"s{i}", i) for i in range(n_sub))]
+    for role in roles:
+        p = permissions(job, role, flows)
+        allowed = {topology.queue_name(job, f) for f in (*role.publishes, *role.consumes)}
+        allowed |= {topology.dead_letter_queue(job), "amq.default"}
+        for regex in (p.configure, p.write, p.read):
+            assert not _allows(regex, other) or other in allowed
+            # Another job's queue of the same flow is never allowed.
+            assert not _allows(regex, topology.queue_name(job + "x", "gen-results"))
+        assert all(_allows(p.read, topology.queue_name(job, f)) for f in role.consumes)
+        assert all(_allows(p.write, topology.queue_name(job, f)) for f in role.publishes)
+
+
+def test_unknown_flow_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="not in job"):
+        permissions("j", WorkerIdentity("w", consumes=("nope",)), FLOWS)
+    with pytest.raises(StackError, match="not in job"):
+        definitions("j", A, FLOWS, [WorkerIdentity("w", consumes=("nope",))], [B], {})
+
+
+def test_federation_user_may_only_pull_outbound_flows() -> None:
+    on_a = federation_permissions("j", FLOWS, A, B)  # cluster-b's broker pulling from cluster-a
+    assert _allows(on_a.read, topology.queue_name("j", "activations"))
+    assert not _allows(on_a.read, topology.queue_name("j", "reply-enc-0"))
+    assert on_a.write == NOTHING
+    on_b = federation_permissions("j", FLOWS, B, A)
+    assert _allows(on_b.read, topology.queue_name("j", "reply-enc-1"))
+    assert not _allows(on_b.read, topology.queue_name("j", "activations"))
+
+
+def test_identity_is_a_plain_cn_everywhere_else() -> None:
+    ident = encoder("enc-0")
+    assert ident == "enc-0" and isinstance(ident, str) and f"{ident}" == "enc-0"
+    back = pickle.loads(pickle.dumps(ident))
+    assert back.consumes == ("reply-enc-0",) and back.publishes == ("activations",)
