@@ -8,7 +8,23 @@ cd "$(dirname "$0")"
 VENV=${NEBULA_VENV:-.venv}
 PY=${PYTHON:-python3}
 
+# System packages the stack and the tests use: RabbitMQ (the brokers), Chromium (the
+# report's browser test), docker-compose (validates docker-compose.yml; no engine runs).
+apt_setup() {
+    local missing=()
+    command -v /usr/lib/rabbitmq/bin/rabbitmq-server >/dev/null || missing+=(rabbitmq-server)
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v docker-compose >/dev/null || missing+=(docker-compose)
+    if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing system packages: ${missing[*]}"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends "${missing[@]}" >/dev/null; } \
+            || echo "warning: could not install ${missing[*]}; the tests needing them skip" >&2
+    fi
+}
+
 setup() {
+    apt_setup
     if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV"
     fi
