@@ -1,0 +1,100 @@
+"""``nebula-mq study compression``: the paper's Table 5 / Figure 10 study, plus delta, EF and auto."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in _floats(text)]
+
+
+def _rates(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    for x in out:
+        if x != "auto":
+            _floats(x)
+    return out
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("study", help="experiments of the paper (Scenario II)")
+    sub = parser.add_subparsers(dest="study", metavar="STUDY", required=True)
+    p = sub.add_parser("compression", help="Table 5 / Figure 10: BLEU, ratios and s/step per codec chain")
+    p.add_argument("--run-dir", default="run/study", help="results go to RUN_DIR/study (default run/study)")
+    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "full"])
+    p.add_argument("--data", default="synthetic", choices=["synthetic", "corpus"])
+    p.add_argument("--data-dir", default="run/data")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--in-flight", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-samples", type=int, default=512)
+    p.add_argument("--eval-samples", type=int, default=128)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--ratios", type=_floats, default=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2],
+                   help="SVD ratios r of the FP16(SVD(r))+INT8 rows")
+    p.add_argument("--from-steps", type=_ints, default=None,
+                   help="Figure 10 rows: compression from these steps (default steps/10, steps/3)")
+    p.add_argument("--no-beyond", action="store_true", help="skip the delta / error-feedback rows")
+    p.add_argument("--link", default="stack", choices=["stack", "memory"],
+                   help="stack: a private two-node TLS stack with the shaped WAN relay")
+    p.add_argument("--rates", type=_rates, default=["auto", "60"],
+                   help="link rates in Mbit/s; 'auto' = uncompressed wire time WIRE_FACTOR x compute")
+    p.add_argument("--wire-factor", type=float, default=4.0)
+    p.add_argument("--delay-ms", type=float, default=0.0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nebula_mq.study import compression, report, rows
+    from nebula_mq.study.runner import MemoryLink, RowResult, StudyConfig
+
+    cfg = StudyConfig(preset=args.preset, data=args.data, data_dir=args.data_dir, steps=args.steps,
+                      batch_size=args.batch_size, in_flight=args.in_flight, lr=args.lr, seed=args.seed,
+                      train_samples=args.train_samples, eval_samples=args.eval_samples, eval_beam=args.beam)
+    out = Path(args.run_dir) / "study"
+    from_steps = args.from_steps if args.from_steps is not None else [args.steps // 10, args.steps // 3]
+    todo = rows.table5(args.ratios) + rows.figure10(from_steps) + ([] if args.no_beyond else rows.beyond_paper())
+
+    cal = compression.calibrate(cfg, out / "runs", args.wire_factor)
+    print(f"compute (no wire): {cal.compute_s:.4f} s/step; uncompressed activation {cal.forward_bytes:.0f} B/step "
+          f"{cal.activation_shape}; rate for wire = {args.wire_factor:g} x compute: {cal.rate_mbit:.2f} Mbit/s",
+          flush=True)
+
+    def progress(r: RowResult) -> None:
+        print(f"  {r.row.chain:<40} {r.s_per_step:.4f} s/step  BLEU {r.bleu if r.bleu is not None else '-'}",
+              flush=True)
+
+    summaries = {}
+    if args.link == "memory":
+        tables = [("memory", compression.study(todo, cfg, out, "memory", MemoryLink(), cal, on_row=progress))]
+    else:
+        tables = []
+        with compression.OwnStack() as stack:
+            for rate in args.rates:
+                mbit = cal.rate_mbit if rate == "auto" else float(rate)
+                tag = f"{mbit:.2f}mbit" + ("-auto" if rate == "auto" else "")
+                print(f"link {mbit:.2f} Mbit/s ({tag})", flush=True)
+                link = compression.stack_link(stack, mbit, args.delay_ms)
+                tables.append((tag, compression.study(todo, cfg, out, tag, link, cal, on_row=progress)))
+    for tag, compared in tables:
+        print()
+        print(report.table(compared, f"Table 5 at {tag} (compute {cal.compute_s:.3f} s/step, {cfg.steps} steps, "
+                                     f"preset {cfg.preset}, data {cfg.data})"))
+        summaries[tag] = report.targets(compared)
+        print(json.dumps(summaries[tag], indent=1, default=str))
+    (out / "calibration.json").write_text(json.dumps({**cal.__dict__, "config": cfg.__dict__}, indent=1))
+    print(f"\nrows, summaries and plots in {out}")
+    return 0

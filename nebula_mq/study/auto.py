@@ -1,0 +1,80 @@
+"""``auto``: pick the codec chains from the measured link and compute time.
+
+The paper leaves the choice of the ratio open (§5, "trade-off"). The rule here:
+in a pipeline with several micro-batches in flight a step costs about
+``max(compute + encode, wire)``, so compression only pays until the wire time
+hides behind compute. Among candidates listed from most to least accurate, take
+the first whose estimated wire time per step (each direction has its own
+capacity) fits within ``headroom`` x (compute + its own encode time); if none
+fits, the one with the smallest estimated step time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nebula_mq.codecs import parse_codec
+from nebula_mq.study.rows import StudyRow
+
+# Most accurate first: lossless, casts, delta int8 with feedback, then decreasing SVD ranks.
+DEFAULT_CANDIDATES: tuple[StudyRow, ...] = (
+    StudyRow("none", "none", origin="auto"),
+    StudyRow("fp16", "fp16", origin="auto"),
+    StudyRow("fp16", "int8", origin="auto"),
+    StudyRow("int8", "int8", forward_feedback="delta", backward_feedback="residual", origin="auto"),
+    *(StudyRow(f"fp16(svd({r}))", "int8", forward_feedback="delta", backward_feedback="residual", origin="auto")
+      for r in (0.6, 0.4, 0.3, 0.2)),
+)
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    rate_mbit: float  # measured (or shaped) capacity per direction
+    compute_s: float  # measured compute per step, both sides, without transfer
+    activation_shape: tuple[int, ...]  # a typical [B, S, H] activation (gradients have the same)
+    overhead_bytes: int = 2048  # envelope, mask and ids per message
+
+
+@dataclass(frozen=True)
+class Choice:
+    row: StudyRow
+    wire_s: float  # estimated per step, slower direction
+    encode_s: float  # measured encode time of both chains on the typical shape
+    step_s: float  # estimate: max(compute + encode, wire)
+
+
+def _encode_seconds(chain: str, x: np.ndarray, repeats: int = 3) -> float:
+    codec = parse_codec(chain)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        codec.encode(x)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def estimate(row: StudyRow, link: LinkProfile, x: np.ndarray) -> Choice:
+    raw = x.nbytes
+    rate = link.rate_mbit * 1e6 / 8 if link.rate_mbit > 0 else float("inf")
+    fwd = parse_codec(row.forward).estimated_ratio(x.shape, x.dtype) * raw + link.overhead_bytes
+    bwd = parse_codec(row.backward).estimated_ratio(x.shape, x.dtype) * raw + link.overhead_bytes
+    wire = max(fwd, bwd) / rate
+    enc = _encode_seconds(row.forward, x) + _encode_seconds(row.backward, x)
+    return Choice(row, wire, enc, max(link.compute_s + enc, wire))
+
+
+def pick(link: LinkProfile, candidates: Sequence[StudyRow] = DEFAULT_CANDIDATES,
+         headroom: float = 0.9, seed: int = 0) -> Choice:
+    """The chain ``auto`` uses on this link (see the module docstring)."""
+    if not candidates:
+        raise ValueError("no candidate chains")
+    x = np.random.default_rng(seed).standard_normal(link.activation_shape).astype(np.float32)
+    choices = [estimate(row, link, x) for row in candidates]
+    for c in choices:
+        if c.wire_s <= headroom * (link.compute_s + c.encode_s):
+            return c
+    return min(choices, key=lambda c: c.step_s)

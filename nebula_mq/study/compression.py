@@ -1,0 +1,125 @@
+"""``nebula-mq study compression``: paper Table 5 and Figure 10 on one data set, seed and link.
+
+1. Measure compute: the uncompressed row over the in-memory broker (no wire).
+2. Shape the WAN relay so the uncompressed activation of one step takes
+   ``wire_factor`` x that compute time to cross (or use a fixed rate, e.g. the
+   paper's 60 Mbit/s).
+3. Run every row over the real two-node stack through the shaped relay, then
+   the ``auto`` row, whose chains :mod:`nebula_mq.study.auto` picks from the
+   measured compute time and link rate.
+4. Compare with the baseline (speed-up, paired bootstrap BLEU), write JSON
+   rows, the targets, and plots to ``<out_dir>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.study import auto, report
+from nebula_mq.study.rows import BASELINE, StudyRow
+from nebula_mq.study.runner import Link, MemoryLink, RowResult, StackLink, StudyConfig, run_row
+
+
+@dataclass(frozen=True)
+class Calibration:
+    compute_s: float  # s/step of the uncompressed pipeline with no wire (memory broker)
+    forward_bytes: float  # uncompressed activation message bytes per step
+    activation_shape: tuple[int, int, int]  # typical [B, S, H]
+    rate_mbit: float  # what the relay is shaped to
+
+
+def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, steps: int = 60) -> Calibration:
+    """Compute time first (no wire), then the rate at which uncompressed wire = factor x compute."""
+    from nebula_mq.models import abnet_config
+
+    probe = dataclasses.replace(cfg, steps=min(cfg.steps, steps), eval_samples=0)
+    r = run_row(BASELINE, probe, MemoryLink(), work / "calibration")
+    hidden = abnet_config.preset(cfg.preset).encoder.hidden if cfg.preset != "small" else 384
+    # Message = B*S*H float32 + B*S int8 mask + B int64 ids (+ envelope, ignored here).
+    seq = max(1, round((r.forward_bytes_per_step - 8 * cfg.batch_size) / (cfg.batch_size * (4 * hidden + 1))))
+    compute = r.s_per_step
+    rate = r.forward_bytes_per_step * 8 / (wire_factor * compute) / 1e6
+    return Calibration(compute, r.forward_bytes_per_step, (cfg.batch_size, seq, hidden), rate)
+
+
+def _free_base_port() -> int:
+    from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
+
+    for k in range(300):
+        base = 20000 + (os.getpid() * 41 + k * 50) % 15000
+        ok = True
+        for port in (base + o + i for o in (0, RELAY_OFFSET, DIST_OFFSET) for i in range(2)):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise OSError("no free port range for the study stack")
+
+
+class OwnStack:
+    """A private two-node stack for the study, torn down afterwards."""
+
+    def __enter__(self) -> Any:
+        from nebula_mq.stack import Stack
+
+        self.dir = tempfile.mkdtemp(prefix="nebula-study-", dir="/tmp")
+        self.stack = Stack(self.dir, ("cluster-s", "cluster-t"), base_port=_free_base_port(),
+                           prefix=f"nbs{os.getpid()}")
+        self.stack.up()
+        return self.stack
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stack.down()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_rows(rows: Sequence[StudyRow], cfg: StudyConfig, link: Link, work: Path,
+             on_row: Callable[[RowResult], None] | None = None) -> list[RowResult]:
+    out = []
+    for row in rows:
+        result = run_row(row, cfg, link, work / f"{len(out):02d}-{row.slug}")
+        out.append(result)
+        if on_row is not None:
+            on_row(result)
+    return out
+
+
+def auto_row(cal: Calibration, rate_mbit: float) -> StudyRow:
+    choice = auto.pick(auto.LinkProfile(rate_mbit, cal.compute_s, cal.activation_shape))
+    return dataclasses.replace(choice.row, origin="auto")
+
+
+def study(rows: Sequence[StudyRow], cfg: StudyConfig, out_dir: Path, tag: str, link: Link,
+          cal: Calibration | None, with_auto: bool = True,
+          on_row: Callable[[RowResult], None] | None = None) -> list[dict[str, Any]]:
+    """Run the rows (and ``auto``) over ``link``; write and return the compared rows."""
+    work = out_dir / "runs" / tag
+    shutil.rmtree(work, ignore_errors=True)
+    todo = list(rows)
+    picked = auto_row(cal, link.rate_mbit) if with_auto and cal is not None else None
+    if picked is not None and picked.chain not in {r.chain for r in todo}:
+        todo.append(picked)
+    results = run_rows(todo, cfg, link, work, on_row)
+    compared = report.compare(results)
+    for r in compared:  # the row `auto` would run on this link (it may also be a table row)
+        r["auto_pick"] = picked is not None and r["chain"] == picked.chain
+    report.write(compared, out_dir, tag)
+    return compared
+
+
+def stack_link(stack: Any, rate_mbit: float, delay_ms: float = 0.0) -> StackLink:
+    return StackLink(stack, rate_mbit, delay_ms)
