@@ -68,10 +68,12 @@ def run(args: argparse.Namespace) -> int:
     from_steps = args.from_steps if args.from_steps is not None else [args.steps // 10, args.steps // 3]
     todo = rows.table5(args.ratios) + rows.figure10(from_steps) + ([] if args.no_beyond else rows.beyond_paper())
 
-    cal = compression.calibrate(cfg, out / "runs", args.wire_factor)
-    print(f"compute (no wire): {cal.compute_s:.4f} s/step; uncompressed activation {cal.forward_bytes:.0f} B/step "
-          f"{cal.activation_shape}; rate for wire = {args.wire_factor:g} x compute: {cal.rate_mbit:.2f} Mbit/s",
-          flush=True)
+    def calibrate(link: Any) -> Any:
+        cal = compression.calibrate(cfg, out / "runs", args.wire_factor, link)
+        print(f"compute (unshaped {link.name} link): {cal.compute_s:.4f} s/step; uncompressed activation {cal.forward_bytes:.0f} B/step "
+              f"{cal.activation_shape}; rate for wire = {args.wire_factor:g} x compute: {cal.rate_mbit:.2f} Mbit/s",
+              flush=True)
+        return cal
 
     def progress(r: RowResult) -> None:
         print(f"  {r.row.chain:<40} {r.s_per_step:.4f} s/step  BLEU {r.bleu if r.bleu is not None else '-'}",
@@ -79,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
     summaries = {}
     if args.link == "memory":
+        cal = calibrate(MemoryLink())
         tables = [("memory", compression.study(todo, cfg, out, "memory", MemoryLink(), cal, on_row=progress))]
     else:
         tables = []
         with compression.OwnStack() as stack:
+            cal = calibrate(compression.stack_link(stack, 0.0))
             for rate in args.rates:
                 mbit = cal.rate_mbit if rate == "auto" else float(rate)
                 tag = f"{mbit:.2f}mbit" + ("-auto" if rate == "auto" else "")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import socket
@@ -36,12 +37,19 @@ class Calibration:
     rate_mbit: float  # what the relay is shaped to
 
 
-def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, steps: int = 60) -> Calibration:
-    """Compute time first (no wire), then the rate at which uncompressed wire = factor x compute."""
+def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, link: Link | None = None,
+              steps: int = 80) -> Calibration:
+    """Compute time first, then the rate at which uncompressed wire = factor x compute.
+
+    "Compute" is the s/step of the uncompressed pipeline on ``link`` left unshaped
+    (brokers, TLS and federation included, no rate limit), or over the memory broker."""
     from nebula_mq.models import abnet_config
 
+    link = link or MemoryLink()
+    if isinstance(link, StackLink):
+        link.shape(0.0)  # unlimited: what the pipeline does when the wire is not the bottleneck
     probe = dataclasses.replace(cfg, steps=min(cfg.steps, steps), eval_samples=0)
-    r = run_row(BASELINE, probe, MemoryLink(), work / "calibration")
+    r = run_row(BASELINE, probe, link, work / "calibration")
     hidden = abnet_config.preset(cfg.preset).encoder.hidden if cfg.preset != "small" else 384
     # Message = B*S*H float32 + B*S int8 mask + B int64 ids (+ envelope, ignored here).
     seq = max(1, round((r.forward_bytes_per_step - 8 * cfg.batch_size) / (cfg.batch_size * (4 * hidden + 1))))
@@ -107,6 +115,7 @@ def study(rows: Sequence[StudyRow], cfg: StudyConfig, out_dir: Path, tag: str, l
           cal: Calibration | None, with_auto: bool = True,
           on_row: Callable[[RowResult], None] | None = None) -> list[dict[str, Any]]:
     """Run the rows (and ``auto``) over ``link``; write and return the compared rows."""
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # one INFO line per bootstrap
     work = out_dir / "runs" / tag
     shutil.rmtree(work, ignore_errors=True)
     todo = list(rows)

@@ -1,0 +1,94 @@
+"""`nebula-mq study compression`: rows, auto choice, report, and a CI-sized run end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.study import auto, report
+from nebula_mq.study.rows import BASELINE, StudyRow, beyond_paper, figure10, table5
+
+
+def test_rows_follow_table5_and_figure10_notation() -> None:
+    names = [r.chain for r in table5()]
+    assert names[:3] == ["baseline", "FP16+INT8", "FP16(SVD(0.9))+INT8"] and names[-1] == "FP16(SVD(0.2))+INT8"
+    assert len(names) == 10
+    assert [r.chain for r in figure10([0, 100])] == ["FP16(SVD(0.6))+INT8 from step 100"]
+    assert "DELTA(INT8)+EF(INT8)" in [r.chain for r in beyond_paper()]
+    assert len({r.slug for r in table5() + beyond_paper()}) == 13  # file names never collide
+    with pytest.raises(ConfigError):
+        StudyRow("fp17", "int8")
+    with pytest.raises(ConfigError):
+        StudyRow("int8", "int8", forward_feedback="sideways")
+
+
+def test_auto_compresses_only_as_much_as_the_link_needs() -> None:
+    shape = (16, 32, 384)
+    raw_mbit = np.prod(shape) * 4 * 8 / 1e6  # one uncompressed activation, in Mbit
+    # Wire of the raw tensor = 1/10 of compute: nothing to gain, keep it lossless.
+    fast = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit * 10, compute_s=1.0, activation_shape=shape))
+    assert fast.row.forward == "none" and fast.row.backward == "none"
+    # Raw wire = 3x compute: fp16 (1.5x) is not enough, int8 (~0.76x) is the least lossy that fits.
+    mid = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 3, compute_s=1.0, activation_shape=shape))
+    assert mid.wire_s <= 0.9 * (1.0 + mid.encode_s)
+    assert (mid.row.forward, mid.row.forward_feedback) == ("int8", "delta")
+    # Raw wire = 40x compute: nothing fits, so the fastest estimated step wins; the int8
+    # gradient then bounds the wire, and among the ties the most accurate forward chain
+    # is kept (shrinking activations further would buy nothing).
+    slow = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 40, compute_s=1.0, activation_shape=shape))
+    assert slow.row.forward == "int8" and slow.row.backward == "int8"
+    assert slow.wire_s == pytest.approx(40 * 0.2526, rel=0.02)  # int8: 1 byte + a scale per 384, + envelope
+
+
+def _row(chain: StudyRow, s: float, bleu: float, comp: float, wire: float) -> dict[str, object]:
+    return {"chain": chain.chain, "forward_feedback": chain.forward_feedback, "s_per_step": s,
+            "speedup": 1.0 / s, "bleu": bleu, "compute_bound_s_per_step": comp, "wire_s_per_step": wire}
+
+
+def test_targets_report_what_was_met() -> None:
+    delta = beyond_paper()[0]
+    rows = [_row(BASELINE, 1.0, 40.0, 0.2, 0.8), _row(StudyRow("fp16(svd(0.2))", "int8"), 0.19, 30.0, 0.18, 0.1),
+            _row(delta, 0.25, 39.6, 0.2, 0.2)]
+    t = report.targets(rows)
+    assert t["best_speedup"]["met"] is True and t["best_speedup"]["chain"] == "FP16(SVD(0.2))+INT8"
+    assert t["delta_speedup_at_bleu"]["met"] is True and t["delta_speedup_at_bleu"]["chain"] == delta.chain
+    assert t["overlap"]["met"] is False  # 0.25 > 1.15 * 0.2
+    rows[2]["bleu"] = 39.4  # more than 0.5 below the baseline
+    assert report.targets(rows)["delta_speedup_at_bleu"]["met"] is False
+
+
+@pytest.mark.paddle
+def test_ci_sized_study_over_the_memory_broker(tmp_path: Path) -> None:
+    """Three rows, tiny preset, synthetic data: every artefact of the study is written and
+    the measured ratios are those of the chains (fp16 halves, int8 quarters, delta int8 quarters)."""
+    from nebula_mq.study import compression
+    from nebula_mq.study.runner import MemoryLink, StudyConfig
+
+    cfg = StudyConfig(steps=24, train_samples=64, eval_samples=16, eval_beam=2, eval_max_len=10,
+                      checkpoint_every=12)
+    cal = compression.calibrate(cfg, tmp_path / "runs", 4.0, steps=12)
+    assert cal.compute_s > 0 and cal.activation_shape[0] == 16 and cal.activation_shape[2] == 64
+    rows = [BASELINE, StudyRow("fp16", "int8"), beyond_paper()[0]]
+    compared = compression.study(rows, cfg, tmp_path, "ci", MemoryLink(), cal, with_auto=False)
+    by = {r["chain"]: r for r in compared}
+    assert by["baseline"]["forward_ratio"] == pytest.approx(1.0, abs=0.05)
+    assert by["FP16+INT8"]["forward_ratio"] == pytest.approx(0.5, abs=0.06)
+    assert by["FP16+INT8"]["backward_ratio"] == pytest.approx(0.27, abs=0.04)
+    assert by["DELTA(INT8)+EF(INT8)"]["forward_ratio"] == pytest.approx(0.27, abs=0.05)
+    for r in compared:
+        assert len(r["losses"]) == 24 and r["bleu"] is not None and r["s_per_step"] > 0
+    written = [json.loads(p.read_text()) for p in tmp_path.glob("ci-*.json") if p.name != "ci-summary.json"]
+    assert {w["chain"] for w in written} == set(by)
+    for w in written:
+        assert {"chain", "bleu", "forward_ratio", "backward_ratio", "s_per_step", "speedup"} <= set(w)
+    files = sorted(p.name for p in tmp_path.glob("ci-*"))
+    assert "ci-summary.json" in files and "ci-bleu-vs-speed.png" in files and "ci-loss-curves.png" in files
+    assert len([f for f in files if f.endswith(".json")]) == 4
+    summary = json.loads((tmp_path / "ci-summary.json").read_text())
+    assert {r["chain"] for r in summary["rows"]} == set(by)
+    assert "bleu_p_value" in by["FP16+INT8"]
+    print(report.table(compared, "ci"))
