@@ -15,7 +15,7 @@ import shutil
 import socket
 import ssl
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
