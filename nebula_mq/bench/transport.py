@@ -15,11 +15,18 @@ one flow per measurement so no run sees another's leftovers):
   bounded upstream queue fills, then the producer is nacked and waits); after
   the heal, time to the first arrival of a cut-time message and to the full
   drain, and an exactly-once check by message id (repeats counted separately).
+
+``python -m nebula_mq.bench.transport`` takes the same options as ``nebula-mq
+bench transport`` plus ``--run-dir``, ``--repeats`` and ``--cut-s``. Library use
+(the integration test): provision a job with ``throughput_flows(cfg)`` and ``IDENTITIES``,
+and a second job for ``RECOVERY_FLOW`` (see ``recovery``), then
+``run_bench(stack, job, recovery_job, cfg)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -112,12 +119,18 @@ def goodput_flow(rate: float, size_mib: int, repeat: int) -> Flow:
     return Flow(f"g{rate:g}-{size_mib}m-{repeat}".replace(".", "p"), A, B)
 
 
-def flows(cfg: BenchConfig) -> tuple[Flow, ...]:
-    """Every flow the bench uses: provision the job with these."""
+# The recovery run has a job of its own: the cap of a cross-cluster flow is a per-job
+# policy set at provisioning (``Stack.provision_job(max_queue_bytes=)``), and only
+# that flow wants a small one.
+RECOVERY_FLOW = Flow("recovery", A, B)
+
+
+def throughput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
+    """The flows of the goodput and unshaped runs: provision their job with these."""
     out = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
     for s in [*cfg.unshaped_sizes_mib, "small"]:
         out += [Flow(f"lo-{s}", A, A), Flow(f"wan-{s}", A, B)]
-    return (*out, Flow("recovery", A, B))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- messages
@@ -173,16 +186,19 @@ class _Ends:
                                         flow.src_cluster)
         self.consumer_side = RabbitTransport(job.settings(flow.dst_cluster, consumer_identity), settings,
                                              job.job_id, flow.dst_cluster)
-        self.queue = self.producer.declare_flow(flow, "producer")
-        self.consumer_side.declare_flow(flow, "consumer")
-        self.consumer = self.consumer_side.consume(self.queue, prefetch)
-        with self.producer.publisher() as pub:  # the federation link runs before the clock starts
-            pub.publish(self.queue, b"probe", f"{job.job_id}/{flow.name}/probe")
-        d = self.consumer.get(timeout=60)
-        if d is None:
+        try:
+            self.queue = self.producer.declare_flow(flow, "producer")
+            self.consumer_side.declare_flow(flow, "consumer")
+            self.consumer = self.consumer_side.consume(self.queue, prefetch)
+            with self.producer.publisher() as pub:  # the federation link runs before the clock starts
+                pub.publish(self.queue, b"probe", f"{job.job_id}/{flow.name}/probe")
+            d = self.consumer.get(timeout=60)
+            if d is None:
+                raise TransportError(f"{self.queue}: probe message did not arrive within 60 s")
+            d.ack()
+        except NebulaError:
             self.close()
-            raise TransportError(f"{self.queue}: probe message did not arrive within 60 s")
-        d.ack()
+            raise
 
     def close(self) -> None:
         self.producer.close()
@@ -295,12 +311,16 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
 
 
 def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
-    """Cut the WAN for ``cut_s`` under a paced producer, heal, time the backlog's return."""
+    """Cut the WAN for ``cut_s`` under a paced producer, heal, time the backlog's return.
+
+    ``job`` is provisioned with ``(RECOVERY_FLOW,)`` and ``max_queue_bytes =
+    cfg.recovery_cap_mib * MIB``.
+    """
     size = cfg.recovery_message_kib * 1024
-    flow = Flow("recovery", A, B)
+    flow = RECOVERY_FLOW
     budget = int((cfg.warmup_s + cfg.cut_s) * cfg.recovery_pace) + 16
     bodies = tensor_bodies(job.job_id, flow.name, size, budget)
-    settings = TransportSettings(max_queue_bytes=cfg.recovery_cap_mib * MIB, publish_patience_s=cfg.cut_s + 300)
+    settings = TransportSettings(publish_patience_s=cfg.cut_s + 300)
     stack.shape(None, rate_mbit=cfg.recovery_rate_mbit, delay_ms=cfg.delay_ms, cut=False)
     ends = _Ends(job, flow, settings, prefetch=max(4, math.ceil(16 * MIB / size)))
     confirmed: dict[str, tuple[float, float]] = {}  # id -> (publish started, confirmed)
@@ -357,7 +377,7 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
     missing = set(confirmed) - set(arrivals)
     return {
         "cut_s": t_heal - t_cut, "message_bytes": size, "pace_msgs_s": cfg.recovery_pace,
-        "upstream_cap_bytes": settings.max_queue_bytes, "rate_mbit": cfg.recovery_rate_mbit,
+        "upstream_cap_bytes": cfg.recovery_cap_mib * MIB, "rate_mbit": cfg.recovery_rate_mbit,
         "delay_ms": cfg.delay_ms, "published": len(confirmed), "published_during_cut": len(during),
         "upstream_max_messages": upstream_max, "producer_waits_full": int(waits["waits_full"]),
         "producer_waited_s": waits["waited_s"],
@@ -383,10 +403,12 @@ def _median_transfer(runs: list[Transfer]) -> dict[str, Any]:
     }
 
 
-def run_bench(stack: Any, job: BenchJob, cfg: BenchConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """All measurements on a running ``stack`` for a job provisioned with ``flows(cfg)``.
+def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfig,
+              say: Callable[[str], None] = print) -> dict[str, Any]:
+    """All measurements on a running ``stack``: ``job`` is provisioned with
+    ``throughput_flows(cfg)``, ``recovery_job`` as ``recovery`` says.
 
-    Leaves the WAN healed with the default shape restored by the caller.
+    Leaves the WAN healed; the caller restores its shape.
     """
     result: dict[str, Any] = {"config": asdict(cfg), "unshaped": [], "goodput": []}
     stack.shape(None, rate_mbit=0, delay_ms=0, cut=False)
@@ -420,7 +442,7 @@ def run_bench(stack: Any, job: BenchJob, cfg: BenchConfig, say: Callable[[str], 
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         result["goodput"].append(row)
     say(f"  recovery: cutting the WAN for {cfg.cut_s:g} s ...")
-    result["recovery"] = recovery(stack, job, cfg)
+    result["recovery"] = recovery(stack, recovery_job, cfg)
     return result
 
 
@@ -551,14 +573,16 @@ def run(args: argparse.Namespace) -> int:
     started = not all(node.is_running(n) for n in stack.layout.nodes)
     shapes = {c: s.shape for c, s in stack.status().items()}
     job_id = f"bench-{os.getpid()}-{int(time.time())}"
+    jobs = (job_id, f"{job_id}-r")
     try:
         if started:
             print(f"starting a stack in {stack.layout.run_dir} ...")
             stack.up()
-        stack.provision_job(job_id, flows(cfg), IDENTITIES)
-        result = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg), "job_id": job_id}
+        stack.provision_job(jobs[0], throughput_flows(cfg), IDENTITIES)
+        stack.provision_job(jobs[1], (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
+        result = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg), "job_ids": list(jobs)}
         t0 = time.monotonic()
-        result.update(run_bench(stack, StackJob(stack, job_id), cfg))
+        result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
         result["wall_s"] = time.monotonic() - t0
         result["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
     except NebulaError as exc:
@@ -570,8 +594,8 @@ def run(args: argparse.Namespace) -> int:
         if started:
             stack.down()
         else:
-            for c in stack.clusters:
-                stack.rabbitmqctl(c, "delete_vhost", topology.vhost(job_id))
+            for c, j in itertools.product(stack.clusters, jobs):
+                stack.rabbitmqctl(c, "delete_vhost", topology.vhost(j))
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     result["targets"] = targets(result)

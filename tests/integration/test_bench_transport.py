@@ -20,9 +20,11 @@ pytest_plugins = ["tests.fixtures.stack"]
 @pytest.mark.timeout(120)
 def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack: Any) -> None:
     cfg = bench.BenchConfig.quick()
-    job = stack.new_job(flows=bench.flows(cfg), identities=bench.IDENTITIES, prefix="tb")
+    job = stack.new_job(flows=bench.throughput_flows(cfg), identities=bench.IDENTITIES, prefix="tb")
+    recovery_job = stack.new_job(flows=(bench.RECOVERY_FLOW,), identities=bench.IDENTITIES, prefix="tr",
+                                 max_queue_bytes=cfg.recovery_cap_mib * bench.MIB)
     try:
-        result = bench.run_bench(stack.stack, job, cfg)
+        result = bench.run_bench(stack.stack, job, recovery_job, cfg)
     finally:
         stack.clean_wan()
     result["machine"] = bench.machine_facts(stack.stack)
