@@ -95,6 +95,18 @@ class TransportSettings:
 
 
 @dataclass(frozen=True)
+class SecuritySettings:
+    # AES-GCM over every envelope, so a broker operator cannot read tensors (HMAC is always on).
+    encrypt_payloads: bool = False
+    # Messages signed longer ago than this (or before the job's key incarnation) are replays.
+    replay_window_s: float = 24 * 3600.0
+
+    def validate(self) -> None:
+        if self.replay_window_s <= 0:
+            raise ValueError("replay_window_s > 0")
+
+
+@dataclass(frozen=True)
 class JobSettings:
     # Lower-case slug; every queue, exchange, vhost and user name derives from it.
     id: str
@@ -117,6 +129,7 @@ class Settings:
     clusters: Mapping[str, ClusterSettings] = field(default_factory=dict)
     codec: CodecSettings = field(default_factory=CodecSettings)
     transport: TransportSettings = field(default_factory=TransportSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
     # Scenario sections, validated by the scenario that reads them.
     abnet: Mapping[str, Any] = field(default_factory=dict)
     electra: Mapping[str, Any] = field(default_factory=dict)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,35 +37,20 @@ def register(sub: Any) -> None:
 
 
 def run_job(config: str, stack_dir: str, timeout: float | None = None) -> int:
+    from nebula_mq.cli._launcher import JobProcesses
     from nebula_mq.runtime.logs import configure_logging, get_logger
-    from nebula_mq.settings import load_settings
-    from nebula_mq.stack import Stack
-    from workers.plans import plan_for
 
     configure_logging("info")
     log = get_logger("nebula_mq.run")
-    settings = load_settings(config)
-    plan = plan_for(settings)
-    stack = Stack(stack_dir)
-    stack.up()
-    stack.provision_job(settings.job.id, plan.flows, plan.identities(settings.job.id),
-                        max_queue_bytes=settings.transport.max_queue_bytes)
-    logs = settings.run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    children: dict[str, subprocess.Popen[bytes]] = {}
-    for proc in plan.processes:
-        cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index",
-               str(proc.index), "--config", config, "--stack", stack_dir]
-        out = open(logs / f"{proc.worker_id}.log", "ab")  # noqa: SIM115 - owned by the child
-        children[proc.worker_id] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        log.info("worker_started", worker=proc.worker_id, role=proc.role, cluster=proc.cluster,
-                 pid=children[proc.worker_id].pid, log=str(logs / f"{proc.worker_id}.log"))
-    return _supervise(children, settings.run_dir, settings.job.steps, timeout)
+    job = JobProcesses(config, stack_dir)
+    job.provision()
+    job.start_all()
+    for worker, child in job.children.items():
+        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
+    return _supervise(job, timeout)
 
 
-def _supervise(children: dict[str, subprocess.Popen[bytes]], run_dir: Path, steps: int,
-               timeout: float | None) -> int:
-    from nebula_mq.cli.status import read_statuses
+def _supervise(job: Any, timeout: float | None) -> int:
     from nebula_mq.runtime.progress import progress
 
     stopping = False
@@ -74,23 +58,20 @@ def _supervise(children: dict[str, subprocess.Popen[bytes]], run_dir: Path, step
     def _forward(signum: int, _frame: Any) -> None:
         nonlocal stopping
         stopping = True
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+        job.signal_all(signal.SIGTERM)
 
     previous = {s: signal.signal(s, _forward) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     failed: list[str] = []
     try:
-        with progress(steps, "training (slowest worker)") as bar:
+        with progress(job.settings.job.steps, "training (slowest worker)") as bar:
             done = 0
-            while any(c.poll() is None for c in children.values()):
+            while job.running():
                 time.sleep(1.0)
-                statuses = read_statuses(run_dir)
-                slowest = min((s.get("step", 0) for s in statuses.values()), default=0)
+                slowest = job.slowest_step()
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
-                failed = [w for w, c in children.items() if c.poll() not in (None, 0)]
+                failed = job.failed()
                 if failed and not stopping:
                     _forward(signal.SIGTERM, None)
                 if deadline is not None and time.monotonic() > deadline and not stopping:
@@ -100,11 +81,11 @@ def _supervise(children: dict[str, subprocess.Popen[bytes]], run_dir: Path, step
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    failed += [w for w, c in children.items() if c.returncode not in (0, None)]
-    for worker, child in children.items():
+    failed += job.failed()
+    for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
     if failed:
-        print(f"failed: {sorted(set(failed))}; logs in {run_dir / 'logs'}", file=sys.stderr)
+        print(f"failed: {sorted(set(failed))}; logs in {job.logs}", file=sys.stderr)
         return 1
     return 130 if stopping else 0
 

@@ -5,7 +5,9 @@ and publishes it, confirmed, to the flow's queue on the local broker.
 :class:`Inbox` takes deliveries off a flow's queue and turns each into exactly
 one of: a :class:`Received` message for the role; a duplicate, acked and
 dropped; or a condemned message, dead-lettered with its reason (checksum,
-version, schema, codec, NaN, wrong job, wrong flow). The role never sees a
+version, schema, authentication tag, replay window, codec, NaN, wrong job,
+wrong flow). Every envelope is signed with the job's HMAC key and, when the
+job asks for it, sealed with AES-GCM (``nebula_mq.security.auth``). The role never sees a
 message it cannot trust, and the consumer keeps going.
 
 Message identity is ``(job, flow, step, micro_batch, seq)``; ``seq`` is the
@@ -85,7 +87,10 @@ class Outbox:
                                allow_non_finite=self.allow_non_finite)
         env = Envelope(self.worker.settings.job.id, self.flow.name, step, micro_batch, micro_batch,
                        self.producer_id, records, dict(meta or {}))
-        body = encode_envelope(env)
+        auth = self.worker.auth
+        body = encode_envelope(env, signer=auth.signer())
+        if self.worker.settings.security.encrypt_payloads:
+            body = auth.seal(body)
         self.publisher.publish(queue or self.queue, body, env.message_id,
                                correlation_id=correlation_id, reply_to=reply_to)
         raw = sum(int(np.asarray(a).nbytes) for a, _ in tensors.values())
@@ -124,8 +129,13 @@ class Inbox:
         return None
 
     def _admit(self, delivery: Delivery) -> Received | None:
+        auth = self.worker.auth
         try:
-            env = decode_envelope(delivery.body, max_bytes=self.max_bytes)
+            frame = delivery.body
+            if self.worker.settings.security.encrypt_payloads:
+                frame = auth.open(frame)
+            env = decode_envelope(frame, max_bytes=self.max_bytes)
+            auth.verify(env)  # HMAC tag and replay window; audited on failure
             if env.job_id != self.worker.settings.job.id:
                 raise UnknownJob(f"message of job {env.job_id!r} on job "
                                  f"{self.worker.settings.job.id!r}'s queue")

@@ -31,6 +31,9 @@ from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.metrics import MetricsHook
+from nebula_mq.security.audit import AuditLog
+from nebula_mq.security.auth import MessageAuth
+from nebula_mq.security.keys import ensure_job_key, job_key_file
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Delivery, Transport
 
@@ -46,6 +49,22 @@ def make_transport(settings: Settings, cluster: str) -> Transport:
 
     broker = settings.clusters[cluster].broker
     return RabbitTransport(broker, settings.transport, settings.job.id, cluster)
+
+
+def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
+    """The job's HMAC key ring (``<run_dir>/keys/job.key``), audited per job.
+
+    ``nebula-mq run`` creates the key before starting workers; a worker started
+    alone creates it when missing (local runs share the run dir). Across real
+    clusters the same key file must be installed on both sides beforehand.
+    """
+    path = job_key_file(settings.run_dir)
+    if not path.exists():
+        log.warning("job_key_created", path=str(path))
+        ensure_job_key(path, settings.job.id)
+    audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
+    return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
+                                   window_s=settings.security.replay_window_s)
 
 
 def status_dir(settings: Settings) -> Path:
@@ -76,6 +95,7 @@ class Worker(ABC):
         self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom")
         self.hooks = Hooks([self.metrics, *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
+        self.auth = load_message_auth(settings, worker_id)
         self.stop_requested = threading.Event()
         self._pending_acks: list[Delivery] = []
         self.step = 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.security.keys import ensure_job_key, job_key_file
 from nebula_mq.settings import load_settings
 from workers.plans import plan_for
 
@@ -63,6 +64,8 @@ def write_job(stack, tmp: Path, name: str, steps: int) -> tuple[Path, object]:  
                  f'key_file = "{b.key_file}"\nserver_name = "{b.server_name}"\nheartbeat_s = 10\n')
     path = tmp / f"{name}.toml"
     path.write_text(text)
+    # The job's HMAC key exists before either side starts (as `nebula-mq run` does).
+    ensure_job_key(job_key_file(tmp / name), job.job_id)
     return path, job
 
 

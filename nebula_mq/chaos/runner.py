@@ -1,0 +1,188 @@
+"""``nebula-mq chaos``: run a job cleanly, run it again under faults, compare.
+
+Both runs use the same job file, seed and stack, as two job instances
+(``<id>-clean`` and ``<id>-chaos``, each with its own vhost and run dir). The
+chaos run gets the faults of a :mod:`schedule`. Afterwards the final
+checkpoints of every worker are compared: equal digests mean nothing was lost
+and nothing was applied twice, whatever the broker redelivered.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.chaos.schedule import Fault
+from nebula_mq.cli._launcher import JobProcesses
+from nebula_mq.runtime.checkpoint import CheckpointStore
+
+COUNTERS = ("nebula_redeliveries_total", "nebula_duplicates_total", "nebula_dead_letters_total")
+
+
+@dataclass
+class FaultRecord:
+    fault: Fault
+    started: float  # unix time the fault began
+    ended: float = 0.0  # unix time it was lifted (heal, restart done, process restarted, SIGCONT)
+    step_at_end: int = 0  # slowest worker's step when it was lifted
+    recovered_after_s: float | None = None  # lifted -> slowest worker's next step
+
+
+@dataclass
+class ChaosReport:
+    steps: int
+    faults: list[FaultRecord] = field(default_factory=list)
+    digests: dict[str, tuple[str, str]] = field(default_factory=dict)  # worker -> (clean, chaos)
+    final_steps: dict[str, tuple[int, int]] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    clean_s: float = 0.0
+    chaos_s: float = 0.0
+
+    @property
+    def identical(self) -> bool:
+        return bool(self.digests) and all(a == b for a, b in self.digests.values())
+
+    @property
+    def complete(self) -> bool:
+        return all(a == b == self.steps for a, b in self.final_steps.values())
+
+
+def _instance(config: str, stack_dir: str, suffix: str) -> JobProcesses:
+    base = JobProcesses(config, stack_dir)
+    job_id = f"{base.settings.job.id}-{suffix}"
+    run_dir = str(Path(base.settings.job.run_dir) / suffix)
+    return JobProcesses(config, stack_dir, env={"NEBULA__JOB__ID": job_id, "NEBULA__JOB__RUN_DIR": run_dir})
+
+
+def _counters(job: JobProcesses, worker: str) -> dict[str, float]:
+    from nebula_mq.cli.status import read_metrics
+
+    m = read_metrics(job.run_dir / "metrics" / f"{worker}.prom")
+    return {k: m.get(k, 0.0) for k in COUNTERS}
+
+
+def _final(job: JobProcesses, worker: str) -> tuple[int, str]:
+    ck = CheckpointStore(job.run_dir / "checkpoints" / worker).latest()
+    return (ck.step, ck.digest) if ck else (-1, "")
+
+
+def _run_to_end(job: JobProcesses, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
+    deadline = time.monotonic() + timeout
+    while job.running():
+        if time.monotonic() > deadline:
+            job.signal_all(signal.SIGKILL)
+            raise TimeoutError(f"job {job.settings.job.id} did not finish in {timeout:.0f} s")
+        tick()
+        time.sleep(0.1)
+
+
+class ChaosRunner:
+    def __init__(self, config: str, stack_dir: str, schedule: Sequence[Fault],
+                 log: Callable[[str], None] = print) -> None:
+        self.config, self.stack_dir, self.schedule, self.log = config, stack_dir, tuple(schedule), log
+
+    def run(self, timeout: float = 3600.0) -> ChaosReport:
+        clean = _instance(self.config, self.stack_dir, "clean")
+        report = ChaosReport(clean.settings.job.steps)
+        t0 = time.monotonic()
+        clean.provision()
+        clean.start_all()
+        self.log(f"clean run: job {clean.settings.job.id}")
+        _run_to_end(clean, timeout)
+        report.clean_s = time.monotonic() - t0
+
+        chaos = _instance(self.config, self.stack_dir, "chaos")
+        chaos.provision()
+        t0 = time.monotonic()
+        chaos.start_all()
+        self.log(f"chaos run: job {chaos.settings.job.id}, {len(self.schedule)} faults")
+        self._inject_all(chaos, report, timeout)
+        report.chaos_s = time.monotonic() - t0
+        for proc in chaos.plan.processes:
+            w = proc.worker_id
+            for k, v in _counters(chaos, w).items():
+                report.counters[k] = report.counters.get(k, 0.0) + v
+            (cs, cd), (xs, xd) = _final(clean, w), _final(chaos, w)
+            report.digests[w] = (cd, xd)
+            report.final_steps[w] = (cs, xs)
+        self._write(chaos, report)
+        return report
+
+    def _inject_all(self, job: JobProcesses, report: ChaosReport, timeout: float) -> None:
+        pending = sorted(self.schedule, key=lambda f: f.at_step)
+        open_records: list[FaultRecord] = []
+
+        def tick() -> None:
+            step = job.slowest_step()
+            for rec in open_records[:]:
+                if step > rec.step_at_end:
+                    rec.recovered_after_s = time.time() - rec.ended
+                    open_records.remove(rec)
+            while pending and step >= pending[0].at_step:
+                rec = self._inject(job, pending.pop(0), report)
+                rec.step_at_end = job.slowest_step()
+                report.faults.append(rec)
+                open_records.append(rec)
+            for w in job.failed():  # a worker that dies on its own is restarted, and reported
+                self.log(f"worker {w} exited {job.children[w].returncode}; restarting it")
+                job.start(w)
+
+        _run_to_end(job, timeout, tick)  # faults lifted after the last step stay "-"
+
+    def _inject(self, job: JobProcesses, fault: Fault, report: ChaosReport) -> FaultRecord:
+        rec = FaultRecord(fault, time.time())
+        self.log(f"inject {fault.describe()}")
+        if fault.kind == "cut":
+            job.stack.cut()
+            time.sleep(fault.duration_s)
+            job.stack.heal()
+        elif fault.kind == "restart":
+            job.stack.restart_node(fault.target)
+        elif fault.kind == "kill":
+            for k, v in _counters(job, fault.target).items():  # counters die with the process
+                report.counters[k] = report.counters.get(k, 0.0) + v
+            job.signal(fault.target, signal.SIGKILL)
+            job.wait(fault.target)
+            time.sleep(fault.duration_s)
+            job.start(fault.target)
+        elif fault.kind == "stall":
+            job.signal(fault.target, signal.SIGSTOP)
+            time.sleep(fault.duration_s)
+            job.signal(fault.target, signal.SIGCONT)
+        rec.ended = time.time()
+        return rec
+
+    def _write(self, job: JobProcesses, report: ChaosReport) -> None:
+        with (job.run_dir / "faults.jsonl").open("w") as fh:
+            for rec in report.faults:
+                fh.write(json.dumps({"time": rec.started, "ended": rec.ended, "kind": rec.fault.kind,
+                                     "target": rec.fault.target, "duration_s": rec.fault.duration_s,
+                                     "recovered_after_s": rec.recovered_after_s}) + "\n")
+        body: dict[str, Any] = asdict(report)
+        body.update(identical=report.identical, complete=report.complete)
+        (job.run_dir / "chaos.json").write_text(json.dumps(body, indent=1, default=str))
+
+
+def format_report(report: ChaosReport) -> str:
+    lines = [f"{'fault':<44}{'recovered after':>16}"]
+    for rec in report.faults:
+        rec_s = "-" if rec.recovered_after_s is None else f"{rec.recovered_after_s:.2f} s"
+        lines.append(f"{rec.fault.describe():<44}{rec_s:>16}")
+    lines.append("")
+    lines.append(f"runs: clean {report.clean_s:.0f} s, chaos {report.chaos_s:.0f} s")
+    lines.append("messages redelivered {:.0f}, discarded as duplicates {:.0f}, dead-lettered {:.0f}".format(
+        *(report.counters.get(k, 0.0) for k in COUNTERS)))
+    for w, (clean, chaos) in report.digests.items():
+        same = "identical" if clean == chaos else "DIFFERENT"
+        steps = report.final_steps[w]
+        lines.append(f"{w}: step {steps[1]}/{report.steps}  clean {clean[:16]}  chaos {chaos[:16]}  {same}")
+    lost = "0" if report.complete else "SOME (a worker did not reach the last step)"
+    twice = "0" if report.identical else "UNKNOWN (final states differ)"
+    lines.append(f"lost: {lost}; applied twice: {twice}; "
+                 f"final checkpoints {'bit-identical' if report.identical else 'DIFFER'}")
+    return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""``nebula-mq chaos JOB.toml``: the job under faults, compared with a clean run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("chaos", help="run a job under WAN cuts, broker restarts, SIGKILLs and stalls")
+    p.add_argument("config", help="job TOML file")
+    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"))
+    p.add_argument("--cuts", default="5,10,20,30,60", help="WAN cut lengths in seconds")
+    p.add_argument("--stall", type=float, default=120.0, help="seconds a consumer is frozen")
+    p.add_argument("--timeout", type=float, default=3600.0)
+    p.set_defaults(func=_chaos)
+
+
+def _chaos(args: argparse.Namespace) -> int:
+    from nebula_mq.chaos import ChaosRunner, default_schedule, format_report
+    from nebula_mq.cli._launcher import JobProcesses
+    from nebula_mq.runtime.logs import configure_logging
+
+    configure_logging("warning")
+    job = JobProcesses(args.config, args.stack)
+    procs = job.plan.processes
+    clusters = (procs[-1].cluster, procs[0].cluster)
+    workers = (procs[-1].worker_id, procs[0].worker_id)
+    cuts = tuple(float(c) for c in args.cuts.split(",") if c)
+    schedule = default_schedule(job.settings.job.steps, clusters, workers, cuts, args.stall)
+    report = ChaosRunner(args.config, args.stack, schedule).run(args.timeout)
+    print(format_report(report))
+    return 0 if report.identical and report.complete else 1
