@@ -1,0 +1,152 @@
+"""Scenario I roles over the in-memory transport, in threads (worker logic only).
+
+One discriminator rank here (a gloo group needs one process per rank); the
+multi-rank group on real brokers is in tests/integration/test_electra_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import JobSettings, Settings, TransportSettings
+from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from workers.electra_common import choose_n, flows, load_job
+
+pytestmark = pytest.mark.paddle
+
+TWO_GENERATORS = {"generators": [
+    {"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 2e-3, "group": "north", "task": "mlm"},
+    {"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 2e-3, "group": "south", "task": "trtd",
+     "seed": 2}]}
+
+
+def settings_for(run_dir: Path, steps: int, **electra: Any) -> Settings:
+    section = {"model": {"preset": "tiny"}, "generator_clusters": ["cluster-a"], "disc_cluster": "cluster-b",
+               "n_sub": 1, "max_lead": 2, "checkpoint_every": 5, "heldout": 32, **electra}
+    return Settings(job=JobSettings(id="unit-electra", scenario="electra", seed=5, steps=steps, run_dir=str(run_dir)),
+                    transport=TransportSettings(publish_patience_s=30.0), electra=section)
+
+
+class StopAt(Hook):
+    def __init__(self, worker: Worker, step: int) -> None:
+        self.worker, self.at = worker, step
+
+    def on_step(self, step: int, values: object) -> None:
+        if step >= self.at:
+            self.worker.stop_requested.set()
+
+
+def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
+    from workers.electra_generator import ElectraGeneratorWorker
+    from workers.electra_root import ElectraRootWorker
+
+    job = load_job(settings)
+    root = ElectraRootWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, job.disc_cluster))
+    gen = ElectraGeneratorWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id,
+                                                           job.cluster_of(0)))
+    if stop_at is not None:
+        root.hooks.add(StopAt(root, stop_at))
+        gen.hooks.add(StopAt(gen, stop_at))
+    errors: list[BaseException] = []
+
+    def go(worker: Worker) -> None:
+        try:
+            worker.main()
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(w,)) for w in (root, gen)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return gen, root
+
+
+def history(run_dir: Path, worker: str, key: str) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
+    return [r[key] for r in rows]
+
+
+def test_generator_and_discriminator_train_and_end_at_the_same_step(tmp_path: Path) -> None:
+    gen, root = run_pair(settings_for(tmp_path, steps=40), MemoryBroker())
+    assert gen.step == root.step == 40
+    rtd = history(tmp_path, "disc-root", "rtd_loss")
+    mlm = history(tmp_path, "gen", "mlm_loss")
+    assert len(rtd) == len(mlm) == 40
+    assert np.mean(rtd[-8:]) < np.mean(rtd[:8]) - 0.05, rtd
+    assert np.mean(mlm[-8:]) < np.mean(mlm[:8]) - 0.3, mlm
+    # The generator never ran more than max_lead steps ahead of the last sync token.
+    synced = history(tmp_path, "gen", "synced")
+    assert all(step - s <= 2 + 1 for step, s in enumerate(synced, start=1))
+    for worker in ("gen", "disc-root"):
+        latest = CheckpointStore(tmp_path / "checkpoints" / worker).latest()
+        assert latest is not None and latest.step == 40
+
+
+def test_stop_and_resume_ends_bit_identical_to_a_clean_run(tmp_path: Path) -> None:
+    run_pair(settings_for(tmp_path / "a", steps=12), MemoryBroker())
+    broker = MemoryBroker()
+    c = settings_for(tmp_path / "c", steps=12)
+    gen, root = run_pair(c, broker, stop_at=6)
+    assert 6 <= gen.step < 12 and 6 <= root.step < 12
+    run_pair(c, broker)
+    for worker in ("gen", "disc-root"):
+        clean = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
+        resumed = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
+        assert clean is not None and resumed is not None
+        assert resumed.step == clean.step == 12 and resumed.digest == clean.digest
+
+
+def test_m3_two_generators_with_their_own_tasks_feed_one_discriminator(tmp_path: Path) -> None:
+    gen, root = run_pair(settings_for(tmp_path, steps=20, model={"preset": "tiny", **TWO_GENERATORS}),
+                         MemoryBroker())
+    assert gen.step == root.step == 20
+    assert [t.task.task_id for t in gen.trainers] == ["mlm", "trtd"]  # type: ignore[attr-defined]
+    # Both generators' micro-batches reached the discriminator: it saw 2 per step.
+    assert root.trainer.step == 20  # type: ignore[attr-defined]
+    rtd = history(tmp_path, "disc-root", "rtd_loss")
+    assert np.mean(rtd[-5:]) < np.mean(rtd[:5])
+
+
+def test_hot_start_continues_from_another_jobs_checkpoints(tmp_path: Path) -> None:
+    first = settings_for(tmp_path / "inside", steps=10, generator_clusters=["cluster-b"])
+    run_pair(first, MemoryBroker())
+    second = settings_for(tmp_path / "across", steps=16, init_from=str(tmp_path / "inside"))
+    gen, root = run_pair(second, MemoryBroker())
+    assert gen.step == root.step == 16
+    # Only the 6 new steps were trained in the second job.
+    assert history(tmp_path / "across", "disc-root", "lr") and len(history(tmp_path / "across", "gen", "mlm_loss")) == 6
+
+
+@given(t_g=st.floats(1e-3, 10.0), t_d=st.floats(1e-3, 10.0), cap=st.integers(1, 16))
+def test_auto_n_balances_the_sides_within_bounds(t_g: float, t_d: float, cap: int) -> None:
+    n = choose_n(t_g, t_d, cap)
+    assert 1 <= n <= cap
+    if 1 < n < cap:
+        assert abs(n - t_d / t_g) <= 0.5 + 1e-9
+    assert choose_n(t_g, t_d * 2, cap) >= n
+
+
+def test_bad_sections_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_job(settings_for(tmp_path, 5, n_sub="many"))
+    with pytest.raises(ConfigError):
+        load_job(settings_for(tmp_path, 5, n_sub=0))
+    with pytest.raises(ConfigError):
+        flows(load_job(settings_for(tmp_path, 5, generator_clusters=["cluster-a", "cluster-c"])))
+    with pytest.raises(ConfigError):
+        load_job(settings_for(tmp_path, 5, bogus=1))

@@ -1,0 +1,158 @@
+"""ELECTRA generator worker (cluster A): mask, sample, publish; never ahead by more than max_lead.
+
+Each step every hosted generator ``k`` makes ``n_sub`` micro-batches, one per
+discriminator rank, and publishes each (confirmed) on ``gen-results`` as
+producer ``gen-k`` with ``micro_batch = step * n_sub + share``; then it applies
+its optimiser step. Masking and sampling are seeded by (seed, generator, step,
+micro-batch) and there is no dropout, so a restarted generator recomputes
+byte-identical micro-batches with the same ids: the root discards the repeats.
+
+Sync protocol (paper §3.3): after each discriminator step the root sends a sync
+token ``(step = steps done, micro_batch = step index)`` on the ``sync`` flow. The
+generator starts step ``s`` only when ``s - synced <= max_lead`` (``max_lead = 0``
+is the paper's strict lockstep; 1-2 hide the WAN latency), and finishes only
+when ``synced == steps``: both sides end at the same step. Tokens are deduped by
+id and acked with the checkpoint that records ``synced`` (replay contract).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nebula_mq.codecs import LZ4
+from nebula_mq.models.electra_trainers import GeneratorTrainer
+from nebula_mq.runtime.channel import Inbox, Outbox
+from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Transport
+from nebula_mq.transport.dedup import Deduplicator
+from workers.electra_common import PADDLE_TURN, flow_named, flows, generator_id, load_job, load_streams
+
+log = get_logger(__name__)
+
+ROLE = "electra-generator"
+
+
+class ElectraGeneratorWorker(Worker):
+    role = ROLE
+
+    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+        self.job = load_job(settings)
+        super().__init__(settings, self.job.cluster_of(0), "gen", transport,
+                         checkpoint_every=self.job.checkpoint_every)
+        self.cfg, self.streams = load_streams(settings, self.job)
+        with PADDLE_TURN:
+            self.trainers = [GeneratorTrainer(self.cfg, k) for k in range(len(self.cfg.generators))]
+        all_flows = flows(self.job)
+        self.results_flow, self.sync_flow = flow_named(all_flows, "gen-results"), flow_named(all_flows, "sync")
+        self.n = self.job.n
+        self.dedupe = Deduplicator()
+        self.synced = 0  # discriminator steps done, from the newest sync token
+        self.disc_values: dict[str, float] = {}
+        self.total = settings.job.steps
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def restore(self) -> None:
+        ck, hot = self.store.latest(), False
+        if ck is None and self.job.init_from:
+            ck, hot = CheckpointStore(Path(self.job.init_from) / "checkpoints" / self.worker_id).latest(), True
+        if ck is None:
+            return
+        self.load(ck)
+        if hot:  # a new job: fresh queues, its sync tokens start at this step
+            self.dedupe, self.synced = Deduplicator(first_seq=self.step), self.step
+        log.info("resumed", step=self.step, synced=self.synced, hot_start=hot)
+
+    def load(self, ck: Checkpoint) -> None:
+        for k, trainer in enumerate(self.trainers):
+            prefix = f"g{k}/"
+            with PADDLE_TURN:
+                trainer.load_state_arrays({a[len(prefix):]: v for a, v in ck.arrays.items() if a.startswith(prefix)})
+        self.step = ck.step
+        self.synced = int(ck.meta["synced"])
+        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+
+    def checkpoint(self) -> None:
+        with PADDLE_TURN:
+            arrays = {f"g{k}/{n}": v for k, t in enumerate(self.trainers) for n, v in t.state_arrays().items()}
+        self.commit(arrays, {"synced": self.synced, "dedupe": self.dedupe.export_state()})
+        self.write_history()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        self.transport.declare_dead_letter_queue()
+        self.transport.declare_flow(self.results_flow, "producer")
+        self.transport.declare_flow(self.sync_flow, "consumer")
+        self.restore()
+        outboxes = [Outbox(self, self.results_flow, generator_id(k)) for k in range(len(self.trainers))]
+        inbox = Inbox(self, self.sync_flow, self.dedupe, held=self.checkpoint_every + self.job.max_lead + 2)
+        try:
+            while self.step < self.total and not self.stop_requested.is_set():
+                while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
+                    self.poll_sync(inbox, 0.5)
+                if self.stop_requested.is_set():
+                    break
+                self.train_step(outboxes)
+                while self.poll_sync(inbox, 0):
+                    pass
+                if self.step % self.checkpoint_every == 0:
+                    self.checkpoint()
+            # Both sides end at the same step: wait for the last sync token.
+            while self.synced < self.step and not self.stop_requested.is_set():
+                self.poll_sync(inbox, 0.5)
+            if (self.step > 0 and not self.has_checkpoint_at_step()) or self._pending_acks:
+                self.checkpoint()
+        finally:
+            for outbox in outboxes:
+                outbox.close()
+            inbox.close()
+        return 0
+
+    def poll_sync(self, inbox: Inbox, timeout: float) -> bool:
+        t0 = time.perf_counter()
+        received = inbox.get(timeout)
+        self.hooks.on_wait(time.perf_counter() - t0)
+        if received is None:
+            return False
+        self.synced = max(self.synced, int(received.envelope.step))
+        self.disc_values = {k: float(v) for k, v in received.meta.items() if isinstance(v, (int, float))}
+        inbox.applied(received)
+        return True
+
+    def train_step(self, outboxes: list[Outbox]) -> None:
+        s = self.step
+        bind_context(step=s)
+        t0 = time.perf_counter()
+        sums: dict[str, float] = {}
+        for share in range(self.n):
+            mb = s * self.n + share
+            for k, trainer in enumerate(self.trainers):
+                ids = trainer.build_inputs(self.streams[k].batch(mb))
+                with PADDLE_TURN:
+                    batch, metrics = trainer.make_micro_batch(ids)
+                for name, value in metrics.items():
+                    sums[name] = sums.get(name, 0.0) + value
+                self.hooks.on_compute(time.perf_counter() - t0)
+                outboxes[k].send(step=s, micro_batch=mb, tensors={n: (a, LZ4()) for n, a in batch.items()},
+                                 meta={"generator": k, "share": share})
+                t0 = time.perf_counter()
+        for trainer in self.trainers:
+            with PADDLE_TURN:
+                trainer.apply_update()
+        self.hooks.on_compute(time.perf_counter() - t0)
+        self.step = self.trainers[0].step
+        count = float(self.n * len(self.trainers))
+        self.record_step({**{k: v / count for k, v in sums.items()}, "synced": float(self.synced),
+                          **{f"disc_{k}": v for k, v in self.disc_values.items() if k in ("rtd_loss", "rtd_acc")}})
+
+
+def main(settings: Settings, worker_index: int = 0) -> int:
+    """One generator process hosts every generator of the job (``worker_index`` unused)."""
+    worker = ElectraGeneratorWorker(settings)
+    worker.install_signal_handlers()
+    return worker.main()

@@ -1,0 +1,117 @@
+"""ELECTRA root discriminator (cluster B, rank 0): scatter, train its share, sync with G.
+
+From ``gen-results`` it takes each generator's micro-batches in order (one
+:class:`InOrderBuffer` per generator stream). Share 0 of a step is its own;
+share ``r`` is forwarded to ``sub-disc-r`` as ``micro_batch = step * K + k``,
+keeping its content. A forwarded delivery is recorded and acked with the step
+it belongs to (not when forwarded): after a group restart from step ``c``,
+everything of later steps is still on ``gen-results`` and is re-scattered with
+the same ids, so a rank that lost its copy gets it again and one that holds it
+drops the repeat.
+
+After every step (all ranks done, see ``electra_sub``) the root sends the sync
+token ``step = steps done, micro_batch = step index`` to the generator side.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nebula_mq import topology
+from nebula_mq.codecs import LZ4
+from nebula_mq.errors import MalformedMessage
+from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Transport
+from workers.electra_common import flow_named
+from workers.electra_sub import DiscriminatorRank, take_in_order
+
+log = get_logger(__name__)
+
+ROLE = "electra-root"
+
+
+class ElectraRootWorker(DiscriminatorRank):
+    role = ROLE
+
+    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+        super().__init__(settings, 0, transport)
+        self.results_flow = flow_named(self.flows, "gen-results")
+        self.sync_flow = flow_named(self.flows, "sync")
+        self.sub_flows = [flow_named(self.flows, topology.sub_discriminator_flow(r)) for r in range(1, self.world)]
+        self.own: dict[int, dict[int, Received]] = {}  # step -> generator -> its share-0 message
+
+    def first_seq(self, step: int) -> int:
+        return step * self.world  # micro_batch of a generator message = step * n_sub + share
+
+    def declare(self) -> None:
+        self.transport.declare_flow(self.results_flow, "consumer")
+        self.transport.declare_flow(self.sync_flow, "producer")
+        for flow in self.sub_flows:
+            self.transport.declare_flow(flow, "producer")
+
+    def open_inbox(self) -> Inbox:
+        n, lead = self.world, self.job.max_lead
+        self.buffers: list[InOrderBuffer[Received]] = [InOrderBuffer(self.step * n, window=(lead + 3) * n)
+                                                       for _ in range(self.k_gen)]
+        self.sync_out = Outbox(self, self.sync_flow, self.worker_id)
+        self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
+        return Inbox(self, self.results_flow, self.dedupe, held=(self.checkpoint_every + lead + 3) * n * self.k_gen)
+
+    def close_channels(self) -> None:
+        for outbox in (getattr(self, "sync_out", None), *getattr(self, "sub_out", [])):
+            if outbox is not None:
+                outbox.close()
+
+    def _generator_of(self, received: Received) -> int:
+        k = received.meta.get("generator")
+        step, share = divmod(received.micro_batch, self.world)
+        if not isinstance(k, int) or not 0 <= k < self.k_gen or received.envelope.step != step \
+                or received.meta.get("share") != share:
+            raise MalformedMessage(f"generator {k!r}, step {received.envelope.step}, share "
+                                   f"{received.meta.get('share')!r} do not fit micro-batch {received.micro_batch}")
+        return k
+
+    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+        while len(self.own.get(self.step, {})) < self.k_gen:
+            t0 = time.perf_counter()
+            received = inbox.get(0.5)
+            self.hooks.on_wait(time.perf_counter() - t0)
+            if received is None:
+                if self.stop_requested.is_set() and self.group is None:
+                    return None
+                continue
+            try:
+                k = self._generator_of(received)
+            except MalformedMessage as exc:
+                inbox.reject(received, exc)
+                continue
+            take_in_order(inbox, self.buffers[k], received)
+            for ready in self.buffers[k].pop_ready():
+                self.route(k, ready.item)
+        own = self.own.pop(self.step)
+        return [own[k] for k in range(self.k_gen)]
+
+    def route(self, k: int, received: Received) -> None:
+        step, share = divmod(received.micro_batch, self.world)
+        if share == 0:
+            self.own.setdefault(step, {})[k] = received
+            return
+        self.sub_out[share - 1].send(step=step, micro_batch=step * self.k_gen + k,
+                                     tensors={n: (a, LZ4()) for n, a in received.tensors.items()},
+                                     meta=dict(received.meta))
+        self.riders.setdefault(step, []).append(received)
+
+    def after_step(self, metrics: dict[str, float]) -> None:
+        self.sync_out.send(step=self.step, micro_batch=self.step - 1,
+                           tensors={"step": (np.array([self.step], np.int64), LZ4())}, meta=metrics)
+
+
+def main(settings: Settings, worker_index: int = 0) -> int:
+    worker = ElectraRootWorker(settings)
+    worker.install_signal_handlers()
+    return worker.main()

@@ -1,0 +1,257 @@
+"""ELECTRA discriminator ranks (cluster B): the shared rank loop, and the sub-discriminator role.
+
+The discriminator group has ``n_sub`` ranks: rank 0 is the root
+(``workers.electra_root``), ranks 1.. are sub-discriminators that consume
+their share from the ``sub-disc-<rank>`` queue. Every rank, every step: take
+its K shares of the step (one per generator, concatenated into one batch),
+compute λ·L_D + γ·L_CLM, all-reduce the gradients over gloo, apply the same
+AdamW step, then all-reduce the step's metrics and the stop flag (the "subs
+sync first" of §3.3); only then does the root send the sync token to G.
+
+Checkpoints are group-wide at the same steps: ranks 1.. commit, a barrier,
+then the root commits (and acks ``gen-results``). A restart agrees on the
+lowest latest step over the ranks (all-reduce MIN) and every rank loads its
+checkpoint at that step; as the root commits last, that is the root's step,
+and every share of later steps is still unacked on ``gen-results`` and is
+re-scattered with the same ids (ranks drop the copies they hold).
+
+**When a rank crashes** the others block in the next collective: the group is
+restarted together (all ranks, a new gloo rendezvous: a process joins one
+group in its lifetime) and resumes from the last group checkpoint. A stop
+request (SIGTERM) takes effect at a step boundary on every rank at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nebula_mq import topology
+from nebula_mq.errors import CheckpointError, OutOfWindow, WorkerError
+from nebula_mq.models.electra_trainers import DiscriminatorTrainer
+from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Transport
+from nebula_mq.transport.dedup import Deduplicator
+from workers.electra_common import PADDLE_TURN, disc_rank_id, flow_named, flows, load_job, load_streams
+
+log = get_logger(__name__)
+
+ROLE = "electra-sub"
+METRICS = ("disc_loss", "rtd_loss", "clm_loss", "rtd_acc", "clm_acc", "mlm_loss", "total_loss")
+
+
+def concat_shares(shares: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """K micro-batches (one per generator) as one batch; L_G is their mean."""
+    out = {k: np.concatenate([s[k] for s in shares]) for k in shares[0] if k != "mlm_loss"}
+    out["mlm_loss"] = np.array([np.mean([float(s["mlm_loss"][0]) for s in shares])], dtype=np.float32)
+    return out
+
+
+class DiscriminatorRank(Worker):
+    """The rank loop; subclasses say where a step's shares come from."""
+
+    def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:
+        self.job = load_job(settings)
+        super().__init__(settings, self.job.disc_cluster, disc_rank_id(rank), transport,
+                         checkpoint_every=self.job.checkpoint_every)
+        self.rank, self.world = rank, self.job.n
+        self.cfg, _ = load_streams(settings, self.job)  # the shared pruned vocabulary
+        self.k_gen = len(self.cfg.generators)
+        with PADDLE_TURN:
+            self.trainer = DiscriminatorTrainer(self.cfg)
+        self.flows = flows(self.job)
+        self.group: Any = None  # DataParallelGroup once joined (world > 1)
+        self.dedupe = Deduplicator()
+        self.hot_start = False
+        # Deliveries recorded and acked with a step besides its own shares (the root's scattered ones).
+        self.riders: dict[int, list[Received]] = {}
+        self.total = settings.job.steps
+
+    # ------------------------------------------------------------------ group
+
+    def join_group(self) -> None:
+        if self.world == 1:
+            return
+        from nebula_mq.models.data_parallel import init_group
+
+        host, base = self.job.gloo_host, self.job.gloo_base_port
+        endpoints = [f"{host}:{base + 1 + r}" for r in range(self.world)]
+        self.group = init_group(self.rank, self.world, endpoints, master=f"{host}:{base}")
+        self.trainer.gradient_sync = self.group
+
+    def allreduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
+        if self.group is None:
+            return values
+        import paddle
+        import paddle.distributed as dist
+
+        t = paddle.to_tensor(values)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
+        return t.numpy()
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def _source(self) -> tuple[CheckpointStore, bool]:
+        if not self.store.steps() and self.job.init_from:
+            return CheckpointStore(Path(self.job.init_from) / "checkpoints" / self.worker_id), True
+        return self.store, False
+
+    def restore(self) -> None:
+        """Agree on the group's start step, then load this rank's checkpoint there."""
+        store, self.hot_start = self._source()
+        steps = store.steps()
+        start = int(self.allreduce(np.array([steps[-1] if steps else -1], np.int64), "min")[0])
+        if start < 0:
+            return
+        if start not in steps:
+            raise CheckpointError(f"{self.worker_id} has no checkpoint at the group's step {start} (has {steps})")
+        ck = store.load(start)
+        with PADDLE_TURN:
+            self.trainer.load_state_arrays(ck.arrays)
+        self.step = ck.step
+        self.dedupe = (Deduplicator(first_seq=self.first_seq(self.step)) if self.hot_start
+                       else Deduplicator.from_state(ck.meta["dedupe"]))
+        self.on_restore(ck)
+        log.info("resumed", step=self.step, hot_start=self.hot_start)
+
+    def on_restore(self, ck: Checkpoint) -> None:
+        """Subclass state kept in the checkpoint meta."""
+
+    def checkpoint(self) -> None:
+        """Ranks 1.. first, then the root (see the module docstring)."""
+        with PADDLE_TURN:
+            arrays = self.trainer.state_arrays()
+        if self.rank > 0:
+            self.commit(arrays, {"dedupe": self.dedupe.export_state()})
+        if self.group is not None:
+            self.group.barrier()
+        if self.rank == 0:
+            self.commit(arrays, {"dedupe": self.dedupe.export_state()})
+        self.write_history()
+
+    # ------------------------------------------------------------------ loop
+
+    def first_seq(self, step: int) -> int:
+        """First sequence number of the consumed stream at ``step`` (hot start)."""
+        raise NotImplementedError
+
+    def declare(self) -> None:
+        raise NotImplementedError
+
+    def open_inbox(self) -> Inbox:
+        raise NotImplementedError
+
+    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+        """This rank's K messages of ``self.step`` in generator order; None on a stop request."""
+        raise NotImplementedError
+
+    def after_step(self, metrics: dict[str, float]) -> None:
+        """The root sends the sync token here."""
+
+    def close_channels(self) -> None:
+        """Subclass outboxes."""
+
+    def run(self) -> int:
+        self.transport.declare_dead_letter_queue()
+        self.declare()
+        self.join_group()
+        self.restore()
+        inbox = self.open_inbox()
+        try:
+            while self.step < self.total:
+                shares = self.next_shares(inbox)
+                if shares is None:
+                    break
+                stop = self.train(inbox, shares)
+                if self.step % self.checkpoint_every == 0 or self.step == self.total or stop:
+                    self.checkpoint()
+                if stop:
+                    break
+        finally:
+            inbox.close()
+            self.close_channels()
+        return 0
+
+    def train(self, inbox: Inbox, shares: list[Received]) -> bool:
+        """One group step; returns whether any rank asked to stop."""
+        bind_context(step=self.step)
+        t0 = time.perf_counter()
+        with PADDLE_TURN:  # the gradient all-reduce inside waits for the other ranks, not threads
+            metrics = self.trainer.train_step(concat_shares([dict(r.tensors) for r in shares]))
+        local = np.array([metrics[k] for k in METRICS] + [float(self.stop_requested.is_set())], np.float64)
+        summed = self.allreduce(local)  # every rank is done with this step
+        self.hooks.on_compute(time.perf_counter() - t0)
+        for received in (*shares, *self.riders.pop(self.step, [])):
+            inbox.applied(received)
+        self.step = self.trainer.step
+        values = {k: float(v) / self.world for k, v in zip(METRICS, summed)}
+        self.record_step({**values, "lr": metrics["lr"]})
+        self.after_step(values)
+        return bool(summed[-1] > 0)
+
+
+def take_in_order(inbox: Inbox, buffer: InOrderBuffer[Received], received: Received) -> None:
+    """Push a delivery into ``buffer``: repeats are acked and dropped, impossible indices condemned."""
+    if buffer.is_duplicate(received.micro_batch):
+        inbox.discard_duplicate(received)
+        return
+    try:
+        buffer.push(received.micro_batch, received)
+    except OutOfWindow as exc:
+        inbox.reject(received, exc)
+
+
+class ElectraSubWorker(DiscriminatorRank):
+    """Rank >= 1: trains on the shares the root scatters to ``sub-disc-<rank>``."""
+
+    role = ROLE
+
+    def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:
+        super().__init__(settings, rank, transport)
+        if not 1 <= rank < self.world:
+            raise WorkerError(f"sub-discriminator rank {rank} outside 1..{self.world - 1} (n_sub = {self.world})")
+        self.flow = flow_named(self.flows, topology.sub_discriminator_flow(rank))
+        self.ready: list[Received] = []
+
+    def first_seq(self, step: int) -> int:
+        return step * self.k_gen  # micro_batch of a share = step * K + generator
+
+    def declare(self) -> None:
+        self.transport.declare_flow(self.flow, "consumer")
+
+    def open_inbox(self) -> Inbox:
+        self.buffer: InOrderBuffer[Received] = InOrderBuffer(self.step * self.k_gen,
+                                                             window=(self.job.max_lead + 3) * self.k_gen)
+        return Inbox(self, self.flow, self.dedupe,
+                     held=(self.checkpoint_every + self.job.max_lead + 3) * self.k_gen)
+
+    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+        # Once shares are in flight the other ranks wait for this one in the
+        # all-reduce, so a stop request is honoured at the step boundary (train()).
+        while len(self.ready) < self.k_gen:
+            t0 = time.perf_counter()
+            received = inbox.get(0.5)
+            self.hooks.on_wait(time.perf_counter() - t0)
+            if received is None:
+                if self.stop_requested.is_set() and self.group is None:
+                    return None
+                continue
+            take_in_order(inbox, self.buffer, received)
+            self.ready += [r.item for r in self.buffer.pop_ready()]
+        shares, self.ready = self.ready[: self.k_gen], self.ready[self.k_gen:]
+        return shares
+
+
+def main(settings: Settings, worker_index: int = 1) -> int:
+    """``worker_index`` is the rank (1..n_sub-1); rank 0 is ``electra-root``."""
+    worker = ElectraSubWorker(settings, worker_index)
+    worker.install_signal_handlers()
+    return worker.main()
