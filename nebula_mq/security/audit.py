@@ -108,8 +108,12 @@ class AuditLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        # An explicit, non-filtering wrapper: the process-wide log level (set by
+        # configure_logging) must never drop an audit record.
         self._log = structlog.wrap_logger(
             _ChainedFile(self.path),
+            wrapper_class=structlog.BoundLogger,
+            context_class=dict,
             processors=[
                 _no_reserved,
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),

@@ -9,6 +9,8 @@ import time
 import pika
 import pytest
 
+from nebula_mq import topology
+
 from tests.fixtures.stack import JobHandle, StackHandle, pika_parameters
 
 pytestmark = pytest.mark.broker
@@ -55,14 +57,20 @@ def _policies(stack: StackHandle, cluster: str, vhost: str) -> list[dict]:
 def test_policy_federates_only_flows_into_each_cluster(stack: StackHandle) -> None:
     job = stack.new_job()
     queues = [job.queue(f.name) for f in job.flows]
-    federated = {}
+    federated, capped = {}, {}
     for cluster in ("cluster-a", "cluster-b"):
-        (policy,) = _policies(stack, cluster, job.vhost)
+        policies = {p["name"]: p for p in _policies(stack, cluster, job.vhost)}
+        policy = policies[topology.federation_policy(job.job_id)]
         federated[cluster] = ({q for q in queues if re.match(policy["pattern"], q)},
                               json.loads(policy["definition"])["federation-upstream"])
+        cap = policies[topology.cap_policy(job.job_id)]
+        capped[cluster] = {q for q in queues if re.match(cap["pattern"], q)}
+        assert json.loads(cap["definition"])["overflow"] == "reject-publish"
     # activations flow A -> B: federated on B only, from A; the reply flow B -> A: on A only, from B.
     assert federated["cluster-b"] == ({job.queue("activations")}, "nebula-upstream-cluster-a")
     assert federated["cluster-a"] == ({job.queue("reply-enc-0")}, "nebula-upstream-cluster-b")
+    # ...and each flow is capped on its sending side only (never downstream of the link).
+    assert capped == {"cluster-a": {job.queue("activations")}, "cluster-b": {job.queue("reply-enc-0")}}
 
 
 def test_message_crosses_federation_over_tls(stack: StackHandle) -> None:
