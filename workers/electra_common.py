@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,7 +94,22 @@ class ElectraJob:
 
 
 def load_job(settings: Settings) -> ElectraJob:
-    return config.build(ElectraJob, dict(settings.electra), settings.source or "<settings>", "electra.")
+    """The section, with ``n_sub = "auto"`` resolved (see :func:`resolve_n_sub`)."""
+    job = config.build(ElectraJob, dict(settings.electra), settings.source or "<settings>", "electra.")
+    if job.n_sub == "auto":
+        job = dataclasses.replace(job, n_sub=resolve_n_sub(settings, job))
+    return job
+
+
+def plan(settings: Settings) -> Any:
+    """The job's processes (``workers.plans.Plan``): generator, root, subs 1..n-1."""
+    from workers.plans import Plan, Process
+
+    job = load_job(settings)
+    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0)]
+    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r) for r in range(1, job.n)]
+    procs.append(Process("electra-generator", job.cluster_of(0), "gen", 0))
+    return Plan(tuple(procs), flows(job))
 
 
 def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | None = None) -> Any:
@@ -269,25 +285,39 @@ def choose_n(gen_s_per_micro_batch: float, disc_s_per_micro_batch: float, max_n:
     return int(min(max_n, max(1, round(disc_s_per_micro_batch / gen_s_per_micro_batch))))
 
 
-def resolve_n_sub(settings: Settings, max_n: int = MAX_AUTO_N, repeats: int = 3) -> int:
-    """``n_sub`` of the job; for "auto", times one generator and one discriminator step here."""
-    job = load_job(settings)
-    if isinstance(job.n_sub, int):
-        return job.n_sub
+def resolve_n_sub(settings: Settings, job: ElectraJob, max_n: int = MAX_AUTO_N, repeats: int = 3) -> int:
+    """``n_sub = "auto"``: time a generator and a discriminator step here and pick n.
+
+    The first process of the job to ask (``nebula-mq run`` builds the plan before
+    starting workers) measures and writes ``<run_dir>/electra-n-sub.json``; every
+    later process reads it, so all ranks agree. Delete the file to measure again.
+    """
+    path = settings.run_dir / "electra-n-sub.json"
+    if path.exists():
+        try:
+            return int(json.loads(path.read_text())["n_sub"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"{path} is unreadable ({exc}); delete it to measure again") from None
     import time
 
     from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
 
-    fixed = dataclasses.replace(job, n_sub=1)
-    cfg, streams = load_streams(settings, fixed)
-    gen, disc = GeneratorTrainer(cfg, 0), DiscriminatorTrainer(cfg)
-    t_g = t_d = 0.0
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        batch, _ = gen.train_step(gen.build_inputs(streams[0].batch(i)))
-        t1 = time.perf_counter()
-        disc.train_step(batch)
-        t2 = time.perf_counter()
-        if i:  # the first step pays for lazy initialisation
-            t_g, t_d = t_g + t1 - t0, t_d + t2 - t1
-    return choose_n(t_g / repeats, t_d / repeats, max_n)
+    cfg, streams = load_streams(settings, dataclasses.replace(job, n_sub=1))
+    with PADDLE_TURN:
+        gen, disc = GeneratorTrainer(cfg, 0), DiscriminatorTrainer(cfg)
+        t_g = t_d = 0.0
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            batch, _ = gen.train_step(gen.build_inputs(streams[0].batch(i)))
+            t1 = time.perf_counter()
+            disc.train_step(batch)
+            t2 = time.perf_counter()
+            if i:  # the first step pays for lazy initialisation
+                t_g, t_d = t_g + t1 - t0, t_d + t2 - t1
+    n = choose_n(t_g / repeats, t_d / repeats, max_n)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"n_sub": n, "gen_s_per_micro_batch": t_g / repeats,
+                               "disc_s_per_micro_batch": t_d / repeats}))
+    os.replace(tmp, path)
+    return n

@@ -76,8 +76,14 @@ class ElectraRootWorker(DiscriminatorRank):
                                    f"{received.meta.get('share')!r} do not fit micro-batch {received.micro_batch}")
         return k
 
+    def _scattered(self, step: int) -> bool:
+        """Every share of ``step`` is here or forwarded: only then may this rank enter the
+        step's all-reduce (a sub waiting for a share the root still holds would deadlock it)."""
+        return (len(self.own.get(step, {})) == self.k_gen
+                and len(self.riders.get(step, [])) == (self.world - 1) * self.k_gen)
+
     def next_shares(self, inbox: Inbox) -> list[Received] | None:
-        while len(self.own.get(self.step, {})) < self.k_gen:
+        while not self._scattered(self.step):
             t0 = time.perf_counter()
             received = inbox.get(0.5)
             self.hooks.on_wait(time.perf_counter() - t0)

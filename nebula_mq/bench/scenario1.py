@@ -1,0 +1,176 @@
+"""``nebula-mq bench scenario1``: Scenario I samples/s inside one cluster vs across two.
+
+One run starts a private two-node TLS stack (cluster-a, cluster-b) and, for
+each number of discriminator ranks n, trains the same ELECTRA job twice as
+real ``nebula-mq worker`` processes:
+
+* **inside**: generator and discriminator ranks all on cluster-b's broker;
+* **across**: generator on cluster-a, discriminator ranks on cluster-b; the
+  micro-batches cross TLS federation through the emulated WAN, shaped to
+  170 Mbit/s with ``--delay-ms`` one-way delay, and the sync tokens come back.
+
+Throughput is discriminator samples/s over the steps after a warm-up (from
+the root's per-step history timestamps): ``K generators x n shares x batch``
+samples per step. The across/inside ratio is the paper's Table 3 (0.85 there;
+target >= 0.95). Worker processes import paddle; this module does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CLUSTERS = ("cluster-a", "cluster-b")
+JOB = """
+[job]
+id = "{job_id}"
+scenario = "electra"
+seed = 7
+steps = {steps}
+run_dir = "{run_dir}"
+
+[transport]
+prefetch = 8
+
+[electra]
+generator_clusters = ["{gen_cluster}"]
+disc_cluster = "cluster-b"
+n_sub = {n}
+max_lead = {max_lead}
+checkpoint_every = 1000
+heldout = 64
+gloo_base_port = {port}
+
+[electra.model]
+preset = "{preset}"
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", default="1,2", help="discriminator ranks to try, comma separated")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=8, help="steps left out of the rate")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="one-way WAN delay of the across run")
+    parser.add_argument("--rate-mbit", type=float, default=170.0)
+    parser.add_argument("--max-lead", type=int, default=2)
+    parser.add_argument("--preset", default="tiny")
+
+
+def _free_base(n: int, start: int) -> int:
+    for base in range(start, start + 4000, 11):
+        try:
+            for port in range(base, base + n + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
+def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
+            max_lead: int, preset: str, timeout: float = 900.0) -> Path:
+    """Provision and run one job to completion; returns its run dir."""
+    from nebula_mq.errors import WorkerError
+    from nebula_mq.security.keys import ensure_job_key, job_key_file
+    from nebula_mq.settings import load_settings
+    from workers.plans import plan_for
+
+    job_id = f"s1-{name}-{os.getpid()}"
+    run_dir = root / name
+    config = root / f"{name}.toml"
+    config.write_text(JOB.format(job_id=job_id, steps=steps, run_dir=run_dir, gen_cluster=gen_cluster, n=n,
+                                 max_lead=max_lead, port=_free_base(n, 38000 + os.getpid() % 2000),
+                                 preset=preset))
+    plan = plan_for(load_settings(config, environ={}))
+    stack.provision_job(job_id, plan.flows, plan.identities(job_id))
+    ensure_job_key(job_key_file(run_dir), job_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for proc in plan.processes:
+        log = (run_dir / f"{proc.worker_id}.log").open("ab")
+        cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index", str(proc.index),
+               "--config", str(config), "--stack", stack_dir]
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode != 0 for p in procs):
+        raise WorkerError(f"job {name} failed: see the logs in {run_dir}")
+    return run_dir
+
+
+def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
+    """Rate of the root's steps after ``warmup`` (timestamps of its history rows)."""
+    rows = [json.loads(line) for line in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
+    from nebula_mq.settings import load_settings
+    from workers.electra_common import load_job, model_config
+
+    settings = load_settings(run_dir.parent / f"{run_dir.name}.toml", environ={})
+    job = load_job(settings)
+    cfg = model_config(settings, job)
+    per_step = len(cfg.generators) * job.n * cfg.batch_size
+    t = [r["time"] for r in rows]
+    w = min(warmup, len(t) - 2)
+    rate = per_step * (len(t) - 1 - w) / (t[-1] - t[w])
+    return rate, {"steps": len(t), "samples_per_step": per_step, "final_rtd_loss": rows[-1]["rtd_loss"]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from nebula_mq.stack import Stack
+
+    ns = [int(x) for x in str(getattr(args, "n", "1,2")).split(",")]
+    steps = 24 if args.quick else int(getattr(args, "steps", 40))
+    warmup = min(int(getattr(args, "warmup", 8)), steps // 3)
+    delay, rate_mbit = float(getattr(args, "delay_ms", 20.0)), float(getattr(args, "rate_mbit", 170.0))
+    lead, preset = int(getattr(args, "max_lead", 2)), str(getattr(args, "preset", "tiny"))
+    root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
+    stack_dir = str(root / "stack")
+    stack = Stack(stack_dir, CLUSTERS, base_port=_free_base(8, 21000 + os.getpid() % 9000),
+                  prefix=f"s1b{os.getpid()}")
+    results: list[dict[str, Any]] = []
+    try:
+        stack.up()
+        for n in ns:
+            row: dict[str, Any] = {"n": n}
+            for where, gen_cluster in (("inside", "cluster-b"), ("across", "cluster-a")):
+                if where == "across":
+                    stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
+                run_dir = run_job(stack, stack_dir, root, f"{where}-n{n}", n=n, steps=steps, gen_cluster=gen_cluster,
+                                  max_lead=lead, preset=preset)
+                row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
+            row["ratio"] = row["across"] / row["inside"]
+            results.append(row)
+            print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
+                  f"(170 Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+    finally:
+        stack.down()
+        if not os.environ.get("NEBULA_KEEP_BENCH"):
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"\nScenario I throughput vs n ({preset}, {steps} steps, warm-up {warmup}, max_lead {lead}):")
+    print(f"{'n':>3} {'inside/s':>10} {'across/s':>10} {'ratio':>7}")
+    for r in results:
+        print(f"{r['n']:>3} {r['inside']:>10.1f} {r['across']:>10.1f} {r['ratio']:>7.3f}")
+    best = max(results, key=lambda r: r["inside"])
+    print(f"across/inside ratio at the fastest n={best['n']}: {best['ratio']:.3f} (target >= 0.95, paper 0.85)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"delay_ms": delay, "rate_mbit": rate_mbit, "results": results},
+                                              indent=2))
+    return 0

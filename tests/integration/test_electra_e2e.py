@@ -1,0 +1,180 @@
+"""Scenario I end to end on real brokers: generator on cluster-a; root and one
+sub-discriminator (a gloo group of 2) on cluster-b; micro-batches cross TLS
+federation through the WAN relay, sync tokens come back.
+
+Workers run as separate ``nebula-mq worker`` processes configured from a job
+file that names their brokers, as in a real deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.security.keys import ensure_job_key, job_key_file
+from nebula_mq.settings import load_settings
+from workers.plans import plan_for
+
+pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+
+JOB = """
+[job]
+id = "{job_id}"
+scenario = "electra"
+seed = 7
+steps = {steps}
+run_dir = "{run_dir}"
+
+[transport]
+prefetch = 8
+
+[electra]
+generator_clusters = ["{gen_cluster}"]
+disc_cluster = "cluster-b"
+n_sub = {n_sub}
+max_lead = 2
+checkpoint_every = 5
+heldout = 64
+gloo_base_port = {port}
+
+[electra.model]
+preset = "tiny"
+"""
+
+WORKERS = ("electra-root", "electra-sub", "electra-generator")
+
+
+def free_port_range(n: int) -> int:
+    for base in range(37000 + (os.getpid() * 13) % 2000, 45000, 17):
+        ok = True
+        for port in range(base, base + n + 1):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free ports for the gloo group")
+
+
+def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
+              gen_cluster: str = "cluster-a") -> Path:
+    """Provision a job on the test stack; write its TOML with each process's broker."""
+    text = JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
+                      port=free_port_range(n_sub), gen_cluster=gen_cluster)
+    probe = tmp / f"{name}-probe.toml"
+    probe.write_text(text)
+    plan = plan_for(load_settings(probe, environ={}))
+    job = stack.new_job(flows=plan.flows, identities={})
+    text = text.replace('"placeholder"', f'"{job.job_id}"')
+    stack.stack.provision_job(job.job_id, plan.flows, plan.identities(job.job_id))
+    done = set()
+    for proc in plan.processes:
+        if proc.cluster in done:
+            continue  # one identity per cluster in the file; all share the job's vhost
+        done.add(proc.cluster)
+        b = stack.broker_settings(proc.cluster, proc.identity(job.job_id), vhost=job.vhost)
+        text += (f'\n[clusters.{proc.cluster}.broker]\nhost = "{b.host}"\nport = {b.port}\n'
+                 f'vhost = "{b.vhost}"\nca_file = "{b.ca_file}"\ncert_file = "{b.cert_file}"\n'
+                 f'key_file = "{b.key_file}"\nserver_name = "{b.server_name}"\nheartbeat_s = 10\n')
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    ensure_job_key(job_key_file(tmp / name), job.job_id)
+    return path
+
+
+def start(role: str, config: Path, log: Path, index: int = 0) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", role, "--index", str(index),
+           "--config", str(config)]
+    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def start_all(config: Path, tmp: Path, name: str) -> dict[str, subprocess.Popen[bytes]]:
+    return {"disc-root": start("electra-root", config, tmp / f"{name}-root.log"),
+            "disc-sub-1": start("electra-sub", config, tmp / f"{name}-sub.log", index=1),
+            "gen": start("electra-generator", config, tmp / f"{name}-gen.log")}
+
+
+def step_of(run_dir: Path, worker: str) -> int:
+    try:
+        return int(json.loads((run_dir / "status" / f"{worker}.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def wait_all(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs.values():
+            p.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    logs = "\n".join(f.read_text()[-2000:] for f in sorted(tmp.glob(f"{name}-*.log")))
+    assert [p.returncode for p in procs.values()] == [0, 0, 0], logs
+
+
+def final(run_dir: Path, worker: str) -> Checkpoint:
+    ck = CheckpointStore(run_dir / "checkpoints" / worker).latest()
+    assert ck is not None
+    return ck
+
+
+def column(run_dir: Path, worker: str, key: str) -> list[float]:
+    rows = (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()
+    return [json.loads(line)[key] for line in rows]
+
+
+def test_electra_across_federation_trains_in_step_with_a_data_parallel_discriminator(
+        stack: Any, tmp_path: Path) -> None:
+    steps = 30
+    cfg = write_job(stack, tmp_path, "clean", steps)
+    run_dir = tmp_path / "clean"
+    wait_all(start_all(cfg, tmp_path, "clean"), tmp_path, "clean", 240)
+    # Both sides (and both discriminator ranks) end at the same step.
+    assert step_of(run_dir, "gen") == step_of(run_dir, "disc-root") == step_of(run_dir, "disc-sub-1") == steps
+    for worker in ("gen", "disc-root", "disc-sub-1"):
+        assert final(run_dir, worker).step == steps
+    # Data parallelism: the two ranks hold bit-identical parameters and optimiser state.
+    assert final(run_dir, "disc-root").digest == final(run_dir, "disc-sub-1").digest
+    rtd, mlm = column(run_dir, "disc-root", "rtd_loss"), column(run_dir, "gen", "mlm_loss")
+    assert len(rtd) == len(mlm) == steps
+    assert np.mean(rtd[-6:]) < np.mean(rtd[:6]) - 0.05, rtd
+    assert np.mean(mlm[-6:]) < np.mean(mlm[:6]) - 0.3, mlm
+    # The generator never ran more than max_lead steps past the last sync token.
+    synced = column(run_dir, "gen", "synced")
+    assert all(step - s <= 3 for step, s in enumerate(synced, start=1))
+
+
+@pytest.mark.slow
+def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, tmp_path: Path) -> None:
+    steps = 20
+    ref_cfg = write_job(stack, tmp_path, "ref", steps)
+    wait_all(start_all(ref_cfg, tmp_path, "ref"), tmp_path, "ref", 240)
+    cfg = write_job(stack, tmp_path, "chaos", steps)
+    run_dir = tmp_path / "chaos"
+    procs = start_all(cfg, tmp_path, "chaos")
+    deadline = time.monotonic() + 120
+    while step_of(run_dir, "gen") < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(procs["gen"].pid, signal.SIGKILL)
+    procs["gen"].wait()
+    procs["gen"] = start("electra-generator", cfg, tmp_path / "chaos-gen.log")
+    wait_all(procs, tmp_path, "chaos", 240)
+    for worker in ("gen", "disc-root", "disc-sub-1"):
+        assert final(run_dir, worker).step == steps
+        assert final(run_dir, worker).digest == final(tmp_path / "ref", worker).digest, worker
