@@ -133,6 +133,8 @@ class ChaosRunner:
                 job.start(w)
 
         _run_to_end(job, timeout, tick)  # faults lifted after the last step stay "-"
+        for fault in pending:
+            self.log(f"not injected (the job ended first): {fault.describe()}")
 
     def _inject(self, job: JobProcesses, fault: Fault, report: ChaosReport) -> FaultRecord:
         rec = FaultRecord(fault, time.time())

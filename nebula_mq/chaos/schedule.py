@@ -48,5 +48,7 @@ def default_schedule(steps: int, clusters: tuple[str, str], workers: tuple[str, 
     plan.insert(4, ("restart", restart_cluster or clusters[1], 0.0))
     plan.insert(6, ("kill", workers[1], 1.0))
     plan.append(("stall", workers[1], stall_s))
-    gap = steps // (len(plan) + 1)
-    return tuple(Fault((i + 1) * gap, kind, target, dur) for i, (kind, target, dur) in enumerate(plan))
+    # Spread over the first 70% of the job: a fault that blocks the runner (a broker
+    # restart) must not let the job finish before the later faults fire.
+    gap = max(1, int(steps * 0.7) // len(plan))
+    return tuple(Fault(1 + i * gap, kind, target, dur) for i, (kind, target, dur) in enumerate(plan))

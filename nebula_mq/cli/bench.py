@@ -21,6 +21,10 @@ def register(subparsers: Any) -> None:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
         p.add_argument("--quick", action="store_true", help="fewer repeats, smaller set (CI smoke run)")
+        # Bench modules import only the standard library at the top; heavy imports wait for run().
+        add = getattr(importlib.import_module(module), "add_arguments", None)
+        if add is not None:
+            add(p)
         p.set_defaults(func=_runner(module))
 
 

@@ -18,7 +18,7 @@ JOB = """
 id = "chaostest"
 scenario = "abnet"
 seed = 5
-steps = 40
+steps = 150
 run_dir = "{run_dir}"
 
 [codec]
@@ -39,7 +39,7 @@ tgt_cluster = "cluster-b"
 def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "job.toml"
     config.write_text(JOB.format(run_dir=tmp_path / "run"))
-    schedule = default_schedule(40, ("cluster-a", "cluster-b"), ("enc-0", "dec-0"),
+    schedule = default_schedule(150, ("cluster-a", "cluster-b"), ("enc-0", "dec-0"),
                                 cut_s=(1, 1, 2, 2, 3), stall_s=5)
     kinds = [f.kind for f in schedule]
     assert kinds.count("cut") == 5 and kinds.count("restart") == 1 and kinds.count("kill") == 2
