@@ -118,7 +118,10 @@ def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | N
 
     cfg = electra_config(dict(job.model), settings.source or "<electra.model>")
     gens = tuple(dataclasses.replace(g, micro_batches=job.n) for g in cfg.generators)
-    cfg = dataclasses.replace(cfg, generators=gens, seed=settings.job.seed, total_steps=settings.job.steps)
+    # The LR schedule spans job.steps unless the model section fixes it (a hot-started
+    # job continues the schedule of the job it resumes: give both the same total_steps).
+    horizon = int(job.model.get("total_steps", settings.job.steps))
+    cfg = dataclasses.replace(cfg, generators=gens, seed=settings.job.seed, total_steps=horizon)
     if len(job.generator_clusters) not in (1, len(gens)):
         raise ConfigError(settings.source or "<settings>", "electra.generator_clusters",
                           f"1 or {len(gens)} entries (one per generator)", list(job.generator_clusters))

@@ -121,3 +121,38 @@ def main(settings: Settings, worker_index: int = 0) -> int:
     worker = ElectraRootWorker(settings)
     worker.install_signal_handlers()
     return worker.main()
+
+
+def evaluate(settings: Settings) -> dict[str, float]:
+    """Held-out MLM accuracy of each generator and RTD / CLM accuracy of the discriminator,
+    from the job's latest checkpoints (the held-out sentences were never trained on).
+    The discriminator is scored on held-out micro-batches corrupted by its generator."""
+    from nebula_mq.errors import CheckpointError
+    from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
+    from nebula_mq.runtime.checkpoint import CheckpointStore
+    from workers.electra_common import PADDLE_TURN, load_job, load_streams
+
+    job = load_job(settings)
+    cfg, streams = load_streams(settings, job)
+    gen_ck = CheckpointStore(settings.run_dir / "checkpoints" / "gen").latest()
+    disc_ck = CheckpointStore(settings.run_dir / "checkpoints" / "disc-root").latest()
+    if gen_ck is None or disc_ck is None:
+        raise CheckpointError(f"no generator or root checkpoint under {settings.run_dir / 'checkpoints'}")
+    out: dict[str, float] = {"gen_step": float(gen_ck.step), "disc_step": float(disc_ck.step)}
+    with PADDLE_TURN:
+        disc = DiscriminatorTrainer(cfg)
+        disc.load_state_arrays(disc_ck.arrays)
+        for k, stream in enumerate(streams):
+            gen = GeneratorTrainer(cfg, k)
+            prefix = f"g{k}/"
+            gen.load_state_arrays({a[len(prefix):]: v for a, v in gen_ck.arrays.items() if a.startswith(prefix)})
+            inputs = [gen.build_inputs(b) for b in stream.heldout_batches()]
+            out.update({f"g{k}_heldout_{m}": v for m, v in gen.evaluate(inputs).items()})
+            corrupted = [gen.corrupt_without_training(ids, seed=1000 + i)[0] for i, ids in enumerate(inputs)]
+            scores = disc.evaluate(corrupted)
+            out.update({f"g{k}_heldout_{m}": v for m, v in scores.items()})
+            # Baseline: a detector that calls every token original.
+            att = np.concatenate([c["attention_mask"].ravel() for c in corrupted]).astype(bool)
+            rep = np.concatenate([c["replaced"].ravel() for c in corrupted]).astype(bool)
+            out[f"g{k}_heldout_rtd_all_original_acc"] = float((~rep[att]).mean())
+    return out

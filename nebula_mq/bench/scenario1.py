@@ -78,20 +78,29 @@ def _free_base(n: int, start: int) -> int:
 
 
 def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
-            max_lead: int, preset: str, timeout: float = 900.0) -> Path:
-    """Provision and run one job to completion; returns its run dir."""
+            max_lead: int, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
+    """Write a job file for these parameters and run it (see :func:`run_config`)."""
+    config = root / f"{name}.toml"
+    text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
+                      n=n, max_lead=max_lead, port=_free_base(n, 38000 + os.getpid() % 2000), preset=preset)
+    if init_from:
+        text = text.replace("[electra.model]", f'init_from = "{init_from}"\n\n[electra.model]')
+    if horizon:
+        text += f"total_steps = {horizon}\n"
+    config.write_text(text)
+    return run_config(stack, stack_dir, config, timeout)
+
+
+def run_config(stack: Any, stack_dir: str, config: Path, timeout: float = 900.0) -> Path:
+    """Provision the job of ``config`` on ``stack`` and run its processes to completion."""
     from nebula_mq.errors import WorkerError
     from nebula_mq.security.keys import ensure_job_key, job_key_file
     from nebula_mq.settings import load_settings
     from workers.plans import plan_for
 
-    job_id = f"s1-{name}-{os.getpid()}"
-    run_dir = root / name
-    config = root / f"{name}.toml"
-    config.write_text(JOB.format(job_id=job_id, steps=steps, run_dir=run_dir, gen_cluster=gen_cluster, n=n,
-                                 max_lead=max_lead, port=_free_base(n, 38000 + os.getpid() % 2000),
-                                 preset=preset))
-    plan = plan_for(load_settings(config, environ={}))
+    settings = load_settings(config)
+    job_id, run_dir = settings.job.id, settings.run_dir
+    plan = plan_for(settings)
     stack.provision_job(job_id, plan.flows, plan.identities(job_id))
     ensure_job_key(job_key_file(run_dir), job_id)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -113,8 +122,31 @@ def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps:
                 p.kill()
                 p.wait()
     if any(p.returncode != 0 for p in procs):
-        raise WorkerError(f"job {name} failed: see the logs in {run_dir}")
+        raise WorkerError(f"job {job_id} failed: see the logs in {run_dir}")
     return run_dir
+
+
+def plot_losses(curves: list[tuple[str, Path, str]], out: Path, title: str) -> Path:
+    """Loss curves from workers' histories: (label, run_dir, "worker:key") per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, run_dir, what in curves:
+        worker, key = what.split(":")
+        rows = [json.loads(x) for x in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
+        ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
 
 def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
@@ -131,6 +163,27 @@ def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
     w = min(warmup, len(t) - 2)
     rate = per_step * (len(t) - 1 - w) / (t[-1] - t[w])
     return rate, {"steps": len(t), "samples_per_step": per_step, "final_rtd_loss": rows[-1]["rtd_loss"]}
+
+
+def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max_lead: int, preset: str,
+              delay: float, rate_mbit: float) -> dict[str, Any]:
+    """Paper §4.3 / Figure 8: train inside one cluster, then resume across two from its checkpoints."""
+    stack.shape(None, rate_mbit=0, delay_ms=0)
+    inside = run_job(stack, stack_dir, root, f"hot-inside-n{n}", n=n, steps=steps, gen_cluster="cluster-b",
+                     max_lead=max_lead, preset=preset, horizon=2 * steps)
+    stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
+    across = run_job(stack, stack_dir, root, f"hot-across-n{n}", n=n, steps=2 * steps, gen_cluster="cluster-a",
+                     max_lead=max_lead, preset=preset, init_from=str(inside), horizon=2 * steps)
+    plot = plot_losses([("inside one cluster", inside, "disc-root:rtd_loss"),
+                        ("resumed across two clusters", across, "disc-root:rtd_loss")],
+                       Path("run/bench/scenario1-hotstart.png"), "Scenario I hot start: RTD loss")
+
+    def rtd(run_dir: Path) -> list[float]:
+        return [json.loads(x)["rtd_loss"] for x in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
+
+    a, b = rtd(inside), rtd(across)
+    return {"before": float(sum(a[-3:]) / 3), "after": float(sum(b[:3]) / 3), "plot": str(plot.resolve()),
+            "inside_steps": len(a), "across_steps": len(b)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -160,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
             results.append(row)
             print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
                   f"(170 Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+        hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
+                        delay=delay, rate_mbit=rate_mbit)
     finally:
         stack.down()
         if not os.environ.get("NEBULA_KEEP_BENCH"):
@@ -170,7 +225,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{r['n']:>3} {r['inside']:>10.1f} {r['across']:>10.1f} {r['ratio']:>7.3f}")
     best = max(results, key=lambda r: r["inside"])
     print(f"across/inside ratio at the fastest n={best['n']}: {best['ratio']:.3f} (target >= 0.95, paper 0.85)")
+    print(f"hot start (inside {steps} steps, then across {steps}): RTD loss {hot['before']:.4f} (last 3 inside) "
+          f"-> {hot['after']:.4f} (first 3 across); plot {hot['plot']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"delay_ms": delay, "rate_mbit": rate_mbit, "results": results},
+        Path(args.json).write_text(json.dumps({"delay_ms": delay, "rate_mbit": rate_mbit, "results": results,
+                                               "hot_start": hot},
                                               indent=2))
     return 0
