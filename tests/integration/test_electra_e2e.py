@@ -178,3 +178,29 @@ def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, t
     for worker in ("gen", "disc-root", "disc-sub-1"):
         assert final(run_dir, worker).step == steps
         assert final(run_dir, worker).digest == final(tmp_path / "ref", worker).digest, worker
+
+
+@pytest.mark.slow
+def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(stack: Any, tmp_path: Path) -> None:
+    """A rank killed -9 stalls the others in the next collective; the group (root + subs)
+    is restarted together, agrees on the last common checkpoint, the root re-scatters what
+    came after it, and the run ends bit-identical to an uninterrupted one."""
+    steps = 20
+    ref_cfg = write_job(stack, tmp_path, "ref", steps)
+    wait_all(start_all(ref_cfg, tmp_path, "ref"), tmp_path, "ref", 240)
+    cfg = write_job(stack, tmp_path, "crash", steps)
+    run_dir = tmp_path / "crash"
+    procs = start_all(cfg, tmp_path, "crash")
+    deadline = time.monotonic() + 120
+    while step_of(run_dir, "disc-sub-1") < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for worker in ("disc-sub-1", "disc-root"):  # the root would only time out in the all-reduce
+        os.kill(procs[worker].pid, signal.SIGKILL)
+        procs[worker].wait()
+    assert step_of(run_dir, "disc-root") < steps
+    procs["disc-root"] = start("electra-root", cfg, tmp_path / "crash-root.log")
+    procs["disc-sub-1"] = start("electra-sub", cfg, tmp_path / "crash-sub.log", index=1)
+    wait_all(procs, tmp_path, "crash", 240)
+    for worker in ("gen", "disc-root", "disc-sub-1"):
+        assert final(run_dir, worker).step == steps
+        assert final(run_dir, worker).digest == final(tmp_path / "ref", worker).digest, worker
