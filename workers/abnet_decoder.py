@@ -88,9 +88,13 @@ class AbnetDecoderWorker(Worker):
         self.restore()
         outbox = Outbox(self, self.reply_flow, self.worker_id,
                         allow_non_finite=self.settings.codec.allow_non_finite)
-        inbox = Inbox(self, self.act_flow, self.dedupe, held=self.checkpoint_every + self.job.in_flight,
+        inbox = Inbox(self, self.act_flow, self.dedupe, held=2 * self.checkpoint_every + self.job.in_flight,
                       allow_non_finite=self.settings.codec.allow_non_finite)
-        pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.job.in_flight)
+        # A peer may be ahead of our last checkpoint by what we applied but had not
+        # checkpointed when we stopped (< checkpoint_every) plus its window; anything
+        # further cannot come from an honest peer and is dead-lettered.
+        pending: InOrderBuffer[Received] = InOrderBuffer(
+            self.step, window=self.job.in_flight + self.checkpoint_every)
         try:
             while ((self.step < self.total or not self.evaluation.done)
                    and not self.stop_requested.is_set()):

@@ -143,9 +143,11 @@ class Inbox:
                 raise UnknownJob(f"message of flow {env.flow!r} on flow {self.flow.name!r}")
             if self.dedupe.seen(env.message_id, f"{env.flow}/{env.producer}", env.seq):
                 self.worker.hooks.on_duplicate(_event(env, 0, len(delivery.body)))
-                # Its effect is applied: in a checkpoint, or in memory with the
-                # first copy still unacked until the next one.
-                delivery.ack()
+                # Its effect is applied, but maybe only in memory: ack with the next
+                # checkpoint. Acking now would lose the message if the first copy's
+                # connection died (after a broker restart this copy is the only one
+                # left on the broker) and the worker crashed before checkpointing.
+                self.worker.defer_ack(delivery)
                 return None
             tensors = unpack_tensors(env, max_decoded_bytes=4 * self.max_bytes)
             if not self.allow_non_finite:
@@ -171,13 +173,10 @@ class Inbox:
         self._dead_letter(received.delivery, exc)
 
     def discard_duplicate(self, received: Received) -> None:
-        """A repeat of something already applied or already held: ack and forget.
-
-        Safe to ack at once: the first copy stays unacked until the checkpoint
-        that holds its effect, so a crash still replays it.
-        """
+        """A repeat of something already applied or already held: ack it with the
+        next checkpoint (see ``_admit``), never apply it."""
         self.worker.hooks.on_duplicate(_event(received.envelope, 0, len(received.delivery.body)))
-        received.delivery.ack()
+        self.worker.defer_ack(received.delivery)
 
     def applied(self, received: Received) -> None:
         """The role applied the message's effect: remember it, ack with the next checkpoint."""

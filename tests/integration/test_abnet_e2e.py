@@ -93,34 +93,78 @@ def final(run_dir: Path, worker: str):  # type: ignore[no-untyped-def]
     return ck
 
 
-def test_abnet_across_tls_federation_trains_and_survives_kill9(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    steps = 24
-    clean_cfg, _ = write_job(stack, tmp_path, "clean", steps)
-    run_dir = tmp_path / "clean"
-    procs = [start("abnet-decoder", clean_cfg, tmp_path / "clean-dec.log"),
-             start("abnet-encoder", clean_cfg, tmp_path / "clean-enc.log")]
-    wait(procs, 240)
-    assert [p.returncode for p in procs] == [0, 0], (tmp_path / "clean-dec.log").read_text()[-3000:]
-    assert step_of(run_dir, "enc-0") == step_of(run_dir, "dec-0") == steps
-    losses = [json.loads(line)["loss"] for line in (run_dir / "history" / "dec-0.jsonl").read_text().splitlines()]
-    assert len(losses) == steps
-    assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.2  # replies flow back and training works
+STEPS = 24
 
-    # Same job again, with the decoder killed -9 mid-run and restarted: the queues
-    # replay what it had not checkpointed, and the end state is bit-identical.
-    cfg, _ = write_job(stack, tmp_path, "chaos", steps)
-    run2 = tmp_path / "chaos"
-    dec = start("abnet-decoder", cfg, tmp_path / "chaos-dec.log")
-    enc = start("abnet-encoder", cfg, tmp_path / "chaos-enc.log")
+
+@pytest.fixture(scope="module")
+def clean_run(stack, tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    """One uninterrupted run: the reference every faulted run must reproduce bit for bit."""
+    tmp = tmp_path_factory.mktemp("clean")
+    cfg, _ = write_job(stack, tmp, "clean", STEPS)
+    procs = [start("abnet-decoder", cfg, tmp / "dec.log"), start("abnet-encoder", cfg, tmp / "enc.log")]
+    wait(procs, 240)
+    assert [p.returncode for p in procs] == [0, 0], (tmp / "dec.log").read_text()[-3000:]
+    return tmp / "clean"
+
+
+def test_abnet_across_tls_federation_trains(clean_run: Path) -> None:
+    assert step_of(clean_run, "enc-0") == step_of(clean_run, "dec-0") == STEPS
+    losses = [json.loads(line)["loss"] for line in (clean_run / "history" / "dec-0.jsonl").read_text().splitlines()]
+    assert len(losses) == STEPS
+    assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.2  # replies flow back and training works
+    # Both sides saw the same losses: every reply reached the encoder, in order.
+    enc = [json.loads(line)["loss"] for line in (clean_run / "history" / "enc-0.jsonl").read_text().splitlines()]
+    assert enc == losses
+
+
+def _run_until(run_dir: Path, worker: str, step: int) -> None:
     deadline = time.monotonic() + 120
-    while step_of(run2, "dec-0") < 6 and time.monotonic() < deadline:
+    while step_of(run_dir, worker) < step and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert step_of(run2, "dec-0") >= 6
+    assert step_of(run_dir, worker) >= step
+
+
+def test_kill9_of_the_decoder_replays_and_ends_bit_identical(stack, tmp_path: Path, clean_run: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg, _ = write_job(stack, tmp_path, "chaos", STEPS)
+    run2 = tmp_path / "chaos"
+    dec = start("abnet-decoder", cfg, tmp_path / "dec.log")
+    enc = start("abnet-encoder", cfg, tmp_path / "enc.log")
+    _run_until(run2, "dec-0", 6)
     os.kill(dec.pid, signal.SIGKILL)
     dec.wait()
-    dec = start("abnet-decoder", cfg, tmp_path / "chaos-dec.log")
+    dec = start("abnet-decoder", cfg, tmp_path / "dec.log")
     wait([enc, dec], 240)
-    assert (enc.returncode, dec.returncode) == (0, 0), (tmp_path / "chaos-dec.log").read_text()[-3000:]
+    assert (enc.returncode, dec.returncode) == (0, 0), (tmp_path / "dec.log").read_text()[-3000:]
     for worker in ("enc-0", "dec-0"):
-        assert final(run2, worker).step == steps
-        assert final(run2, worker).digest == final(run_dir, worker).digest, worker
+        assert final(run2, worker).step == STEPS
+        assert final(run2, worker).digest == final(clean_run, worker).digest, worker
+
+
+def test_daemon_lifecycle_sigterm_restart_resume(stack, tmp_path: Path, clean_run: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM: finish the micro-batch in flight, checkpoint, ack, exit 0; a restart
+    resumes at the checkpointed step and the job ends as if never stopped."""
+    cfg, _ = write_job(stack, tmp_path, "life", STEPS)
+    run3 = tmp_path / "life"
+    dec = start("abnet-decoder", cfg, tmp_path / "dec.log")
+    enc = start("abnet-encoder", cfg, tmp_path / "enc.log")
+    _run_until(run3, "enc-0", 8)
+    enc.send_signal(signal.SIGTERM)
+    dec.send_signal(signal.SIGTERM)
+    wait([enc, dec], 60)
+    assert (enc.returncode, dec.returncode) == (0, 0)
+    stopped = {}
+    for worker in ("enc-0", "dec-0"):
+        status = json.loads((run3 / "status" / f"{worker}.json").read_text())
+        assert status["state"] == "stopped"
+        assert 8 <= status["step"] < STEPS
+        assert final(run3, worker).step == status["step"]  # checkpointed where it stopped
+        stopped[worker] = status["step"]
+    dec = start("abnet-decoder", cfg, tmp_path / "dec.log")
+    enc = start("abnet-encoder", cfg, tmp_path / "enc.log")
+    wait([enc, dec], 240)
+    assert (enc.returncode, dec.returncode) == (0, 0)
+    log = (tmp_path / "enc.log").read_text()
+    assert f'"step": {stopped["enc-0"]}' in log and '"resumed"' in log
+    for worker in ("enc-0", "dec-0"):
+        assert final(run3, worker).step == STEPS
+        assert final(run3, worker).digest == final(clean_run, worker).digest, worker
