@@ -1,9 +1,10 @@
 """``nebula-mq bench codecs``: ratio, error and single-core speed of every codec.
 
-Inputs are activation-shaped [B, 64, H] tensors: real hidden states of a
-randomly initialised Paddle Transformer encoder over token embeddings (when
-paddle is installed), and Gaussian noise for comparison (the worst case for
-low-rank codecs: a flat spectrum). BLAS is pinned to one thread so MB/s are
+Inputs are activation-shaped [B, 64, H] tensors: hidden states of the
+pretrained e5-small over real sentences (H=384, the ABNet encoder's output),
+of a randomly initialised Paddle Transformer (any H), and Gaussian noise for
+comparison (the worst case for low-rank codecs: a flat spectrum). The models
+live in ``nebula_mq.models.activations``; this module never imports paddle. BLAS is pinned to one thread so MB/s are
 per core; the process re-executes itself when the pin was not in place before
 numpy loaded.
 """
@@ -25,31 +26,6 @@ SHAPES = [(32, 64, 384), (128, 64, 768)]
 CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
           "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(svd(0.2))", "int8(svd(0.6))"]
 LOWRANK_FRACTIONS = [0.1, 0.3, 0.6]
-
-
-def transformer_activations(shape: tuple[int, int, int], seed: int = 0) -> Any:
-    """Hidden states of a random-init 2-layer paddle TransformerEncoder over token embeddings.
-
-    Paddle is imported only here (benchmark helper), never by the codecs.
-    """
-    import numpy as np
-    import paddle  # noqa: PLC0415 - optional, heavy
-
-    paddle.seed(seed)
-    paddle.set_device("cpu")
-    b, t, h = shape
-    vocab = 8000
-    emb = paddle.nn.Embedding(vocab, h)
-    pos = paddle.nn.Embedding(t, h)
-    layer = paddle.nn.TransformerEncoderLayer(h, max(1, h // 64), 4 * h, dropout=0.0)
-    enc = paddle.nn.TransformerEncoder(layer, 2)
-    enc.eval()
-    # Zipf-like token ids: real text is dominated by frequent tokens.
-    ids = np.minimum(np.random.default_rng(seed).zipf(1.3, (b, t)), vocab - 1).astype("int64")
-    with paddle.no_grad():
-        x = emb(paddle.to_tensor(ids)) + pos(paddle.arange(t).unsqueeze(0))
-        out = enc(x)
-    return out.numpy().astype(np.float32)
 
 
 def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -84,10 +60,17 @@ def _inputs(shapes: list[tuple[int, int, int]]) -> list[tuple[str, Any]]:
 
     out = []
     for shape in shapes:
-        try:
-            out.append((f"transformer{shape}", transformer_activations(shape)))
+        try:  # paddle is imported by the model code, never by this module or the codecs
+            from nebula_mq.models import activations
         except ImportError:
-            print(f"  (paddle not installed: no real activations for {shape})")
+            print(f"  (paddle not installed: no model activations for {shape})")
+        else:
+            if shape[2] == 384:  # the ABNet encoder's width: real pretrained states on real text
+                try:
+                    out.append((f"e5-small{shape}", activations.pretrained_activations(shape[0], shape[1])))
+                except Exception as exc:  # noqa: BLE001 - weights or catalogues missing: say so
+                    print(f"  (no pretrained activations for {shape}: {exc})")
+            out.append((f"random-transformer{shape}", activations.random_transformer_activations(shape)))
         out.append((f"gaussian{shape}", np.random.default_rng(1).standard_normal(shape).astype(np.float32)))
     return out
 
