@@ -17,8 +17,11 @@ re-scattered with the same ids (ranks drop the copies they hold).
 
 **When a rank crashes** the others block in the next collective: the group is
 restarted together (all ranks, a new gloo rendezvous: a process joins one
-group in its lifetime) and resumes from the last group checkpoint. A stop
-request (SIGTERM) takes effect at a step boundary on every rank at once.
+group in its lifetime) and resumes from the last group checkpoint (the
+launcher's job: gloo has no membership change). A stop request (SIGTERM) is
+carried in the step's all-reduce and takes effect at that step boundary on
+every rank at once; a rank of a group whose peers are gone does not exit on
+SIGTERM while it waits for shares (a peer may still need it): kill it.
 """
 
 from __future__ import annotations
