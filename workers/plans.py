@@ -36,10 +36,22 @@ class Process:
     worker_id: str
     # Index among the processes of the same role (sub-discriminator rank, generator group).
     index: int = 0
+    # Flow names it publishes to and consumes from: its broker permissions are exactly
+    # these (least privilege). Both empty: job-wide permissions (tools, older plans).
+    publishes: tuple[str, ...] = ()
+    consumes: tuple[str, ...] = ()
 
     def identity(self, job_id: str) -> str:
         """Certificate CN this process logs in with (EXTERNAL auth)."""
         return f"{job_id}.{self.worker_id}"
+
+    def broker_identity(self, job_id: str) -> str:
+        """The CN, carrying the role's flows when known (see ``nebula_mq.security.roles``)."""
+        from nebula_mq.security.roles import WorkerIdentity
+
+        if not (self.publishes or self.consumes):
+            return self.identity(job_id)
+        return WorkerIdentity(self.identity(job_id), self.publishes, self.consumes)
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ class Plan:
     def identities(self, job_id: str) -> dict[str, tuple[str, ...]]:
         out: dict[str, list[str]] = {}
         for p in self.processes:
-            out.setdefault(p.cluster, []).append(p.identity(job_id))
+            out.setdefault(p.cluster, []).append(p.broker_identity(job_id))
         return {c: tuple(ids) for c, ids in out.items()}
 
     def find(self, role: str, index: int = 0) -> Process:
@@ -65,10 +77,13 @@ def _abnet(settings: Settings) -> Plan:
     from workers.abnet_common import load_job
 
     job = load_job(settings)
+    act, reply = job.flows()
     return Plan(
-        (Process("abnet-decoder", job.tgt_cluster, "dec-0"),
-         Process("abnet-encoder", job.src_cluster, job.encoder_id)),
-        job.flows(),
+        (Process("abnet-decoder", job.tgt_cluster, "dec-0",
+                 publishes=(reply.name,), consumes=(act.name,)),
+         Process("abnet-encoder", job.src_cluster, job.encoder_id,
+                 publishes=(act.name,), consumes=(reply.name,))),
+        (act, reply),
     )
 
 

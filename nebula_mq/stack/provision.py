@@ -38,7 +38,7 @@ from nebula_mq.topology import Flow
 ACK_MODE = "on-confirm"
 PREFETCH = 16
 EXPIRES_MS = 7 * 24 * 3600 * 1000
-RECONNECT_DELAY_S = 2
+RECONNECT_DELAY_S = 1  # a healed WAN carries traffic again within ~1 s (issue: resume < 2 s)
 
 
 @dataclass(frozen=True)
