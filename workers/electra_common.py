@@ -106,9 +106,14 @@ def plan(settings: Settings) -> Any:
     from workers.plans import Plan, Process
 
     job = load_job(settings)
-    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0)]
-    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r) for r in range(1, job.n)]
-    procs.append(Process("electra-generator", job.cluster_of(0), "gen", 0))
+    subs = tuple(topology.sub_discriminator_flow(r) for r in range(1, job.n))
+    # Each process may touch exactly its flows (least-privilege broker permissions).
+    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
+                     publishes=("sync", *subs), consumes=("gen-results",))]
+    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
+                      consumes=(topology.sub_discriminator_flow(r),)) for r in range(1, job.n)]
+    procs.append(Process("electra-generator", job.cluster_of(0), "gen", 0,
+                         publishes=("gen-results",), consumes=("sync",)))
     return Plan(tuple(procs), flows(job))
 
 

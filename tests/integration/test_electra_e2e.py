@@ -71,8 +71,10 @@ def free_port_range(n: int) -> int:
 
 
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
-              gen_cluster: str = "cluster-a") -> Path:
-    """Provision a job on the test stack; write its TOML with each process's broker."""
+              gen_cluster: str = "cluster-a") -> dict[str, Path]:
+    """Provision a job on the test stack; write one TOML per process (worker id -> path),
+    each naming that process's own broker identity, as each host of a real deployment
+    holds its own certificate (permissions are per role)."""
     text = JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
                       port=free_port_range(n_sub), gen_cluster=gen_cluster)
     probe = tmp / f"{name}-probe.toml"
@@ -81,19 +83,16 @@ def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
     job = stack.new_job(flows=plan.flows, identities={})
     text = text.replace('"placeholder"', f'"{job.job_id}"')
     stack.stack.provision_job(job.job_id, plan.flows, plan.identities(job.job_id))
-    done = set()
+    ensure_job_key(job_key_file(tmp / name), job.job_id)
+    paths = {}
     for proc in plan.processes:
-        if proc.cluster in done:
-            continue  # one identity per cluster in the file; all share the job's vhost
-        done.add(proc.cluster)
         b = stack.broker_settings(proc.cluster, proc.identity(job.job_id), vhost=job.vhost)
-        text += (f'\n[clusters.{proc.cluster}.broker]\nhost = "{b.host}"\nport = {b.port}\n'
+        block = (f'\n[clusters.{proc.cluster}.broker]\nhost = "{b.host}"\nport = {b.port}\n'
                  f'vhost = "{b.vhost}"\nca_file = "{b.ca_file}"\ncert_file = "{b.cert_file}"\n'
                  f'key_file = "{b.key_file}"\nserver_name = "{b.server_name}"\nheartbeat_s = 10\n')
-    path = tmp / f"{name}.toml"
-    path.write_text(text)
-    ensure_job_key(job_key_file(tmp / name), job.job_id)
-    return path
+        paths[proc.worker_id] = tmp / f"{name}-{proc.worker_id}.toml"
+        paths[proc.worker_id].write_text(text + block)
+    return paths
 
 
 def start(role: str, config: Path, log: Path, index: int = 0) -> subprocess.Popen[bytes]:
@@ -102,10 +101,10 @@ def start(role: str, config: Path, log: Path, index: int = 0) -> subprocess.Pope
     return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
-def start_all(config: Path, tmp: Path, name: str) -> dict[str, subprocess.Popen[bytes]]:
-    return {"disc-root": start("electra-root", config, tmp / f"{name}-root.log"),
-            "disc-sub-1": start("electra-sub", config, tmp / f"{name}-sub.log", index=1),
-            "gen": start("electra-generator", config, tmp / f"{name}-gen.log")}
+def start_all(cfgs: dict[str, Path], tmp: Path, name: str) -> dict[str, subprocess.Popen[bytes]]:
+    return {"disc-root": start("electra-root", cfgs["disc-root"], tmp / f"{name}-root.log"),
+            "disc-sub-1": start("electra-sub", cfgs["disc-sub-1"], tmp / f"{name}-sub.log", index=1),
+            "gen": start("electra-generator", cfgs["gen"], tmp / f"{name}-gen.log")}
 
 
 def step_of(run_dir: Path, worker: str) -> int:
@@ -173,7 +172,7 @@ def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, t
         time.sleep(0.05)
     os.kill(procs["gen"].pid, signal.SIGKILL)
     procs["gen"].wait()
-    procs["gen"] = start("electra-generator", cfg, tmp_path / "chaos-gen.log")
+    procs["gen"] = start("electra-generator", cfg["gen"], tmp_path / "chaos-gen.log")
     wait_all(procs, tmp_path, "chaos", 240)
     for worker in ("gen", "disc-root", "disc-sub-1"):
         assert final(run_dir, worker).step == steps
@@ -198,8 +197,8 @@ def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(
         os.kill(procs[worker].pid, signal.SIGKILL)
         procs[worker].wait()
     assert step_of(run_dir, "disc-root") < steps
-    procs["disc-root"] = start("electra-root", cfg, tmp_path / "crash-root.log")
-    procs["disc-sub-1"] = start("electra-sub", cfg, tmp_path / "crash-sub.log", index=1)
+    procs["disc-root"] = start("electra-root", cfg["disc-root"], tmp_path / "crash-root.log")
+    procs["disc-sub-1"] = start("electra-sub", cfg["disc-sub-1"], tmp_path / "crash-sub.log", index=1)
     wait_all(procs, tmp_path, "crash", 240)
     for worker in ("gen", "disc-root", "disc-sub-1"):
         assert final(run_dir, worker).step == steps
