@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="build the data, then run the flagship ABNet job end to end")
-    d.add_argument("--config", default="config/abnet-demo.toml")
+    d.add_argument("--config", default="config/demo.toml")
     d.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK))
     d.add_argument("--keep-stack", action="store_true", help="leave the stack running afterwards")
     d.set_defaults(func=_demo)
