@@ -164,7 +164,8 @@ def _last_body(outbox: Outbox, flow: topology.Flow, micro_batch: int) -> bytes:
     arr = np.ones((16, 24, 64), np.float32)
     records = pack_tensors({"enc_out": arr}, {"enc_out": parse_codec("fp16")})
     return encode_envelope(Envelope("report-demo", flow.name, micro_batch, micro_batch, micro_batch,
-                                    outbox.producer_id, records, {}))
+                                    outbox.producer_id, records, {}),
+                           signer=outbox.worker.auth.signer())  # signed: a true duplicate, not a forgery
 
 
 def _row_time(run_dir: Path, worker: str, step: int) -> float:
