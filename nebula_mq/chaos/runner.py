@@ -31,6 +31,11 @@ class FaultRecord:
     ended: float = 0.0  # unix time it was lifted (heal, restart done, process restarted, SIGCONT)
     step_at_end: int = 0  # slowest worker's step when it was lifted
     recovered_after_s: float | None = None  # lifted -> slowest worker's next step
+    # Sampled while a consumer was stalled: the job's queues (messages, bytes) and the
+    # largest broker RSS, to show backpressure keeps them bounded.
+    max_queue_messages: int | None = None
+    max_queue_bytes: int | None = None
+    max_broker_rss: int | None = None
 
 
 @dataclass
@@ -154,10 +159,33 @@ class ChaosRunner:
             job.start(fault.target)
         elif fault.kind == "stall":
             job.signal(fault.target, signal.SIGSTOP)
-            time.sleep(fault.duration_s)
+            end = time.monotonic() + fault.duration_s
+            while time.monotonic() < end:
+                self._sample(job, rec)
+                time.sleep(max(0.0, min(5.0, end - time.monotonic())))
             job.signal(fault.target, signal.SIGCONT)
         rec.ended = time.time()
         return rec
+
+    @staticmethod
+    def _sample(job: JobProcesses, rec: FaultRecord) -> None:
+        from nebula_mq import topology
+        from nebula_mq.errors import StackError
+
+        vhost = topology.vhost(job.settings.job.id)
+        msgs = size = rss = 0
+        try:
+            for cluster in job.stack.clusters:
+                depths = job.stack.queue_depths(cluster, vhost)
+                msgs += sum(d.messages for d in depths.values())
+                size += sum(d.message_bytes for d in depths.values())
+                status = json.loads(job.stack.rabbitmqctl(cluster, "status", "--formatter", "json"))
+                rss = max(rss, int(status.get("memory", {}).get("total", {}).get("rss", 0)))
+        except (StackError, ValueError, TypeError, AttributeError):
+            return  # a sample lost to a busy node is not a fault of the job
+        rec.max_queue_messages = max(msgs, rec.max_queue_messages or 0)
+        rec.max_queue_bytes = max(size, rec.max_queue_bytes or 0)
+        rec.max_broker_rss = max(rss, rec.max_broker_rss or 0)
 
     def _write(self, job: JobProcesses, report: ChaosReport) -> None:
         with (job.run_dir / "faults.jsonl").open("w") as fh:
@@ -175,6 +203,9 @@ def format_report(report: ChaosReport) -> str:
     for rec in report.faults:
         rec_s = "-" if rec.recovered_after_s is None else f"{rec.recovered_after_s:.2f} s"
         lines.append(f"{rec.fault.describe():<44}{rec_s:>16}")
+        if rec.max_queue_messages is not None:
+            lines.append(f"    during the stall: queues <= {rec.max_queue_messages} messages / "
+                         f"{rec.max_queue_bytes} bytes, broker RSS <= {(rec.max_broker_rss or 0) / 2**20:.0f} MiB")
     lines.append("")
     lines.append(f"runs: clean {report.clean_s:.0f} s, chaos {report.chaos_s:.0f} s")
     lines.append("messages redelivered {:.0f}, discarded as duplicates {:.0f}, dead-lettered {:.0f}".format(
