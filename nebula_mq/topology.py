@@ -84,6 +84,33 @@ def dead_letter_queue(job_id: str) -> str:
     return f"{PREFIX}.{_check(job_id, 'job id')}.dead-letter"
 
 
+def flow_exchange(job_id: str, flow: str) -> str:
+    """Direct exchange a flow is published through, bound to the flow's queue (key = queue name).
+
+    Provisioned on the flow's source cluster; a role gets write on the exchanges of
+    the flows it publishes to and nothing else, because RabbitMQ checks publish
+    rights on the exchange, never on the queue (``amq.default`` reaches every queue).
+    """
+    return exchange_for_queue(queue_name(job_id, flow))
+
+
+def dead_letter_exchange(job_id: str) -> str:
+    """Direct exchange into the job's dead-letter queue, on every cluster."""
+    return exchange_for_queue(dead_letter_queue(job_id))
+
+
+_OUR_QUEUE = re.compile(rf"^{PREFIX}\.[a-z0-9][a-z0-9-]{{0,62}}\.[a-z0-9][a-z0-9-]{{0,62}}$")
+
+
+def exchange_for_queue(queue: str) -> str:
+    """The exchange that publishes into ``queue`` (a flow's queue, a ``reply_to`` or the
+    dead-letter queue). The ``.x`` suffix keeps exchange names out of every queue regex.
+    :class:`ValueError` for a name outside this layout."""
+    if not _OUR_QUEUE.match(queue):
+        raise ValueError(f"{queue!r} is not a queue of the nebula layout")
+    return f"{queue}.x"
+
+
 def federation_policy(job_id: str) -> str:
     return f"{PREFIX}-{_check(job_id, 'job id')}-federate"
 

@@ -8,13 +8,22 @@ regexes (:func:`permissions`):
 
 * configure: the queues of those flows and the job's dead-letter queue (the
   worker declares them, with the arguments of ``transport.declare``);
-* write: the queues it publishes to, the dead-letter queue (condemning a
-  message republishes it there) and ``amq.default`` (publishing through the
-  default exchange needs write on it);
+* write: the exchanges of the flows it publishes to
+  (``topology.flow_exchange``) and the dead-letter exchange (condemning a
+  message republishes it there), nothing else. RabbitMQ checks publish rights
+  on the *exchange*, never on the queue, so write on ``amq.default`` would let
+  a role publish into every queue of the job; each flow's direct exchange is
+  bound to that flow's queue only (provisioned by ``stack.provision``). No
+  write on queues either: a role cannot bind anything (binding needs write on
+  the queue and read on the exchange);
 * read: the queues it consumes, nothing else.
 
-A plain ``str`` identity keeps the older job-wide permissions (every queue of
-the job) for tools and tests that act as several roles at once.
+Exchange names end in ``.x``, so no queue regex ever matches an exchange (the
+configure and read regexes apply to exchanges too).
+
+A plain ``str`` identity keeps the older job-wide permissions (every queue and
+flow exchange of the job, and ``amq.default``) for tools and tests that act as
+several roles at once.
 """
 
 from __future__ import annotations
@@ -63,16 +72,18 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     """Regexes for ``identity`` in the job's vhost; :class:`ValueError` if it names unknown flows."""
     known = {f.name for f in flows}
     dlq = topology.dead_letter_queue(job_id)
+    dlx = topology.dead_letter_exchange(job_id)
     if not isinstance(identity, WorkerIdentity):
         every = [topology.queue_name(job_id, f) for f in known] + [dlq]
-        return Permissions(_alternation(every), _alternation([*every, "amq.default"]), _alternation(every))
+        exchanges = [topology.flow_exchange(job_id, f) for f in known] + [dlx, "amq.default"]
+        return Permissions(_alternation(every), _alternation([*every, *exchanges]), _alternation(every))
     unknown = set(identity.publishes + identity.consumes) - known
     if unknown:
         raise ValueError(f"identity {str(identity)!r} names flows {sorted(unknown)} not in job {job_id!r}")
     pub = [topology.queue_name(job_id, f) for f in identity.publishes]
     sub = [topology.queue_name(job_id, f) for f in identity.consumes]
-    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub, dlq, "amq.default"]),
-                       _alternation(sub))
+    pub_exchanges = [topology.flow_exchange(job_id, f) for f in identity.publishes]
+    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, dlx]), _alternation(sub))
 
 
 def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, peer: str) -> Permissions:

@@ -166,7 +166,9 @@ class Stack:
 
         ``identities`` maps a cluster to the worker identities (certificate CNs) that
         connect there. ``max_queue_bytes`` caps the sending-side copy of each
-        cross-cluster flow (the backpressure point; see ``nebula_mq.topology``).
+        cross-cluster flow (the backpressure point; see ``nebula_mq.topology``) and
+        is the cap argument of each local flow's queue, created here with its
+        publish exchange: pass the workers' ``TransportSettings.max_queue_bytes``.
         Idempotent. Returns the job's vhost.
         """
         identities = identities or {}
@@ -190,7 +192,8 @@ class Stack:
                 self.ca(cluster).ensure_client(cn)
             peers = [p for p in self.clusters if p != cluster]
             ups = {src: up for (dst, src), up in upstreams.items() if dst == cluster}
-            defs = provision.definitions(job_id, cluster, flows, identities.get(cluster, ()), peers, ups)
+            defs = provision.definitions(job_id, cluster, flows, identities.get(cluster, ()), peers, ups,
+                                         max_queue_bytes)
             path = self.layout.node(cluster).path / f"definitions-{job_id}.json"
             path.write_text(json.dumps(defs, indent=1))
             self.rabbitmqctl(cluster, "import_definitions", str(path))

@@ -13,6 +13,16 @@ Per cluster ``C`` (see the layout in ``nebula_mq.topology``):
   queue of the job;
 * for each peer ``P``: user ``federation-P`` (the CN of P's federation client
   certificate), allowed only to pull the flows that go from here to P;
+* the publish path (``topology.flow_exchange``): for each flow published on C,
+  a durable direct exchange bound to the flow's queue (routing key = queue
+  name), and the same for the dead-letter queue; roles get write on these
+  exchanges only (``security.roles``), so nobody publishes into a queue it has
+  no flow to. A binding needs its queue, so those queues are created here too,
+  with exactly the arguments ``transport.declare`` gives them (a worker's later
+  declare with other arguments fails with 406): classic + lazy for both copies
+  of a cross-cluster flow and the dead-letter queue, plus the cap for a local
+  flow (``max_queue_bytes`` must be the workers' ``TransportSettings`` value).
+  Deleting a queue drops its binding: provision again after that;
 * for each cluster ``S`` that has flows *into* C: upstream ``nebula-upstream-S``
   pointing at S through the emulated WAN relay, and a policy making exactly those
   flows' queues federated queues here. Flows whose destination is not C never
@@ -31,6 +41,8 @@ from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import Identity, federation_identity
 from nebula_mq.security.roles import Permissions, federation_permissions, permissions
+from nebula_mq.settings import TransportSettings
+from nebula_mq.transport import declare
 from nebula_mq.topology import Flow
 
 # Federation link tuning (RABBITMQ.md): on-confirm loses nothing; never clean up the
@@ -79,6 +91,28 @@ def _user(name: str) -> dict[str, Any]:
             "tags": []}
 
 
+def publish_path(job_id: str, cluster: str, flows: Sequence[Flow], max_queue_bytes: int) -> dict[str, Any]:
+    """Exchanges, queues and bindings through which ``cluster``'s workers publish."""
+    vhost = topology.vhost(job_id)
+    routes: list[tuple[str, str, dict[str, Any]]] = []  # (exchange, queue, queue arguments)
+    for f in flows:
+        if f.src_cluster != cluster:
+            continue
+        args = (declare.federated_copy_arguments() if f.crosses_clusters
+                else declare.bounded_queue_arguments(max_queue_bytes))
+        routes.append((topology.flow_exchange(job_id, f.name), topology.queue_name(job_id, f.name), args))
+    routes.append((topology.dead_letter_exchange(job_id), topology.dead_letter_queue(job_id),
+                   declare.dead_letter_arguments()))
+    return {
+        "exchanges": [{"name": x, "vhost": vhost, "type": "direct", "durable": True, "auto_delete": False,
+                       "internal": False, "arguments": {}} for x, _, _ in routes],
+        "queues": [{"name": q, "vhost": vhost, "durable": True, "auto_delete": False, "arguments": a}
+                   for _, q, a in routes],
+        "bindings": [{"source": x, "vhost": vhost, "destination": q, "destination_type": "queue",
+                      "routing_key": q, "arguments": {}} for x, q, _ in routes],
+    }
+
+
 def definitions(
     job_id: str,
     cluster: str,
@@ -86,6 +120,7 @@ def definitions(
     workers: Sequence[str],
     peers: Sequence[str],
     upstreams: Mapping[str, Upstream],
+    max_queue_bytes: int = TransportSettings().max_queue_bytes,
 ) -> dict[str, Any]:
     """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster."""
     vhost = topology.vhost(job_id)
@@ -104,6 +139,7 @@ def definitions(
             {"user": u, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
             for u, p in perms.items()
         ],
+        **publish_path(job_id, cluster, flows, max_queue_bytes),
         "parameters": [],
         "policies": [],
     }

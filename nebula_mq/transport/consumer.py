@@ -23,6 +23,7 @@ from nebula_mq.settings import BrokerSettings
 from . import base
 from .connection import IoThread
 from .publisher import message_properties
+from .routing import Routes
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +88,9 @@ class RabbitDelivery(base.Delivery):
                 return False
             dl_channel = consumer._dl_channel
             assert dl_channel is not None
-            dl_channel.basic_publish("", consumer.dead_letter_queue, self.body, props, mandatory=True)
+            assert consumer._conn is not None
+            exchange = consumer._routes.exchange(consumer._conn, consumer.dead_letter_queue)
+            dl_channel.basic_publish(exchange, consumer.dead_letter_queue, self.body, props, mandatory=True)
             self._channel.basic_ack(self.delivery_tag)
             return True
 
@@ -106,10 +109,19 @@ class RabbitDelivery(base.Delivery):
 
 class RabbitConsumer(base.Consumer):
     def __init__(
-        self, broker: BrokerSettings, queue: str, prefetch: int, dead_letter_queue: str, name: str
+        self,
+        broker: BrokerSettings,
+        queue: str,
+        prefetch: int,
+        dead_letter_queue: str,
+        name: str,
+        routes: Routes | None = None,
     ) -> None:
         self.queue = queue
         self.dead_letter_queue = dead_letter_queue
+        # How dead letters reach the dead-letter queue (its exchange when provisioned).
+        self._routes = routes if routes is not None else Routes()
+        self._conn: pika.BlockingConnection | None = None
         self._prefetch = prefetch
         # Deliveries for the application; None is put by close() to wake a waiting get().
         self._inbox: queue_mod.Queue[RabbitDelivery | None] = queue_mod.Queue()
@@ -128,7 +140,7 @@ class RabbitConsumer(base.Consumer):
         # (which waits, with backoff, until the queue is declared again).
         channel.add_on_cancel_callback(lambda _frame: self._io.restart())
         channel.basic_consume(self.queue, on_message_callback=self._on_message)
-        self._channel, self._dl_channel = channel, dl_channel
+        self._conn, self._channel, self._dl_channel = conn, channel, dl_channel
 
     def _on_message(
         self,

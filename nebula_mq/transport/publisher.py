@@ -14,6 +14,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 from . import base
 from .connection import IoThread
 from .retry import PublishStats, publish_patiently
+from .routing import Routes
 
 
 class _DropReturnedWarnings(logging.Filter):
@@ -45,17 +46,24 @@ def message_properties(
 
 
 class RabbitPublisher(base.Publisher):
-    """Publishes to a queue of the local broker via the default exchange.
+    """Publishes to a queue of the local broker through the queue's flow exchange.
 
-    Why the default exchange (routing key = queue name) and no per-job
-    exchange: queue federation moves messages queue-to-queue, the job's vhost
-    already isolates jobs, and ``mandatory`` then reports a missing queue
-    directly (Unroutable) instead of a silently dropped message. Thread-safe:
-    every publish runs in the connection's own I/O thread.
+    Each queue of a provisioned job has its own direct exchange bound to it
+    (routing key = queue name), and roles may write only to the exchanges of
+    their flows (``nebula_mq.security.roles``); on a plain broker without those
+    exchanges the default exchange is used (``routing.Routes`` decides, once
+    per queue). Either way ``mandatory`` reports a missing queue or binding
+    (Unroutable) instead of silently dropping the message, and queue federation
+    moves messages queue-to-queue behind the exchange. Thread-safe: every
+    publish runs in the connection's own I/O thread.
     """
 
-    def __init__(self, broker: BrokerSettings, settings: TransportSettings, name: str) -> None:
+    def __init__(
+        self, broker: BrokerSettings, settings: TransportSettings, name: str, routes: Routes | None = None
+    ) -> None:
         self._settings = settings
+        # Shared with the transport's other publishers: one passive declare per queue.
+        self._routes = routes if routes is not None else Routes()
         self._conn: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self.stats = PublishStats()
@@ -90,7 +98,9 @@ class RabbitPublisher(base.Publisher):
             channel = self._channel
             if channel is None or not channel.is_open:  # closed by an earlier broker error
                 channel = self._open_channel()
-            channel.basic_publish("", queue, payload, props, mandatory=True)
+            assert self._conn is not None
+            exchange = self._routes.exchange(self._conn, queue)
+            channel.basic_publish(exchange, queue, payload, props, mandatory=True)
 
         publish_patiently(
             lambda: self._io.call(send),

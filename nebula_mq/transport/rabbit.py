@@ -13,7 +13,24 @@ Layout (see ``nebula_mq.topology``): the producer side of a flow declares the
 bounded copy of its queue on the sending cluster, the consumer side of a
 cross-cluster flow declares the uncapped, federated copy on the receiving
 cluster (the federation policy itself is provisioned by the stack). Messages
-are published to the local broker only, via the default exchange.
+are published to the local broker only.
+
+Publish path. A provisioned job (``nebula_mq.stack.provision``) has a durable
+direct exchange per flow on the flow's source cluster and one for the
+dead-letter queue on every cluster (``topology.flow_exchange``,
+``topology.dead_letter_exchange``), each bound to its queue with the queue
+name as routing key; roles may write to the exchanges of their own flows only
+(write on ``amq.default`` would reach every queue of the job, since RabbitMQ
+checks publish rights on the exchange). Publishers and dead-lettering route
+through those exchanges, and replies through the exchange of the ``reply_to``
+queue (``topology.exchange_for_queue``). A plain broker without provisioning
+(vhost "/", development, the transport's own tests) has no flow exchanges:
+there, and only there, the default exchange is used. ``routing.Routes``
+tells the two apart with one passive exchange declare per queue, so nothing
+needs configuring; security does not depend on that choice (a worker that
+picked the default exchange on a provisioned vhost is refused with 403).
+Workers never declare exchanges or bindings: they have no configure right on
+them, the provisioning admin creates both.
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ from .connection import open_connection
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
 from .publisher import RabbitPublisher
+from .routing import Routes
 
 log = structlog.get_logger(__name__)
 
@@ -52,6 +70,7 @@ class RabbitTransport(base.Transport):
         self._lock = threading.Lock()
         self._children: list[RabbitPublisher | RabbitConsumer] = []
         self._dead_letter_publisher: RabbitPublisher | None = None
+        self._routes = Routes()  # queue -> exchange, learned once per queue for all children
         self._serial = 0
 
     def _name(self, role: str) -> str:
@@ -75,13 +94,13 @@ class RabbitTransport(base.Transport):
             child.close()
 
     def publisher(self) -> RabbitPublisher:
-        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub")))
+        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub"), self._routes))
 
     def consume(self, queue: str, prefetch: int | None = None) -> RabbitConsumer:
         return self._adopt(
             RabbitConsumer(
                 self.broker, queue, prefetch or self.settings.prefetch,
-                self.dead_letter_queue, self._name("sub"),
+                self.dead_letter_queue, self._name("sub"), self._routes,
             )
         )
 
@@ -150,7 +169,9 @@ class RabbitTransport(base.Transport):
         with self._lock:
             publisher = self._dead_letter_publisher
         if publisher is None:
-            publisher = self._adopt(RabbitPublisher(self.broker, self.settings, self._name("dlq")))
+            publisher = self._adopt(
+                RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes)
+            )
             with self._lock:
                 self._dead_letter_publisher = publisher
         headers = base.dead_letter_headers(headers, message_id, reason, detail, original_queue)

@@ -27,7 +27,7 @@ import pytest
 from nebula_mq import topology
 from nebula_mq.cli import main
 from nebula_mq.codecs import parse_codec
-from nebula_mq.errors import WireError
+from nebula_mq.errors import AccessRefused, WireError
 from nebula_mq.security.audit import AuditLog, verify_chain
 from nebula_mq.security.auth import MessageAuth
 from nebula_mq.security.broker_log import BrokerLogAuditor
@@ -37,7 +37,7 @@ from nebula_mq.security.lifecycle import revoke_cert, rotate
 from nebula_mq.security.roles import decoder, encoder
 from nebula_mq.settings import TransportSettings
 from nebula_mq.stack.node import log_file
-from nebula_mq.transport import Deduplicator
+from nebula_mq.transport import Deduplicator, publish_reply
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
@@ -217,6 +217,72 @@ def test_each_role_only_has_its_own_permissions(sec: Sec) -> None:
     assert "activations" in rec["detail"]
     sec.expect(A, "permission_denied", user="enc-0", operation="queue.declare")
     sec.expect(B, "permission_denied", user="dec-0", operation="basic.get")
+
+
+def _publish_refused(settings: Any, exchange: str, routing_key: str) -> str:
+    """Publish one persistent, confirmed message; the broker must close the channel with 403."""
+    conn = pika.BlockingConnection(pika_parameters(settings))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_publish(exchange, routing_key, b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
+        assert err.value.reply_code == 403
+        return str(err.value.reply_text)
+    finally:
+        if conn.is_open:
+            conn.close()
+
+
+def test_roles_publish_only_into_their_own_flows(sec: Sec, stack: StackHandle) -> None:
+    """Issue 7: the encoder may publish activations and read gradient replies, nothing else."""
+    flows = topology.abnet_flows(A, B, ("penc-0",))
+    job = stack.new_job(flows, {A: [encoder("penc-0")], B: [decoder("pdec-0", ["penc-0"])]}, prefix="secpub")
+    act, reply = job.queue("activations"), job.queue("reply-penc-0")
+    enc = RabbitTransport(job.settings(A, "penc-0"), SETTINGS, job.job_id, A)
+    dec = RabbitTransport(job.settings(B, "pdec-0"), SETTINGS, job.job_id, B)
+    with enc, dec:
+        enc.declare_flow(flows[0], "producer")
+        enc.declare_flow(flows[1], "consumer")
+        dec.declare_flow(flows[0], "consumer")
+        dec.declare_flow(flows[1], "producer")
+        dec.declare_dead_letter_queue()
+        # Allowed: activations A -> B, the gradient reply B -> A (to reply_to), a dead letter on B.
+        enc.publisher().publish(act, b"activation", "m-act", reply_to=reply, correlation_id="c-1")
+        request = dec.consume(act, 4).get(20)
+        assert request is not None and request.reply_to == reply and bytes(request.body) == b"activation"
+        publish_reply(dec.publisher(), request, b"gradient", "m-grad")
+        request.ack()
+        dec.dead_letter(b"condemned", "m-dead", "bad_tag", original_queue=act)
+        got = enc.consume(reply, 4).get(20)
+        assert got is not None and bytes(got.body) == b"gradient" and got.correlation_id == "c-1"
+        got.ack()
+        assert stack.stack.queue_depths(B, job.vhost)[topology.dead_letter_queue(job.job_id)].messages == 1
+        # Refused: the encoder publishing into its own reply queue, through the transport...
+        with pytest.raises(AccessRefused, match="403"):
+            enc.publisher().publish(reply, b"forged gradient", "m-forged")
+        # The decoder publishing activations.
+        with pytest.raises(AccessRefused, match="403"):
+            dec.publisher().publish(act, b"forged activation", "m-forged-act")
+    # ...and by hand, through the default exchange or straight to the reply flow's exchange.
+    enc_settings = job.settings(A, "penc-0")
+    assert "amq.default" in _publish_refused(enc_settings, "", reply)
+    assert topology.flow_exchange(job.job_id, "reply-penc-0") in _publish_refused(
+        enc_settings, topology.flow_exchange(job.job_id, "reply-penc-0"), reply)
+    # The encoder's exchange routes only into activations: another routing key is unroutable.
+    conn = pika.BlockingConnection(pika_parameters(enc_settings))
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            ch.basic_publish(topology.flow_exchange(job.job_id, "activations"), reply, b"x",
+                             pika.BasicProperties(delivery_mode=2), mandatory=True)
+    finally:
+        conn.close()
+    assert stack.stack.queue_depths(A, job.vhost)[reply].messages == 0
+    assert stack.stack.queue_depths(B, job.vhost)[act].messages == 0
+    sec.expect(A, "permission_denied", user="penc-0", operation="basic.publish")
+    sec.expect(B, "permission_denied", user="pdec-0", operation="basic.publish")
 
 
 # --------------------------------------------------------------------------- message authentication

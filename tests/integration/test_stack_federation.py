@@ -10,6 +10,7 @@ import pika
 import pytest
 
 from nebula_mq import topology
+from nebula_mq.transport.declare import federated_copy_arguments
 
 from tests.fixtures.stack import JobHandle, StackHandle, pika_parameters
 
@@ -21,7 +22,7 @@ def _publish(job: JobHandle, cluster: str, queue: str, ids: list[str]) -> None:
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare(queue, durable=True)
+        ch.queue_declare(queue, durable=True, arguments=federated_copy_arguments())
         for mid in ids:
             ch.basic_publish("", queue, mid.encode(), pika.BasicProperties(delivery_mode=2, message_id=mid))
     finally:
@@ -34,7 +35,7 @@ def _consume(job: JobHandle, cluster: str, queue: str, want: int, timeout: float
     conn = pika.BlockingConnection(pika_parameters(job.settings(cluster)))
     try:
         ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
+        ch.queue_declare(queue, durable=True, arguments=federated_copy_arguments())
         ch.basic_qos(prefetch_count=16)
         deadline = time.monotonic() + timeout
         for method, props, body in ch.consume(queue, inactivity_timeout=0.2):
@@ -126,14 +127,14 @@ def test_federation_goodput_with_4mb_messages_reaches_the_shaped_rate(stack: Sta
         conn = pika.BlockingConnection(pika_parameters(job.settings("cluster-a")))
         ch = conn.channel()
         ch.confirm_delivery()
-        ch.queue_declare(q, durable=True)
+        ch.queue_declare(q, durable=True, arguments=federated_copy_arguments())
         for i in range(n):
             ch.basic_publish("", q, bytes([i]) * size, pika.BasicProperties(delivery_mode=2, message_id=str(i)))
         conn.close()
         arrivals = []
         conn = pika.BlockingConnection(pika_parameters(job.settings("cluster-b")))
         ch = conn.channel()
-        ch.queue_declare(q, durable=True)
+        ch.queue_declare(q, durable=True, arguments=federated_copy_arguments())
         ch.basic_qos(prefetch_count=4)
         for method, _props, body in ch.consume(q, inactivity_timeout=30):
             assert method is not None, "federation stalled"

@@ -10,6 +10,7 @@ import pika.exceptions
 import pytest
 
 from nebula_mq.security.certs import ClusterCA
+from nebula_mq.transport.declare import federated_copy_arguments
 from tests.fixtures.stack import StackHandle, pika_parameters, tls_context
 
 pytestmark = pytest.mark.broker
@@ -88,7 +89,7 @@ def test_tls_1_2_with_a_good_certificate_is_accepted(stack: StackHandle) -> None
     try:
         ch = conn.channel()
         q = job.queue("activations")
-        ch.queue_declare(q, durable=True)
+        ch.queue_declare(q, durable=True, arguments=federated_copy_arguments())
         ch.basic_publish("", q, b"hello", pika.BasicProperties(delivery_mode=2))
         method, _props, body = ch.basic_get(q, auto_ack=True)
         assert body == b"hello"

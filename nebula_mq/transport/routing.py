@@ -1,0 +1,61 @@
+"""Which exchange a publish into one of our queues goes through.
+
+A provisioned job publishes into a queue through that queue's own direct
+exchange (``topology.exchange_for_queue``), because broker permissions can
+only restrict publishing per exchange (see ``nebula_mq.security.roles``). A
+plain broker without provisioning (the default node, development) has no such
+exchanges: there the default exchange routes by queue name. :class:`Routes`
+learns which case holds, once per queue, with a passive exchange declare
+(which RabbitMQ answers without checking permissions). This is a routing
+choice, not a security one: where the flow exchange exists, the roles have no
+write on ``amq.default``, and a publish through it is refused with 403.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pika
+import pika.exceptions as px
+
+from nebula_mq import topology
+
+DEFAULT_EXCHANGE = ""
+_NOT_FOUND = 404
+
+
+class Routes:
+    """queue name -> exchange to publish through; shared by a transport's publishers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._known: dict[str, str] = {}
+
+    def exchange(self, conn: pika.BlockingConnection, queue: str) -> str:
+        """The flow exchange of ``queue`` if the broker has it, else the default exchange.
+
+        Call it in ``conn``'s I/O thread; a first look opens (and closes) one
+        channel of its own, so the caller's channel survives the 404.
+        """
+        with self._lock:
+            known = self._known.get(queue)
+        if known is not None:
+            return known
+        try:
+            candidate = topology.exchange_for_queue(queue)
+        except ValueError:
+            return DEFAULT_EXCHANGE  # not a queue of our layout: only the default exchange reaches it
+        channel = conn.channel()
+        try:
+            channel.exchange_declare(candidate, passive=True)
+            found = candidate
+        except px.ChannelClosedByBroker as exc:
+            if exc.reply_code != _NOT_FOUND:
+                raise
+            found = DEFAULT_EXCHANGE
+        finally:
+            if channel.is_open:
+                channel.close()
+        with self._lock:
+            self._known[queue] = found
+        return found
