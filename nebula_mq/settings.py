@@ -110,7 +110,7 @@ class SecuritySettings:
 class JobSettings:
     # Lower-case slug; every queue, exchange, vhost and user name derives from it.
     id: str
-    scenario: Literal["pipeline", "abnet", "electra"] = "pipeline"
+    scenario: Literal["pipeline", "abnet", "electra", "split"] = "pipeline"
     seed: int = 0
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go.
@@ -134,6 +134,7 @@ class Settings:
     abnet: Mapping[str, Any] = field(default_factory=dict)
     electra: Mapping[str, Any] = field(default_factory=dict)
     pipeline: Mapping[str, Any] = field(default_factory=dict)
+    split: Mapping[str, Any] = field(default_factory=dict)
     # Path of the file these settings came from ("" when built in code).
     source: str = ""
 

@@ -25,6 +25,8 @@ ROLES: dict[str, str] = {
     "electra-generator": "workers.electra_generator",
     "electra-root": "workers.electra_root",
     "electra-sub": "workers.electra_sub",
+    "split-head": "workers.split_head",
+    "split-tail": "workers.split_tail",
 }
 
 
@@ -87,13 +89,25 @@ def _abnet(settings: Settings) -> Plan:
     )
 
 
+def _split(settings: Settings) -> Plan:
+    from workers.split_common import load_split_job
+
+    job = load_split_job(settings)
+    act, reply = job.flows()
+    return Plan(
+        (Process("split-tail", job.tail_cluster, job.tail_id, publishes=(reply.name,), consumes=(act.name,)),
+         Process("split-head", job.head_cluster, job.head_id, publishes=(act.name,), consumes=(reply.name,))),
+        (act, reply),
+    )
+
+
 def _electra(settings: Settings) -> Plan:
     from workers.electra_common import plan  # written with the Scenario I workers
 
     return plan(settings)
 
 
-_PLANS: dict[str, Callable[[Settings], Plan]] = {"abnet": _abnet, "electra": _electra}
+_PLANS: dict[str, Callable[[Settings], Plan]] = {"abnet": _abnet, "electra": _electra, "split": _split}
 
 
 def plan_for(settings: Settings) -> Plan:

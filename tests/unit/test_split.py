@@ -1,0 +1,155 @@
+"""The generic split-model workers (workers/split*.py) over the in-memory transport,
+on the worked example examples/split_mlp (a user's MLP cut in two)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings, load_settings
+from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+
+pytestmark = pytest.mark.paddle
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "split_mlp"
+sys.path.insert(0, str(EXAMPLE))  # the example's `mlp` module, as its scripts import it
+
+
+def settings_for(run_dir: Path, steps: int, in_flight: int = 2, forward: str = "fp16",
+                 backward: str = "int8") -> Settings:
+    return Settings(
+        job=JobSettings(id="unit-split", scenario="split", seed=7, steps=steps, run_dir=str(run_dir)),
+        codec=CodecSettings(forward=forward, backward=backward),
+        transport=TransportSettings(publish_patience_s=30.0),
+        split={"in_flight": in_flight, "lr": 0.003, "checkpoint_every": 5},
+    )
+
+
+class StopAt(Hook):
+    def __init__(self, worker: Worker, step: int) -> None:
+        self.worker, self.at = worker, step
+
+    def on_step(self, step: int, values: object) -> None:
+        if step >= self.at:
+            self.worker.stop_requested.set()
+
+
+def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
+    """Head and tail of the example, each in a thread, built as mlp.build_head/build_tail do."""
+    import mlp
+
+    from workers.split_head import SplitHeadWorker
+    from workers.split_tail import SplitTailWorker
+
+    tail = SplitTailWorker(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
+                           MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+    head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]
+                           MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    if stop_at is not None:
+        head.hooks.add(StopAt(head, stop_at))
+        tail.hooks.add(StopAt(tail, stop_at))
+    errors: list[BaseException] = []
+
+    def go(worker: Worker) -> None:
+        try:
+            worker.main()
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=(w,)) for w in (tail, head)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return head, tail
+
+
+def losses(run_dir: Path, worker: str) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows]
+
+
+def test_example_trains_compressed_with_two_in_flight(tmp_path: Path) -> None:
+    head, tail = run_pair(settings_for(tmp_path, steps=60), MemoryBroker())
+    assert head.step == tail.step == 60
+    curve = losses(tmp_path, "tail-0")
+    assert len(curve) == 60
+    assert np.mean(curve[-10:]) < 0.5 * np.mean(curve[:10])
+    assert losses(tmp_path, "head-0") == curve  # the head saw the same losses in the replies
+    for worker in ("head-0", "tail-0"):
+        assert CheckpointStore(tmp_path / "checkpoints" / worker).latest().step == 60  # type: ignore[union-attr]
+
+
+def test_uncompressed_lockstep_split_equals_joint_training(tmp_path: Path) -> None:
+    import mlp
+    import paddle
+
+    run_pair(settings_for(tmp_path, steps=12, in_flight=1, forward="none", backward="none"), MemoryBroker())
+    split = losses(tmp_path, "tail-0")
+
+    x, y = mlp.dataset()
+    joint = paddle.nn.Sequential(mlp.bottom(), mlp.top())
+    opt = paddle.optimizer.Adam(learning_rate=0.003, parameters=joint.parameters())
+    expected = []
+    for mb in range(12):
+        ids = mlp.batch_ids(mb)
+        loss = paddle.nn.functional.mse_loss(joint(paddle.to_tensor(x[ids])), paddle.to_tensor(y[ids]))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        expected.append(float(loss))
+    np.testing.assert_allclose(split, expected, rtol=1e-5)
+    assert expected[-1] < expected[0]
+
+
+def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
+    run_pair(settings_for(tmp_path / "a", steps=12), MemoryBroker())
+    c = settings_for(tmp_path / "c", steps=12)
+    broker = MemoryBroker()
+    head, tail = run_pair(c, broker, stop_at=6)
+    assert head.step == tail.step == 6
+    run_pair(c, broker)
+    for worker in ("head-0", "tail-0"):
+        da = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
+        dc = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
+        assert da is not None and dc is not None and dc.step == 12 and dc.digest == da.digest
+
+
+def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp_path: Path) -> None:
+    from workers.plans import plan_for
+    from workers.split_common import HeadSpec, TailSpec, load_builder
+
+    settings = load_settings(EXAMPLE / "job.toml")
+    plan = plan_for(settings)
+    assert {(p.role, p.cluster) for p in plan.processes} == {("split-head", "s"), ("split-tail", "t")}
+    assert [f.name for f in plan.flows][0] == "activations"
+    assert isinstance(load_builder(settings, "head")(settings), HeadSpec)
+    assert isinstance(load_builder(settings, "tail")(settings), TailSpec)
+
+
+@pytest.mark.parametrize("target", ["", "nomodule", "no_such_module_xyz:build", "mlp:no_such_function"])
+def test_a_bad_builder_name_is_a_config_error(tmp_path: Path, target: str) -> None:
+    from workers.split_common import load_builder
+
+    settings = settings_for(tmp_path, steps=1)
+    settings = Settings(job=settings.job, split={"head": target}, source=str(EXAMPLE / "job.toml"))
+    with pytest.raises(ConfigError, match="split.head"):
+        load_builder(settings, "head")
+
+
+def test_bad_split_section_is_a_config_error(tmp_path: Path) -> None:
+    from workers.split_common import load_split_job
+
+    for bad in ({"in_flight": 0}, {"head_cluster": "s", "tail_cluster": "s"}, {"lr": "fast"}):
+        with pytest.raises(ConfigError):
+            load_split_job(Settings(job=JobSettings(id="x", scenario="split"), split=bad))

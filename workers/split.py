@@ -1,0 +1,52 @@
+"""The few-lines API: run one half of your own split Paddle model on this cluster.
+
+    # cluster S                                   # cluster T
+    from workers.split import run_head             from workers.split import run_tail
+    run_head("job.toml", model=Bottom(),           run_tail("job.toml", model=Top(),
+             inputs=batch)                                  loss=mse, targets=labels)
+
+``job.toml`` names the clusters (brokers), the codec chains (``[codec] forward``
+for activations, ``backward`` for gradients) and the ``[split]`` section
+(``workers.split_common.SplitJob``: in_flight, checkpoint_every, lr...).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from nebula_mq.settings import Settings, load_settings
+from nebula_mq.transport.base import Transport
+from workers.split_common import (HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn,
+                                  default_optimizer)
+
+__all__ = ["HeadSpec", "TailSpec", "run_head", "run_tail"]
+
+
+def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
+    return job if isinstance(job, Settings) else load_settings(job)
+
+
+def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: InputsFn,
+             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None) -> int:
+    """Train the head half until ``job.steps`` gradients are applied (or SIGTERM); exit code.
+
+    ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index.
+    ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
+    from workers.split_head import SplitHeadWorker
+
+    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport)  # type: ignore[arg-type]
+    if threading.current_thread() is threading.main_thread():
+        worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
+    return worker.main()
+
+
+def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
+             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None) -> int:
+    """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code."""
+    from workers.split_tail import SplitTailWorker
+
+    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport)  # type: ignore[arg-type]
+    if threading.current_thread() is threading.main_thread():
+        worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
+    return worker.main()

@@ -1,0 +1,129 @@
+"""The generic split-model job: a user's model cut in two, head on one cluster, tail on the other.
+
+The head (cluster ``head_cluster``) runs the bottom layers on its own inputs and
+publishes the activation; the tail (cluster ``tail_cluster``) owns the targets,
+computes the loss and replies with d loss / d activation. Only activations,
+gradients and sample ids cross the WAN, compressed by the job's
+``[codec] forward`` / ``backward`` chains. The schedule, replay and resume
+contract are those of ABNet (``workers.abnet_encoder``), of which this is the
+model-agnostic form.
+
+What the user supplies is a :class:`HeadSpec` / :class:`TailSpec`: either passed
+to :func:`workers.split.run_head` / ``run_tail`` in a few lines of their own
+script, or built by a function named in the job file (``[split] head =
+"pkg.module:build_head"``) so that ``nebula-mq run job.toml`` starts both sides.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nebula_mq import config, topology
+from nebula_mq.errors import ConfigError
+from nebula_mq.settings import Settings
+
+if TYPE_CHECKING:  # paddle is imported by the workers only
+    import paddle
+
+# head(micro_batch) -> (sample_ids int64 [B], input arrays...): deterministic in the
+# micro-batch index (a resumed head must rebuild exactly what a clean one sent).
+InputsFn = Callable[[int], Sequence[np.ndarray]]
+# tail(sample_ids) -> the target arrays of those samples (one array or a tuple).
+TargetsFn = Callable[[np.ndarray], "np.ndarray | Sequence[np.ndarray]"]
+# loss(tail output, *targets as tensors) -> scalar tensor.
+LossFn = Callable[..., "paddle.Tensor"]
+# optimizer_fn(trainable parameters, lr) -> optimizer.
+OptimizerFn = Callable[[list["paddle.Tensor"], float], "paddle.optimizer.Optimizer"]
+
+
+@dataclass(frozen=True)
+class SplitJob:
+    """The ``[split]`` section of a job file."""
+
+    # "module:function" returning a HeadSpec / TailSpec from the Settings; only needed
+    # by `nebula-mq run` (a user's own script passes the spec directly).
+    head: str = ""
+    tail: str = ""
+    head_cluster: str = "s"
+    tail_cluster: str = "t"
+    # Requester id of the head worker; names its reply flow and checkpoint dir.
+    head_id: str = "head-0"
+    tail_id: str = "tail-0"
+    # Micro-batches whose gradient is not back yet (1 = exact, lockstep training).
+    in_flight: int = 1
+    checkpoint_every: int = 10
+    # Learning rate handed to both sides' optimizer_fn.
+    lr: float = 1e-3
+
+    def validate(self) -> None:
+        if self.in_flight < 1:
+            raise ValueError("in_flight >= 1")
+        if self.checkpoint_every < 1:
+            raise ValueError("checkpoint_every >= 1")
+        if self.head_cluster == self.tail_cluster:
+            raise ValueError("head_cluster != tail_cluster")
+        if not self.lr > 0:
+            raise ValueError("lr > 0")
+
+    def flows(self) -> tuple[topology.Flow, topology.Flow]:
+        """Activations head -> tail (requests), gradients tail -> head (replies)."""
+        act, reply = topology.abnet_flows(self.head_cluster, self.tail_cluster, (self.head_id,))
+        return act, reply
+
+
+def load_split_job(settings: Settings) -> SplitJob:
+    return config.build(SplitJob, dict(settings.split), settings.source or "<settings>", "split.")
+
+
+def default_optimizer(parameters: list[paddle.Tensor], lr: float) -> paddle.optimizer.Optimizer:
+    import paddle
+
+    return paddle.optimizer.Adam(learning_rate=lr, parameters=parameters)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What the head side of a user's split model is."""
+
+    model: paddle.nn.Layer  # called as model(*input tensors) -> activation tensor
+    inputs: InputsFn
+    optimizer_fn: OptimizerFn = default_optimizer
+
+
+@dataclass(frozen=True)
+class TailSpec:
+    """What the tail side of a user's split model is."""
+
+    model: paddle.nn.Layer  # called as model(activation) -> output tensor
+    loss: LossFn
+    targets: TargetsFn
+    optimizer_fn: OptimizerFn = default_optimizer
+
+
+def load_builder(settings: Settings, key: str) -> Callable[[Settings], Any]:
+    """The ``module:function`` named by ``[split] <key>``, imported."""
+    where = settings.source or "<settings>"
+    target = getattr(load_split_job(settings), key)
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(where, f"split.{key}", "'package.module:function'", target or "<empty>")
+    # The user's modules usually sit next to their job file: importable from there too.
+    if settings.source:
+        home = str(Path(settings.source).resolve().parent)
+        if home not in sys.path:
+            sys.path.append(home)
+    try:
+        builder = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(where, f"split.{key}", "an importable 'module:function'",
+                          f"{target} ({exc})") from None
+    if not callable(builder):
+        raise ConfigError(where, f"split.{key}", "a callable", target)
+    return builder

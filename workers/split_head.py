@@ -1,0 +1,195 @@
+"""Generic head worker (cluster S) of a split model: activations forward, gradients back.
+
+The schedule is ABNet's (see ``workers.abnet_encoder``): up to ``in_flight``
+micro-batches wait for their gradient; gradients are applied strictly in
+micro-batch order, one optimizer step each; at apply time the forward of the
+micro-batch is recomputed with the current weights and the same dropout seed,
+and the received gradient is back-propagated through it. So a checkpoint at
+step ``c`` is all a restarted head needs, and with ``in_flight = 1`` the split
+run is exactly the joint model's training.
+
+Subclasses change what a micro-batch is by overriding :meth:`forward`,
+:meth:`backward` and the checkpoint extras; the loop stays here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+from nebula_mq.codecs import LZ4, CompressionSchedule, LowRankState
+from nebula_mq.codecs.base import Codec
+from nebula_mq.errors import DataError, OutOfWindow, ShapeMismatch
+from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Transport
+from nebula_mq.transport.dedup import Deduplicator
+from workers.abnet_common import micro_batch_seed
+from workers.paddle_state import load_state_arrays, state_arrays
+from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job
+
+log = get_logger(__name__)
+
+Tensors = dict[str, tuple[np.ndarray, Codec]]
+
+
+def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
+    return [p for p in model.parameters() if not p.stop_gradient]
+
+
+class SplitHeadWorker(Worker):
+    role = "split-head"
+    state_prefix = "head"  # names this side's arrays in the checkpoint
+
+    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None) -> None:
+        self.job: SplitJob = load_split_job(settings)
+        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport,
+                         checkpoint_every=self.job.checkpoint_every)
+        self.spec = spec
+        self.model = spec.model
+        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+        self.act_flow, self.reply_flow = self.job.flows()
+        self.schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)
+        self.lowrank = LowRankState()  # warm start of rsvd: sender-side state
+        self.dedupe = Deduplicator()
+        self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
+        self.total = settings.job.steps
+        self.in_flight = self.job.in_flight
+
+    # ------------------------------------------------------------------ what a micro-batch is
+
+    def forward(self, mb: int) -> tuple[np.ndarray, paddle.Tensor]:
+        """(sample ids, activation) of micro-batch ``mb``; dropout seeded by ``mb``."""
+        parts = tuple(self.spec.inputs(mb))
+        if len(parts) < 2:
+            raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
+        sample_ids = np.asarray(parts[0], dtype=np.int64)
+        paddle.seed(micro_batch_seed(self.settings.job.seed, "head", mb))
+        out = self.model(*(paddle.to_tensor(np.asarray(p)) for p in parts[1:]))
+        if not isinstance(out, paddle.Tensor):
+            raise DataError(f"the head model must return one tensor, got {type(out).__name__}")
+        return sample_ids, out
+
+    def message(self, mb: int, sample_ids: np.ndarray, activation: np.ndarray,
+                codec: Codec) -> tuple[Tensors, dict[str, object], LowRankState | None]:
+        """Tensors, meta and codec state of the activation message (subclasses add fields)."""
+        return ({"activation": (activation, codec), "sample_ids": (sample_ids, LZ4())}, {}, self.lowrank)
+
+    def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
+        if tuple(grad.shape) != tuple(activation.shape):
+            raise ShapeMismatch(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(activation.shape)}")
+        activation.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
+
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        return None
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def restore(self) -> None:
+        ck = self.store.latest()
+        if ck is None:
+            return
+        load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
+        self.step = ck.step
+        self.next_fwd = int(ck.meta["next_fwd"])
+        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        self.restore_extra(ck.arrays, ck.meta)
+        log.info("resumed", step=self.step, next_fwd=self.next_fwd)
+
+    def checkpoint(self) -> None:
+        arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
+        arrays.update(self.extra_state())
+        self.commit(arrays, {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
+        self.write_history()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        self.transport.declare_dead_letter_queue()
+        self.transport.declare_flow(self.act_flow, "producer")
+        reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
+        self.restore()
+        allow = self.settings.codec.allow_non_finite
+        outbox = Outbox(self, self.act_flow, self.worker_id, allow_non_finite=allow)
+        inbox = Inbox(self, self.reply_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight,
+                      allow_non_finite=allow)
+        # A peer may be ahead of our last checkpoint by less than checkpoint_every plus its
+        # window; anything further cannot come from an honest peer and is dead-lettered.
+        pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
+        try:
+            while self.step < self.total:
+                while (self.next_fwd < min(self.total, self.step + self.in_flight)
+                       and not self.stop_requested.is_set()):
+                    self.send_activation(outbox, self.next_fwd, reply_queue)
+                    self.next_fwd += 1
+                if self.stop_requested.is_set():
+                    break
+                t0 = time.perf_counter()
+                received = inbox.get(timeout=0.5)
+                self.hooks.on_wait(time.perf_counter() - t0)
+                if received is None:
+                    continue
+                if pending.is_duplicate(received.micro_batch):
+                    inbox.discard_duplicate(received)
+                    continue
+                try:
+                    pending.push(received.micro_batch, received)
+                except OutOfWindow as exc:
+                    inbox.reject(received, exc)
+                    continue
+                for ready in pending.pop_ready():
+                    self.apply_gradient(inbox, ready.item)
+            # Normal end or SIGTERM: what was applied is checkpointed and acked.
+            if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
+                self.checkpoint()
+        finally:
+            outbox.close()
+            inbox.close()
+        return 0
+
+    def send_activation(self, outbox: Outbox, mb: int, reply_queue: str) -> None:
+        bind_context(step=self.step, micro_batch=mb)
+        t0 = time.perf_counter()
+        with paddle.no_grad():
+            sample_ids, out = self.forward(mb)
+        activation = out.numpy()
+        self.hooks.on_compute(time.perf_counter() - t0)
+        tensors, meta, state = self.message(mb, sample_ids, activation, self.schedule.codec_for(mb))
+        outbox.send(step=mb, micro_batch=mb, tensors=tensors, meta=meta, reply_to=reply_queue, state=state)
+
+    def apply_gradient(self, inbox: Inbox, received: Received) -> None:
+        mb = received.micro_batch
+        bind_context(step=self.step, micro_batch=mb)
+        t0 = time.perf_counter()
+        _, out = self.forward(mb)  # recompute (module docstring)
+        self.backward(out, received.tensors["grad"])
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        self.hooks.on_compute(time.perf_counter() - t0)
+        self.step += 1
+        inbox.applied(received)
+        self.record_step({"loss": float(received.meta.get("loss", float("nan")))})
+        if self.step % self.checkpoint_every == 0 or self.step == self.total:
+            self.checkpoint()
+
+
+def main(settings: Settings) -> int:
+    """``nebula-mq worker --role split-head``: the spec comes from ``[split] head``."""
+    spec = load_builder(settings, "head")(settings)
+    if not isinstance(spec, HeadSpec):
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError(settings.source, "split.head", "a function returning HeadSpec", type(spec).__name__)
+    worker = SplitHeadWorker(settings, spec)
+    worker.install_signal_handlers()
+    return worker.main()

@@ -1,0 +1,160 @@
+"""Generic tail worker (cluster T) of a split model: consumes activations, replies with gradients.
+
+For micro-batch ``j`` (strictly in order): look up the targets of the sample
+ids the activation carries, run the tail model and the loss, back-propagate,
+step the optimizer, and reply with d loss / d activation (compressed by the
+backward chain). Replay and resume follow ``workers.abnet_decoder``: the reply
+is confirmed before the activation is acked, the ack waits for the checkpoint
+holding the step, and dropout is seeded per micro-batch, so a restarted tail
+re-sends the same replies bit for bit and the head drops them as duplicates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import paddle
+
+from nebula_mq.codecs import CompressionSchedule
+from nebula_mq.errors import DataError, MalformedMessage, OutOfWindow
+from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import Settings
+from nebula_mq.transport.base import Transport
+from nebula_mq.transport.dedup import Deduplicator
+from workers.abnet_common import micro_batch_seed
+from workers.paddle_state import load_state_arrays, state_arrays
+from workers.split_common import SplitJob, TailSpec, load_builder, load_split_job
+from workers.split_head import trainable
+
+log = get_logger(__name__)
+
+
+class SplitTailWorker(Worker):
+    role = "split-tail"
+    state_prefix = "tail"  # names this side's arrays in the checkpoint
+
+    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None) -> None:
+        self.job: SplitJob = load_split_job(settings)
+        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport,
+                         checkpoint_every=self.job.checkpoint_every)
+        self.spec = spec
+        self.model = spec.model
+        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+        self.act_flow, self.reply_flow = self.job.flows()
+        self.schedule = CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step)
+        self.dedupe = Deduplicator()
+        self.total = settings.job.steps
+        self.in_flight = self.job.in_flight
+
+    # ------------------------------------------------------------------ what a micro-batch is
+
+    def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
+        """Loss of the received activation; backward into the tail; d loss / d activation."""
+        sample_ids = received.tensors["sample_ids"]
+        targets = self.spec.targets(sample_ids)
+        parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
+        x = paddle.to_tensor(np.asarray(received.tensors["activation"], dtype=np.float32), stop_gradient=False)
+        paddle.seed(micro_batch_seed(self.settings.job.seed, "tail", mb))
+        loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
+        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
+            raise DataError("the tail loss must return a scalar tensor")
+        loss.backward()
+        return float(loss), x.grad.numpy()
+
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        return None
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def restore(self) -> None:
+        ck = self.store.latest()
+        if ck is None:
+            return
+        load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
+        self.step = ck.step
+        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        self.restore_extra(ck.arrays, ck.meta)
+        log.info("resumed", step=self.step)
+
+    def checkpoint(self) -> None:
+        arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
+        arrays.update(self.extra_state())
+        self.commit(arrays, {"dedupe": self.dedupe.export_state()})
+        self.write_history()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        self.transport.declare_dead_letter_queue()
+        self.transport.declare_flow(self.act_flow, "consumer")
+        self.reply_queue = self.transport.declare_flow(self.reply_flow, "producer")
+        self.restore()
+        allow = self.settings.codec.allow_non_finite
+        outbox = Outbox(self, self.reply_flow, self.worker_id, allow_non_finite=allow)
+        inbox = Inbox(self, self.act_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight,
+                      allow_non_finite=allow)
+        pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
+        try:
+            while self.step < self.total and not self.stop_requested.is_set():
+                t0 = time.perf_counter()
+                received = inbox.get(timeout=0.5)
+                self.hooks.on_wait(time.perf_counter() - t0)
+                if received is None:
+                    continue
+                if pending.is_duplicate(received.micro_batch):
+                    inbox.discard_duplicate(received)
+                    continue
+                try:
+                    if received.delivery.reply_to != self.reply_queue:
+                        raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
+                                               f"this job's reply queue {self.reply_queue!r}")
+                    pending.push(received.micro_batch, received)
+                except (OutOfWindow, MalformedMessage) as exc:
+                    inbox.reject(received, exc)
+                    continue
+                for ready in pending.pop_ready():
+                    self.train_on(inbox, outbox, ready.item)
+            if self.step > 0 and not self.has_checkpoint_at_step():
+                self.checkpoint()
+        finally:
+            outbox.close()
+            inbox.close()
+        return 0
+
+    def train_on(self, inbox: Inbox, outbox: Outbox, received: Received) -> None:
+        mb = received.micro_batch
+        bind_context(step=self.step, micro_batch=mb)
+        t0 = time.perf_counter()
+        loss, grad = self.loss_and_grad(mb, received)
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        codec = self.schedule.codec_for(mb)
+        self.hooks.on_compute(time.perf_counter() - t0)
+        outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, codec)},
+                    meta={"loss": loss}, correlation_id=received.message_id)
+        self.step += 1
+        inbox.applied(received)
+        self.record_step({"loss": loss})
+        if self.step % self.checkpoint_every == 0 or self.step == self.total:
+            self.checkpoint()
+
+
+def main(settings: Settings) -> int:
+    """``nebula-mq worker --role split-tail``: the spec comes from ``[split] tail``."""
+    spec = load_builder(settings, "tail")(settings)
+    if not isinstance(spec, TailSpec):
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError(settings.source, "split.tail", "a function returning TailSpec", type(spec).__name__)
+    worker = SplitTailWorker(settings, spec)
+    worker.install_signal_handlers()
+    return worker.main()
