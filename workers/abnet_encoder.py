@@ -20,146 +20,83 @@ asynchronous pipeline training); with ``in_flight = 1`` it is exact.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import paddle
 
-from nebula_mq.codecs import LZ4, CompressionSchedule, LowRankState
+from nebula_mq.codecs import LZ4, LowRankState
+from nebula_mq.codecs.base import Codec
 from nebula_mq.codecs.feedback import DeltaCompression, SampleRows
-from nebula_mq.errors import OutOfWindow
 from nebula_mq.models.abnet import EncoderSide
-from nebula_mq.runtime.channel import Inbox, Outbox, Received
-from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordering import InOrderBuffer
-from nebula_mq.runtime.worker import Worker
+from nebula_mq.runtime.channel import Outbox
+from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq.transport.dedup import Deduplicator
 from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side, micro_batch_seed,
                                   model_config, sample_lengths, source_keep_ids)
-from workers.paddle_state import load_state_arrays, state_arrays
+from workers.split_head import Forward, SplitHead, Tensors
 
 log = get_logger(__name__)
 
 
-class AbnetEncoderWorker(Worker):
+class AbnetEncoderWorker(SplitHead):
+    """The split head (loop, window, recompute, checkpoints in ``workers.split_head``)
+    specialised to the ABNet encoder: its data, AQ-SGD deltas and evaluation."""
+
     role = "abnet-encoder"
+    state_prefix = "encoder"
+    activation_name = "enc_out"
 
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         self.job = load_job(settings)
-        super().__init__(settings, self.job.src_cluster, self.job.encoder_id, transport,
-                         checkpoint_every=self.job.checkpoint_every)
+        super().__init__(settings, self.job.src_cluster, self.job.encoder_id, transport, flows=self.job.flows(),
+                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg, source_keep_ids(self.job))
         self.optimizer = paddle.optimizer.AdamW(
             learning_rate=self.job.lr, parameters=self.model.trainable_parameters(), weight_decay=0.0)
         self.data = load_side(self.job, settings.job.seed, "src", self.cfg.encoder.vocab)
-        self.act_flow, self.reply_flow = self.job.flows()
-        self.schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)
-        self.lowrank = LowRankState()  # warm start of rsvd: sender-side state
         # AQ-SGD reference per sample; mirrored on T, part of the checkpoint.
         self.delta = DeltaCompression() if self.job.forward_feedback == "delta" else None
-        self.dedupe = Deduplicator()
-        self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
-        self.total = settings.job.steps
 
-    # ------------------------------------------------------------------ checkpoint
+    # ------------------------------------------------------------------ specialisation
 
-    def restore(self) -> None:
-        ck = self.store.latest()
-        if ck is None:
-            return
-        load_state_arrays("encoder", self.model, self.optimizer, ck.arrays)
-        self.step = ck.step
-        self.next_fwd = int(ck.meta["next_fwd"])
-        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+    def extra_state(self) -> dict[str, np.ndarray]:
+        return self.delta.cache.export("encoder/delta") if self.delta is not None else {}
+
+    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         if self.delta is not None:
-            self.delta = DeltaCompression(SampleRows.restore(ck.arrays, "encoder/delta"))
-        log.info("resumed", step=self.step, next_fwd=self.next_fwd)
-
-    def checkpoint(self) -> None:
-        arrays = state_arrays("encoder", self.model, self.optimizer)
-        if self.delta is not None:
-            arrays.update(self.delta.cache.export("encoder/delta"))
-        self.commit(arrays, {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
-        self.write_history()
-
-    # ------------------------------------------------------------------ loop
-
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
-        self.transport.declare_flow(self.act_flow, "producer")
-        reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
-        self.restore()
-        outbox = Outbox(self, self.act_flow, self.worker_id, allow_non_finite=self.settings.codec.allow_non_finite)
-        inbox = Inbox(self, self.reply_flow, self.dedupe, held=2 * self.checkpoint_every + self.job.in_flight,
-                      allow_non_finite=self.settings.codec.allow_non_finite)
-        # A peer may be ahead of our last checkpoint by what we applied but had not
-        # checkpointed when we stopped (< checkpoint_every) plus its window; anything
-        # further cannot come from an honest peer and is dead-lettered.
-        pending: InOrderBuffer[Received] = InOrderBuffer(
-            self.step, window=self.job.in_flight + self.checkpoint_every)
-        window = self.job.in_flight
-        try:
-            while self.step < self.total:
-                while self.next_fwd < min(self.total, self.step + window) and not self.stop_requested.is_set():
-                    self.send_activation(outbox, self.next_fwd, reply_queue)
-                    self.next_fwd += 1
-                if self.stop_requested.is_set():
-                    break
-                t0 = time.perf_counter()
-                received = inbox.get(timeout=0.5)
-                self.hooks.on_wait(time.perf_counter() - t0)
-                if received is None:
-                    continue
-                if pending.is_duplicate(received.micro_batch):
-                    inbox.discard_duplicate(received)
-                    continue
-                try:
-                    pending.push(received.micro_batch, received)
-                except OutOfWindow as exc:
-                    inbox.reject(received, exc)
-                    continue
-                for ready in pending.pop_ready():
-                    self.apply_gradient(inbox, ready.item)
-            # Normal end or SIGTERM: what was applied is checkpointed and acked.
-            # On an exception nothing is committed; the broker replays the rest.
-            if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
-                self.checkpoint()
-            if self.step >= self.total and self.job.eval_samples and not self.stop_requested.is_set():
-                self.send_evaluation()
-        finally:
-            outbox.close()
-            inbox.close()
-        return 0
+            self.delta = DeltaCompression(SampleRows.restore(arrays, "encoder/delta"))
 
     def _forward(self, mb: int) -> tuple[np.ndarray, np.ndarray, paddle.Tensor]:
         sample_ids, ids, mask = self.data.source(mb)
         paddle.seed(micro_batch_seed(self.settings.job.seed, "src", mb))
         return sample_ids, mask, self.model(ids, mask)
 
-    def send_activation(self, outbox: Outbox, mb: int, reply_queue: str) -> None:
-        bind_context(step=self.step, micro_batch=mb)
-        t0 = time.perf_counter()
-        with paddle.no_grad():
-            sample_ids, mask, enc_out = self._forward(mb)
-        activation = enc_out.numpy()
-        self.hooks.on_compute(time.perf_counter() - t0)
-        codec = self.schedule.codec_for(mb)
-        meta: dict[str, object] = {}
-        state: LowRankState | None = self.lowrank
+    def forward(self, mb: int) -> Forward:
+        sample_ids, mask, enc_out = self._forward(mb)
+        return Forward(sample_ids, enc_out, {"src_mask": mask})
+
+    def message(self, mb: int, fwd: Forward, activation: np.ndarray,
+                codec: Codec) -> tuple[Tensors, dict[str, object], LowRankState | None]:
+        tensors, meta, state = super().message(mb, fwd, activation, codec)
         if self.delta is not None:
             # The cache update needs the receiver's exact decode, so no warm-start state
             # (an rsvd encode would then differ between the local and the sent copy).
-            activation = self.delta.send(sample_ids, sample_lengths(mask), activation, codec)
+            delta = self.delta.send(fwd.sample_ids, sample_lengths(fwd.side["src_mask"]), activation, codec)
+            tensors[self.activation_name] = (delta, codec)
             meta["delta"] = True
             state = None
-        outbox.send(
-            step=mb, micro_batch=mb,
-            tensors={"enc_out": (activation, codec), "src_mask": (mask, LZ4()),
-                     "sample_ids": (sample_ids, LZ4())},
-            meta=meta, reply_to=reply_queue, state=state,
-        )
+        return tensors, meta, state
+
+    def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
+        self.model.backward(activation, grad)
+
+    def after_training(self) -> None:
+        if self.job.eval_samples:
+            self.send_evaluation()
 
     def send_evaluation(self) -> None:
         """Encode the first ``eval_samples`` of the eval split (no dropout, no gradient)
@@ -188,21 +125,6 @@ class AbnetEncoderWorker(Worker):
             self.model.train()
             outbox.close()
         log.info("evaluation_sent", batches=batches, samples=n)
-
-    def apply_gradient(self, inbox: Inbox, received: Received) -> None:
-        mb = received.micro_batch
-        bind_context(step=self.step, micro_batch=mb)
-        t0 = time.perf_counter()
-        _, _, enc_out = self._forward(mb)  # recompute (module docstring)
-        self.model.backward(enc_out, received.tensors["grad"])
-        self.optimizer.step()
-        self.optimizer.clear_grad()
-        self.hooks.on_compute(time.perf_counter() - t0)
-        self.step += 1
-        inbox.applied(received)
-        self.record_step({"loss": float(received.meta.get("loss", float("nan")))})
-        if self.step % self.checkpoint_every == 0 or self.step == self.total:
-            self.checkpoint()
 
 
 def main(settings: Settings) -> int:

@@ -8,19 +8,24 @@ and the received gradient is back-propagated through it. So a checkpoint at
 step ``c`` is all a restarted head needs, and with ``in_flight = 1`` the split
 run is exactly the joint model's training.
 
-Subclasses change what a micro-batch is by overriding :meth:`forward`,
-:meth:`backward` and the checkpoint extras; the loop stays here.
+:class:`SplitHead` is the loop; a subclass says what a micro-batch is
+(:meth:`SplitHead.forward`) and may add message fields, checkpoint extras and
+an after-training step: :class:`SplitHeadWorker` runs a user's :class:`HeadSpec`,
+``workers.abnet_encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
 """
 
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import paddle
 
+from nebula_mq import topology
 from nebula_mq.codecs import LZ4, CompressionSchedule, LowRankState
 from nebula_mq.codecs.base import Codec
 from nebula_mq.errors import DataError, OutOfWindow, ShapeMismatch
@@ -44,43 +49,49 @@ def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
     return [p for p in model.parameters() if not p.stop_gradient]
 
 
-class SplitHeadWorker(Worker):
+@dataclass(frozen=True)
+class Forward:
+    """One micro-batch through the head."""
+
+    sample_ids: np.ndarray  # int64 [B]: how the tail finds its targets
+    activation: paddle.Tensor
+    # Arrays the tail needs besides the activation (e.g. a padding mask), sent lossless.
+    side: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+
+class SplitHead(Worker):
+    """The head loop; subclasses say what a micro-batch is (:meth:`forward`)."""
+
     role = "split-head"
     state_prefix = "head"  # names this side's arrays in the checkpoint
+    activation_name = "activation"  # tensor name of the activation in the message
 
-    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None) -> None:
-        self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport,
-                         checkpoint_every=self.job.checkpoint_every)
-        self.spec = spec
-        self.model = spec.model
-        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
-        self.act_flow, self.reply_flow = self.job.flows()
+    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
+                 flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
+        super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
+        self.act_flow, self.reply_flow = flows
+        self.in_flight = in_flight
         self.schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)
         self.lowrank = LowRankState()  # warm start of rsvd: sender-side state
         self.dedupe = Deduplicator()
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
         self.total = settings.job.steps
-        self.in_flight = self.job.in_flight
+        self.model: paddle.nn.Layer
+        self.optimizer: paddle.optimizer.Optimizer
 
     # ------------------------------------------------------------------ what a micro-batch is
 
-    def forward(self, mb: int) -> tuple[np.ndarray, paddle.Tensor]:
-        """(sample ids, activation) of micro-batch ``mb``; dropout seeded by ``mb``."""
-        parts = tuple(self.spec.inputs(mb))
-        if len(parts) < 2:
-            raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
-        sample_ids = np.asarray(parts[0], dtype=np.int64)
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "head", mb))
-        out = self.model(*(paddle.to_tensor(np.asarray(p)) for p in parts[1:]))
-        if not isinstance(out, paddle.Tensor):
-            raise DataError(f"the head model must return one tensor, got {type(out).__name__}")
-        return sample_ids, out
+    @abstractmethod
+    def forward(self, mb: int) -> Forward:
+        """Micro-batch ``mb`` through the model; deterministic in ``mb`` (dropout seeded)."""
 
-    def message(self, mb: int, sample_ids: np.ndarray, activation: np.ndarray,
+    def message(self, mb: int, fwd: Forward, activation: np.ndarray,
                 codec: Codec) -> tuple[Tensors, dict[str, object], LowRankState | None]:
-        """Tensors, meta and codec state of the activation message (subclasses add fields)."""
-        return ({"activation": (activation, codec), "sample_ids": (sample_ids, LZ4())}, {}, self.lowrank)
+        """Tensors, meta and codec state of the activation message."""
+        tensors: Tensors = {self.activation_name: (activation, codec)}
+        tensors.update({name: (array, LZ4()) for name, array in fwd.side.items()})
+        tensors["sample_ids"] = (fwd.sample_ids, LZ4())
+        return tensors, {}, self.lowrank
 
     def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
         if tuple(grad.shape) != tuple(activation.shape):
@@ -88,9 +99,14 @@ class SplitHeadWorker(Worker):
         activation.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
 
     def extra_state(self) -> dict[str, np.ndarray]:
+        """Arrays checkpointed besides model and optimizer (e.g. feedback caches)."""
         return {}
 
     def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        return None
+
+    def after_training(self) -> None:
+        """Called once all ``steps`` gradients are applied and checkpointed (not on a stop)."""
         return None
 
     # ------------------------------------------------------------------ checkpoint
@@ -152,6 +168,8 @@ class SplitHeadWorker(Worker):
             # Normal end or SIGTERM: what was applied is checkpointed and acked.
             if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
                 self.checkpoint()
+            if self.step >= self.total and not self.stop_requested.is_set():
+                self.after_training()
         finally:
             outbox.close()
             inbox.close()
@@ -161,18 +179,18 @@ class SplitHeadWorker(Worker):
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
         with paddle.no_grad():
-            sample_ids, out = self.forward(mb)
-        activation = out.numpy()
+            fwd = self.forward(mb)
+        activation = fwd.activation.numpy()
         self.hooks.on_compute(time.perf_counter() - t0)
-        tensors, meta, state = self.message(mb, sample_ids, activation, self.schedule.codec_for(mb))
+        tensors, meta, state = self.message(mb, fwd, activation, self.schedule.codec_for(mb))
         outbox.send(step=mb, micro_batch=mb, tensors=tensors, meta=meta, reply_to=reply_queue, state=state)
 
     def apply_gradient(self, inbox: Inbox, received: Received) -> None:
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
-        _, out = self.forward(mb)  # recompute (module docstring)
-        self.backward(out, received.tensors["grad"])
+        fwd = self.forward(mb)  # recompute (module docstring)
+        self.backward(fwd.activation, received.tensors["grad"])
         self.optimizer.step()
         self.optimizer.clear_grad()
         self.hooks.on_compute(time.perf_counter() - t0)
@@ -181,6 +199,29 @@ class SplitHeadWorker(Worker):
         self.record_step({"loss": float(received.meta.get("loss", float("nan")))})
         if self.step % self.checkpoint_every == 0 or self.step == self.total:
             self.checkpoint()
+
+
+class SplitHeadWorker(SplitHead):
+    """The head of a user's model: a :class:`HeadSpec`, configured by ``[split]``."""
+
+    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None) -> None:
+        self.job: SplitJob = load_split_job(settings)
+        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport, flows=self.job.flows(),
+                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        self.spec = spec
+        self.model = spec.model
+        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+
+    def forward(self, mb: int) -> Forward:
+        parts = tuple(self.spec.inputs(mb))
+        if len(parts) < 2:
+            raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
+        sample_ids = np.asarray(parts[0], dtype=np.int64)
+        paddle.seed(micro_batch_seed(self.settings.job.seed, "head", mb))
+        out = self.model(*(paddle.to_tensor(np.asarray(p)) for p in parts[1:]))
+        if not isinstance(out, paddle.Tensor):
+            raise DataError(f"the head model must return one tensor, got {type(out).__name__}")
+        return Forward(sample_ids, out)
 
 
 def main(settings: Settings) -> int:

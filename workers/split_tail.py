@@ -7,18 +7,25 @@ backward chain). Replay and resume follow ``workers.abnet_decoder``: the reply
 is confirmed before the activation is acked, the ack waits for the checkpoint
 holding the step, and dropout is seeded per micro-batch, so a restarted tail
 re-sends the same replies bit for bit and the head drops them as duplicates.
+
+:class:`SplitTail` is the loop; :class:`SplitTailWorker` runs a user's
+:class:`TailSpec`, ``workers.abnet_decoder`` the ABNet decoder (AQ-SGD mirror,
+error feedback, beam-search evaluation).
 """
 
 from __future__ import annotations
 
 import time
+from abc import abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import paddle
 
+from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
+from nebula_mq.codecs.base import Codec
 from nebula_mq.errors import DataError, MalformedMessage, OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -35,37 +42,41 @@ from workers.split_head import trainable
 log = get_logger(__name__)
 
 
-class SplitTailWorker(Worker):
+class SplitTail(Worker):
+    """The tail loop; subclasses say how a micro-batch is trained (:meth:`loss_and_grad`)."""
+
     role = "split-tail"
     state_prefix = "tail"  # names this side's arrays in the checkpoint
 
-    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None) -> None:
-        self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport,
-                         checkpoint_every=self.job.checkpoint_every)
-        self.spec = spec
-        self.model = spec.model
-        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
-        self.act_flow, self.reply_flow = self.job.flows()
+    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
+                 flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
+        super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
+        self.act_flow, self.reply_flow = flows
+        self.in_flight = in_flight
         self.schedule = CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step)
         self.dedupe = Deduplicator()
         self.total = settings.job.steps
-        self.in_flight = self.job.in_flight
+        self.model: paddle.nn.Layer
+        self.optimizer: paddle.optimizer.Optimizer
 
     # ------------------------------------------------------------------ what a micro-batch is
 
+    @abstractmethod
     def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
-        """Loss of the received activation; backward into the tail; d loss / d activation."""
-        sample_ids = received.tensors["sample_ids"]
-        targets = self.spec.targets(sample_ids)
-        parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
-        x = paddle.to_tensor(np.asarray(received.tensors["activation"], dtype=np.float32), stop_gradient=False)
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "tail", mb))
-        loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
-        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
-            raise DataError("the tail loss must return a scalar tensor")
-        loss.backward()
-        return float(loss), x.grad.numpy()
+        """Loss of the received activation, backward into the tail (no optimizer step);
+        returns (loss, d loss / d activation)."""
+
+    def compensate(self, received: Received, grad: np.ndarray, codec: Codec) -> np.ndarray:
+        """The gradient as sent (e.g. plus an error-feedback residual)."""
+        return grad
+
+    def handle_other(self, inbox: Inbox, received: Received) -> bool:
+        """True when ``received`` is not a training activation and was dealt with here."""
+        return False
+
+    def more_to_do(self) -> bool:
+        """Keep consuming after the last training step (e.g. evaluation batches)."""
+        return False
 
     def extra_state(self) -> dict[str, np.ndarray]:
         return {}
@@ -104,11 +115,11 @@ class SplitTailWorker(Worker):
                       allow_non_finite=allow)
         pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
         try:
-            while self.step < self.total and not self.stop_requested.is_set():
+            while (self.step < self.total or self.more_to_do()) and not self.stop_requested.is_set():
                 t0 = time.perf_counter()
                 received = inbox.get(timeout=0.5)
                 self.hooks.on_wait(time.perf_counter() - t0)
-                if received is None:
+                if received is None or self.handle_other(inbox, received):
                     continue
                 if pending.is_duplicate(received.micro_batch):
                     inbox.discard_duplicate(received)
@@ -138,6 +149,7 @@ class SplitTailWorker(Worker):
         self.optimizer.step()
         self.optimizer.clear_grad()
         codec = self.schedule.codec_for(mb)
+        grad = self.compensate(received, grad, codec)
         self.hooks.on_compute(time.perf_counter() - t0)
         outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, codec)},
                     meta={"loss": loss}, correlation_id=received.message_id)
@@ -146,6 +158,29 @@ class SplitTailWorker(Worker):
         self.record_step({"loss": loss})
         if self.step % self.checkpoint_every == 0 or self.step == self.total:
             self.checkpoint()
+
+
+class SplitTailWorker(SplitTail):
+    """The tail of a user's model: a :class:`TailSpec`, configured by ``[split]``."""
+
+    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None) -> None:
+        self.job: SplitJob = load_split_job(settings)
+        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport, flows=self.job.flows(),
+                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        self.spec = spec
+        self.model = spec.model
+        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+
+    def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
+        targets = self.spec.targets(received.tensors["sample_ids"])
+        parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
+        x = paddle.to_tensor(np.asarray(received.tensors["activation"], dtype=np.float32), stop_gradient=False)
+        paddle.seed(micro_batch_seed(self.settings.job.seed, "tail", mb))
+        loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
+        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
+            raise DataError("the tail loss must return a scalar tensor")
+        loss.backward()
+        return float(loss), x.grad.numpy()
 
 
 def main(settings: Settings) -> int:
