@@ -262,6 +262,18 @@ def remap(row: Sequence[int], kept: np.ndarray, unk_new: int) -> list[int]:
     return np.where(kept[pos] == arr, pos, unk_new).tolist()
 
 
+def corpus_vocabulary(settings: Settings, job: ElectraJob, cfg: Any) -> tuple[np.ndarray, list[list[Any]]]:
+    """(kept original XLM-R ids, each generator's tokenized corpus) of a ``data = "corpus"`` job.
+
+    The probe (workers.electra_probe) calls it too: it must map text into the
+    same pruned vocabulary the discriminator was trained with.
+    """
+    texts = [corpus_texts(g.task, g.group, Path(job.data_dir), job.max_sentences) for g in cfg.generators]
+    tokenized = [tokenize_corpus(t) for t in texts]
+    flat = [[x for ex in rows for x in ((ex,) if not isinstance(ex, tuple) else ex)] for rows in tokenized]
+    return kept_vocabulary(flat, cfg.vocab_size), tokenized
+
+
 def load_streams(settings: Settings, job: ElectraJob) -> tuple[Any, list[TokenStream]]:
     """(ElectraConfig, one TokenStream per generator). Deterministic: every process of the
     job (generators and discriminator ranks) derives the same pruned vocabulary."""
@@ -271,10 +283,7 @@ def load_streams(settings: Settings, job: ElectraJob) -> tuple[Any, list[TokenSt
         raw = [synthetic_examples(g.task, g.group, cfg.vocab_size, cfg.max_len, 4096, seed)
                for g in cfg.generators]
     else:
-        texts = [corpus_texts(g.task, g.group, Path(job.data_dir), job.max_sentences) for g in cfg.generators]
-        tokenized = [tokenize_corpus(t) for t in texts]
-        flat = [[x for ex in rows for x in ((ex,) if not isinstance(ex, tuple) else ex)] for rows in tokenized]
-        kept = kept_vocabulary(flat, cfg.vocab_size)
+        kept, tokenized = corpus_vocabulary(settings, job, cfg)
         cfg = model_config(settings, job, kept)
         raw = [[tuple(remap(x, kept, cfg.unk_id) for x in ex) if isinstance(ex, tuple) else remap(ex, kept, cfg.unk_id)
                 for ex in rows] for rows in tokenized]
