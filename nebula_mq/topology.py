@@ -152,6 +152,18 @@ def electra_flows(gen_cluster: str, disc_cluster: str, n_sub: int) -> tuple[Flow
     return tuple(flows)
 
 
+def electra_m3_flows(gen_clusters: tuple[str, ...], disc_cluster: str, n_sub: int) -> tuple[Flow, ...]:
+    """Scenario I with M3 generators on their own clusters: generator ``k`` (on
+    ``gen_clusters[k]``) publishes on ``gen-results-<k>`` and gets its own ``sync-<k>``
+    tokens back, so each generator process consumes only its own sync stream."""
+    if not gen_clusters:
+        raise ValueError("at least one generator cluster")
+    flows = [Flow(f"gen-results-{k}", c, disc_cluster) for k, c in enumerate(gen_clusters)]
+    flows += [Flow(f"sync-{k}", disc_cluster, c, FlowKind.SYNC) for k, c in enumerate(gen_clusters)]
+    flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
+    return tuple(flows)
+
+
 def abnet_flows(src_cluster: str, tgt_cluster: str, requesters: tuple[str, ...]) -> tuple[Flow, ...]:
     """Scenario II: encoder activations S -> T as requests; gradient replies T -> S."""
     flows = [Flow("activations", src_cluster, tgt_cluster)]

@@ -170,3 +170,17 @@ def test_auto_n_is_measured_once_and_every_process_reads_the_same_value(tmp_path
     # Later processes (the ranks, the generator) read the recorded value instead of measuring.
     (tmp_path / "electra-n-sub.json").write_text(json.dumps({**record, "n_sub": 3}))
     assert load_job(settings).n == 3
+
+
+@given(clusters=st.lists(st.sampled_from(["cluster-a", "cluster-b", "cluster-c"]), min_size=1, max_size=4),
+       n_sub=st.integers(1, 4))
+def test_m3_flows_give_each_generator_its_own_results_and_sync_streams(clusters: list[str], n_sub: int) -> None:
+    from nebula_mq.topology import FlowKind, electra_m3_flows
+
+    fl = {f.name: f for f in electra_m3_flows(tuple(clusters), "cluster-b", n_sub)}
+    assert len(fl) == 2 * len(clusters) + n_sub  # names unique within the job
+    for k, cluster in enumerate(clusters):
+        res, sync = fl[f"gen-results-{k}"], fl[f"sync-{k}"]
+        assert (res.src_cluster, res.dst_cluster) == (cluster, "cluster-b")
+        assert (sync.src_cluster, sync.dst_cluster, sync.kind) == ("cluster-b", cluster, FlowKind.SYNC)
+    assert all(not fl[f"sub-disc-{r}"].crosses_clusters for r in range(n_sub))
