@@ -131,7 +131,7 @@ def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp
 
     settings = load_settings(EXAMPLE / "job.toml")
     plan = plan_for(settings)
-    assert {(p.role, p.cluster) for p in plan.processes} == {("split-head", "s"), ("split-tail", "t")}
+    assert {(p.role, p.cluster) for p in plan.processes} == {("split-head", "cluster-a"), ("split-tail", "cluster-b")}
     assert [f.name for f in plan.flows][0] == "activations"
     assert isinstance(load_builder(settings, "head")(settings), HeadSpec)
     assert isinstance(load_builder(settings, "tail")(settings), TailSpec)
@@ -153,3 +153,39 @@ def test_bad_split_section_is_a_config_error(tmp_path: Path) -> None:
     for bad in ({"in_flight": 0}, {"head_cluster": "s", "tail_cluster": "s"}, {"lr": "fast"}):
         with pytest.raises(ConfigError):
             load_split_job(Settings(job=JobSettings(id="x", scenario="split"), split=bad))
+
+
+def test_the_few_lines_api_runs_the_example_job_file(tmp_path: Path) -> None:
+    """run_head/run_tail as examples/split_mlp/head.py and tail.py call them, on the
+    example's own job.toml (brokers swapped for the in-memory transport)."""
+    import dataclasses
+
+    import mlp
+    from paddle.nn.functional import mse_loss
+
+    from nebula_mq.security.keys import ensure_job_key, job_key_file
+    from workers.split import run_head, run_tail
+
+    loaded = load_settings(EXAMPLE / "job.toml")
+    settings = dataclasses.replace(loaded, job=dataclasses.replace(loaded.job, steps=40, run_dir=str(tmp_path)))
+    # Both sides share the job's HMAC key, installed beforehand (as `nebula-mq run` does).
+    ensure_job_key(job_key_file(settings.run_dir), settings.job.id)
+    broker = MemoryBroker()
+    x, y = mlp.dataset()
+    codes: dict[str, int] = {}
+
+    def transport(cluster: str) -> MemoryTransport:
+        return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
+
+    tail = threading.Thread(target=lambda: codes.update(tail=run_tail(
+        settings, model=mlp.top(), loss=mse_loss, targets=lambda ids: y[ids], transport=transport("cluster-b"))))
+    head = threading.Thread(target=lambda: codes.update(head=run_head(
+        settings, model=mlp.bottom(), inputs=lambda mb: (ids := mlp.batch_ids(mb), x[ids]),
+        transport=transport("cluster-a"))))
+    for t in (tail, head):
+        t.start()
+    for t in (tail, head):
+        t.join(120)
+    assert codes == {"tail": 0, "head": 0}
+    curve = losses(tmp_path, "tail-0")
+    assert len(curve) == 40 and np.mean(curve[-8:]) < 0.5 * np.mean(curve[:8])
