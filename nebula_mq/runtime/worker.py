@@ -14,6 +14,7 @@ checkpoint is still unacked on the broker.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -60,8 +61,14 @@ def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
     """
     path = job_key_file(settings.run_dir)
     if not path.exists():
-        log.warning("job_key_created", path=str(path))
-        ensure_job_key(path, settings.job.id)
+        # Two sides started at once in one run dir must not each write a key: the
+        # creation is serialised by a lock and every process then reads the file.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                log.warning("job_key_created", path=str(path))
+                ensure_job_key(path, settings.job.id)
     audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
     return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
                                    window_s=settings.security.replay_window_s)
