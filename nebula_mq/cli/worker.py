@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from typing import Any
 
 from nebula_mq.settings import ClusterSettings, Settings, load_settings
@@ -22,6 +23,8 @@ def register(sub: Any) -> None:
     p.add_argument("--index", type=int, default=0, help="index among workers of the same role")
     p.add_argument("--stack", default=None, help="take broker settings from this local stack run dir")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="also serve Prometheus metrics over HTTP on this port (/metrics)")
     p.set_defaults(func=_run)
 
 
@@ -45,6 +48,10 @@ def _run(args: argparse.Namespace) -> int:
     from workers.plans import run_role
 
     configure_logging(args.log_level)
+    if args.metrics_port:
+        from nebula_mq.runtime.worker import METRICS_PORT_ENV
+
+        os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
     settings = load_settings(args.config)
     if args.stack:
         settings = resolve_from_stack(settings, args.stack, args.role, args.index)

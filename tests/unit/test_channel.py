@@ -138,3 +138,18 @@ def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> N
     wire = sender.metrics.wire_bytes.labels("activations", "out")._value.get()
     assert raw == x.nbytes
     assert 0.5 < wire / raw < 0.7  # fp16 halves the payload; the envelope adds a little
+
+
+def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("NEBULA_METRICS_PORT", str(port))
+    worker = make(tmp_path, MemoryBroker(), "s", "enc-0")
+    worker.step = 3
+    worker.record_step({"loss": 1.5})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "nebula_step 3.0" in body and 'nebula_value{name="loss"} 1.5' in body
