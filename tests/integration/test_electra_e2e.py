@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
-from nebula_mq.security.keys import ensure_job_key, job_key_file
-from nebula_mq.settings import load_settings
-from workers.plans import plan_for
+from tests.fixtures.jobs import final_checkpoint, provision_job_files, start_worker, step_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
@@ -72,46 +68,19 @@ def free_port_range(n: int) -> int:
 
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
               gen_cluster: str = "cluster-a") -> dict[str, Path]:
-    """Provision a job on the test stack; write one TOML per process (worker id -> path),
-    each naming that process's own broker identity, as each host of a real deployment
-    holds its own certificate (permissions are per role)."""
+    """Provision a job on the test stack; one job file per process (worker id -> path)."""
     text = JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
                       port=free_port_range(n_sub), gen_cluster=gen_cluster)
-    probe = tmp / f"{name}-probe.toml"
-    probe.write_text(text)
-    plan = plan_for(load_settings(probe, environ={}))
-    job = stack.new_job(flows=plan.flows, identities={})
-    text = text.replace('"placeholder"', f'"{job.job_id}"')
-    stack.stack.provision_job(job.job_id, plan.flows, plan.identities(job.job_id))
-    ensure_job_key(job_key_file(tmp / name), job.job_id)
-    paths = {}
-    for proc in plan.processes:
-        b = stack.broker_settings(proc.cluster, proc.identity(job.job_id), vhost=job.vhost)
-        block = (f'\n[clusters.{proc.cluster}.broker]\nhost = "{b.host}"\nport = {b.port}\n'
-                 f'vhost = "{b.vhost}"\nca_file = "{b.ca_file}"\ncert_file = "{b.cert_file}"\n'
-                 f'key_file = "{b.key_file}"\nserver_name = "{b.server_name}"\nheartbeat_s = 10\n')
-        paths[proc.worker_id] = tmp / f"{name}-{proc.worker_id}.toml"
-        paths[proc.worker_id].write_text(text + block)
-    return paths
+    return provision_job_files(stack, tmp, name, text)
 
 
-def start(role: str, config: Path, log: Path, index: int = 0) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", role, "--index", str(index),
-           "--config", str(config)]
-    return subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+start = start_worker
 
 
 def start_all(cfgs: dict[str, Path], tmp: Path, name: str) -> dict[str, subprocess.Popen[bytes]]:
     return {"disc-root": start("electra-root", cfgs["disc-root"], tmp / f"{name}-root.log"),
             "disc-sub-1": start("electra-sub", cfgs["disc-sub-1"], tmp / f"{name}-sub.log", index=1),
             "gen": start("electra-generator", cfgs["gen"], tmp / f"{name}-gen.log")}
-
-
-def step_of(run_dir: Path, worker: str) -> int:
-    try:
-        return int(json.loads((run_dir / "status" / f"{worker}.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return -1
 
 
 def wait_all(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, name: str, timeout: float) -> None:
@@ -127,10 +96,7 @@ def wait_all(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, name: str, ti
     assert [p.returncode for p in procs.values()] == [0, 0, 0], logs
 
 
-def final(run_dir: Path, worker: str) -> Checkpoint:
-    ck = CheckpointStore(run_dir / "checkpoints" / worker).latest()
-    assert ck is not None
-    return ck
+final = final_checkpoint
 
 
 def column(run_dir: Path, worker: str, key: str) -> list[float]:
