@@ -44,7 +44,6 @@ import structlog
 from pika.adapters.blocking_connection import BlockingChannel
 
 from nebula_mq import topology
-from nebula_mq.errors import TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare

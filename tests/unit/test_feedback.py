@@ -25,7 +25,6 @@ def batch(rng: np.random.Generator, ids: list[int], width: int = 6, hidden: int 
 def test_sender_and_receiver_caches_stay_bit_identical(seed: int, chain: str) -> None:
     """The receiver rebuilds from the wire bytes what the sender rebuilt from its own
     encoding, epoch after epoch, and both caches export to identical arrays."""
-    rng = np.random.default_rng(seed)
     codec = parse_codec(chain)
     sender, receiver = DeltaCompression(), DeltaCompression()
     for epoch in range(3):
