@@ -5,17 +5,16 @@ Cross-cluster behaviour on real brokers is tested in tests/integration.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.hooks import Hook
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, CodecSettings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.threads import history, run_workers
 
 pytestmark = pytest.mark.paddle
 
@@ -31,50 +30,18 @@ def tiny_settings(run_dir: Path, steps: int, in_flight: int = 3, forward: str = 
     )
 
 
-class StopAt(Hook):
-    """Requests a stop once the worker reaches ``step``, as SIGTERM would."""
-
-    def __init__(self, worker: Worker, step: int) -> None:
-        self.worker, self.at = worker, step
-
-    def on_step(self, step: int, values: object) -> None:
-        if step >= self.at:
-            self.worker.stop_requested.set()
-
-
 def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
     from workers.abnet_decoder import AbnetDecoderWorker
     from workers.abnet_encoder import AbnetEncoderWorker
 
     enc = AbnetEncoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "s"))
     dec = AbnetDecoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    if stop_at is not None:
-        enc.hooks.add(StopAt(enc, stop_at))
-        dec.hooks.add(StopAt(dec, stop_at))
-    errors: list[BaseException] = []
-
-    def go(worker: Worker) -> None:
-        try:
-            worker.main()
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    # The decoder declares its queues first, as a daemon started before the encoder would.
-    t_dec = threading.Thread(target=go, args=(dec,))
-    t_dec.start()
-    t_enc = threading.Thread(target=go, args=(enc,))
-    t_enc.start()
-    t_enc.join(120)
-    t_dec.join(120)
-    assert not errors, errors
+    run_workers((dec, enc), stop_at)  # the decoder declares its queues first
     return enc, dec
 
 
 def losses(run_dir: Path, worker: str) -> list[float]:
-    import json
-
-    rows = [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows]
+    return history(run_dir, worker, "loss")
 
 
 def test_pipeline_trains_and_both_sides_reach_the_same_step(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ multi-rank group on real brokers is in tests/integration/test_electra_e2e.py.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,10 @@ from hypothesis import strategies as st
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.hooks import Hook
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.threads import history, run_workers
 from workers.electra_common import choose_n, flows, load_job
 
 pytestmark = pytest.mark.paddle
@@ -39,15 +38,6 @@ def settings_for(run_dir: Path, steps: int, **electra: Any) -> Settings:
                     transport=TransportSettings(publish_patience_s=30.0), electra=section)
 
 
-class StopAt(Hook):
-    def __init__(self, worker: Worker, step: int) -> None:
-        self.worker, self.at = worker, step
-
-    def on_step(self, step: int, values: object) -> None:
-        if step >= self.at:
-            self.worker.stop_requested.set()
-
-
 def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
     from workers.electra_generator import ElectraGeneratorWorker
     from workers.electra_root import ElectraRootWorker
@@ -56,29 +46,8 @@ def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = Non
     root = ElectraRootWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, job.disc_cluster))
     gen = ElectraGeneratorWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id,
                                                            job.cluster_of(0)))
-    if stop_at is not None:
-        root.hooks.add(StopAt(root, stop_at))
-        gen.hooks.add(StopAt(gen, stop_at))
-    errors: list[BaseException] = []
-
-    def go(worker: Worker) -> None:
-        try:
-            worker.main()
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(w,)) for w in (root, gen)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_workers((root, gen), stop_at)
     return gen, root
-
-
-def history(run_dir: Path, worker: str, key: str) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
-    return [r[key] for r in rows]
 
 
 def test_generator_and_discriminator_train_and_end_at_the_same_step(tmp_path: Path) -> None:

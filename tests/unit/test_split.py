@@ -3,7 +3,6 @@ on the worked example examples/split_mlp (a user's MLP cut in two)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from pathlib import Path
@@ -13,10 +12,10 @@ import pytest
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.hooks import Hook
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.threads import history, run_workers
 
 pytestmark = pytest.mark.paddle
 
@@ -34,15 +33,6 @@ def settings_for(run_dir: Path, steps: int, in_flight: int = 2, forward: str = "
     )
 
 
-class StopAt(Hook):
-    def __init__(self, worker: Worker, step: int) -> None:
-        self.worker, self.at = worker, step
-
-    def on_step(self, step: int, values: object) -> None:
-        if step >= self.at:
-            self.worker.stop_requested.set()
-
-
 def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
     """Head and tail of the example, each in a thread, built as mlp.build_head/build_tail do."""
     import mlp
@@ -54,29 +44,12 @@ def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = Non
                            MemoryTransport(broker, settings.transport, settings.job.id, "t"))
     head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]
                            MemoryTransport(broker, settings.transport, settings.job.id, "s"))
-    if stop_at is not None:
-        head.hooks.add(StopAt(head, stop_at))
-        tail.hooks.add(StopAt(tail, stop_at))
-    errors: list[BaseException] = []
-
-    def go(worker: Worker) -> None:
-        try:
-            worker.main()
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=go, args=(w,)) for w in (tail, head)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_workers((tail, head), stop_at)
     return head, tail
 
 
 def losses(run_dir: Path, worker: str) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows]
+    return history(run_dir, worker, "loss")
 
 
 def test_example_trains_compressed_with_two_in_flight(tmp_path: Path) -> None:
