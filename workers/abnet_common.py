@@ -90,13 +90,6 @@ def load_job(settings: Settings) -> AbnetJob:
     return config.build(AbnetJob, dict(settings.abnet), settings.source or "<settings>", "abnet.")
 
 
-def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
-    """Seed for dropout of micro-batch ``mb``: a function of the schedule, not of history,
-    so a worker resumed from a checkpoint draws exactly what a clean run draws."""
-    digest = hashlib.sha256(f"{job_seed}/{side}/{mb}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
 class TranslationData:
     """One side's view of the training pairs, addressed by micro-batch index."""
 

@@ -28,8 +28,9 @@ from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import EVAL_KIND, load_job, load_side, micro_batch_seed, model_config, sample_lengths
+from workers.abnet_common import EVAL_KIND, load_job, load_side, model_config, sample_lengths
 from workers.abnet_eval import Evaluation
+from workers.split_common import micro_batch_seed
 from workers.split_tail import SplitTail
 
 log = get_logger(__name__)

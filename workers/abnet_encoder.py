@@ -34,8 +34,9 @@ from nebula_mq.runtime.channel import Outbox
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side, micro_batch_seed,
+from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side,
                                   model_config, sample_lengths, source_keep_ids)
+from workers.split_common import micro_batch_seed
 from workers.split_head import Forward, SplitHead, Tensors
 
 log = get_logger(__name__)

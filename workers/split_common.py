@@ -16,6 +16,7 @@ script, or built by a function named in the job file (``[split] head =
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import sys
 from collections.abc import Callable, Sequence
@@ -76,6 +77,13 @@ class SplitJob:
         """Activations head -> tail (requests), gradients tail -> head (replies)."""
         act, reply = topology.abnet_flows(self.head_cluster, self.tail_cluster, (self.head_id,))
         return act, reply
+
+
+def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
+    """Seed for dropout of micro-batch ``mb``: a function of the schedule, not of history,
+    so a worker resumed from a checkpoint draws exactly what a clean run draws."""
+    digest = hashlib.sha256(f"{job_seed}/{side}/{mb}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
 def load_split_job(settings: Settings) -> SplitJob:

@@ -36,9 +36,8 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.abnet_common import micro_batch_seed
 from workers.paddle_state import load_state_arrays, state_arrays
-from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job
+from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
 
@@ -59,7 +58,25 @@ class Forward:
     side: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
-class SplitHead(Worker):
+class StepEnd(Worker):
+    """What ends every applied micro-batch, on either side of the split."""
+
+    total: int
+
+    @abstractmethod
+    def checkpoint(self) -> None: ...
+
+    def finish_step(self, inbox: Inbox, received: Received, values: Mapping[str, float]) -> None:
+        """Count the step, remember the message (acked with the next checkpoint), log it,
+        and checkpoint on schedule and at the last step."""
+        self.step += 1
+        inbox.applied(received)
+        self.record_step(values)
+        if self.step % self.checkpoint_every == 0 or self.step == self.total:
+            self.checkpoint()
+
+
+class SplitHead(StepEnd):
     """The head loop; subclasses say what a micro-batch is (:meth:`forward`)."""
 
     role = "split-head"
@@ -194,11 +211,7 @@ class SplitHead(Worker):
         self.optimizer.step()
         self.optimizer.clear_grad()
         self.hooks.on_compute(time.perf_counter() - t0)
-        self.step += 1
-        inbox.applied(received)
-        self.record_step({"loss": float(received.meta.get("loss", float("nan")))})
-        if self.step % self.checkpoint_every == 0 or self.step == self.total:
-            self.checkpoint()
+        self.finish_step(inbox, received, {"loss": float(received.meta.get("loss", float("nan")))})
 
 
 class SplitHeadWorker(SplitHead):

@@ -30,19 +30,17 @@ from nebula_mq.errors import DataError, MalformedMessage, OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
-from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.abnet_common import micro_batch_seed
 from workers.paddle_state import load_state_arrays, state_arrays
-from workers.split_common import SplitJob, TailSpec, load_builder, load_split_job
-from workers.split_head import trainable
+from workers.split_common import SplitJob, TailSpec, load_builder, load_split_job, micro_batch_seed
+from workers.split_head import StepEnd, trainable
 
 log = get_logger(__name__)
 
 
-class SplitTail(Worker):
+class SplitTail(StepEnd):
     """The tail loop; subclasses say how a micro-batch is trained (:meth:`loss_and_grad`)."""
 
     role = "split-tail"
@@ -153,11 +151,7 @@ class SplitTail(Worker):
         self.hooks.on_compute(time.perf_counter() - t0)
         outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, codec)},
                     meta={"loss": loss}, correlation_id=received.message_id)
-        self.step += 1
-        inbox.applied(received)
-        self.record_step({"loss": loss})
-        if self.step % self.checkpoint_every == 0 or self.step == self.total:
-            self.checkpoint()
+        self.finish_step(inbox, received, {"loss": loss})
 
 
 class SplitTailWorker(SplitTail):

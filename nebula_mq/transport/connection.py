@@ -232,3 +232,22 @@ def _close_quietly(conn: pika.BlockingConnection | None) -> None:
             conn.close()
         except PIKA_ERRORS:
             pass
+
+
+class OnIoThread:
+    """Connection facts of a publisher or consumer that owns an :class:`IoThread` as ``_io``."""
+
+    _io: IoThread
+
+    @property
+    def connection_name(self) -> str:
+        """As the broker lists it (``rabbitmqctl list_connections name``)."""
+        return self._io.name
+
+    @property
+    def connected(self) -> bool:
+        return self._io.connected.is_set()
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self._io.generation - 1)

@@ -21,7 +21,7 @@ from nebula_mq.errors import ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings
 
 from . import base
-from .connection import IoThread
+from .connection import IoThread, OnIoThread
 from .publisher import message_properties
 from .routing import Routes
 
@@ -107,7 +107,7 @@ class RabbitDelivery(base.Delivery):
         )
 
 
-class RabbitConsumer(base.Consumer):
+class RabbitConsumer(OnIoThread, base.Consumer):
     def __init__(
         self,
         broker: BrokerSettings,
@@ -166,19 +166,6 @@ class RabbitConsumer(base.Consumer):
             if delivery._channel is self._channel:
                 return delivery
             # From a connection that died: the broker delivers it again.
-
-    @property
-    def connection_name(self) -> str:
-        """As the broker lists it (``rabbitmqctl list_connections name``)."""
-        return self._io.name
-
-    @property
-    def connected(self) -> bool:
-        return self._io.connected.is_set()
-
-    @property
-    def reconnects(self) -> int:
-        return max(0, self._io.generation - 1)
 
     def close(self) -> None:
         self._closed = True

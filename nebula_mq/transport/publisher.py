@@ -12,7 +12,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base
-from .connection import IoThread
+from .connection import IoThread, OnIoThread
 from .retry import PublishStats, publish_patiently
 from .routing import Routes
 
@@ -45,7 +45,7 @@ def message_properties(
     )
 
 
-class RabbitPublisher(base.Publisher):
+class RabbitPublisher(OnIoThread, base.Publisher):
     """Publishes to a queue of the local broker through the queue's flow exchange.
 
     Each queue of a provisioned job has its own direct exchange bound to it
@@ -106,19 +106,6 @@ class RabbitPublisher(base.Publisher):
             lambda: self._io.call(send),
             self._settings.publish_patience_s, self.stats, queue, message_id,
         )
-
-    @property
-    def connection_name(self) -> str:
-        """As the broker lists it (``rabbitmqctl list_connections name``)."""
-        return self._io.name
-
-    @property
-    def connected(self) -> bool:
-        return self._io.connected.is_set()
-
-    @property
-    def reconnects(self) -> int:
-        return max(0, self._io.generation - 1)
 
     def close(self) -> None:
         self._io.close()
