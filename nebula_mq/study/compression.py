@@ -1,14 +1,16 @@
 """``nebula-mq study compression``: paper Table 5 and Figure 10 on one data set, seed and link.
 
-1. Measure compute: the uncompressed row over the in-memory broker (no wire).
-2. Shape the WAN relay so the uncompressed activation of one step takes
-   ``wire_factor`` x that compute time to cross (or use a fixed rate, e.g. the
-   paper's 60 Mbit/s).
+1. Measure compute: the uncompressed pipeline, one micro-batch at a time, over
+   the unshaped link.
+2. Shape the WAN relay so that what one uncompressed step sends (activations
+   out, gradients back) takes ``wire_factor`` x that compute time to cross (or
+   use a fixed rate, e.g. the paper's 60 Mbit/s).
 3. Run every row over the real two-node stack through the shaped relay, then
    the ``auto`` row, whose chains :mod:`nebula_mq.study.auto` picks from the
    measured compute time and link rate.
-4. Compare with the baseline (speed-up, paired bootstrap BLEU), write JSON
-   rows, the targets, and plots to ``<out_dir>``.
+4. Compare with both baselines: the paper's (uncompressed, one micro-batch at
+   a time) and the uncompressed pipeline (several in flight): speed-ups,
+   paired-bootstrap BLEU; write JSON rows, the targets, and plots to ``<out_dir>``.
 """
 
 from __future__ import annotations
@@ -25,37 +27,45 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.study import auto, report
-from nebula_mq.study.rows import BASELINE, StudyRow
+from nebula_mq.study.rows import SEQUENTIAL_BASELINE, StudyRow
 from nebula_mq.study.runner import Link, MemoryLink, RowResult, StackLink, StudyConfig, run_row
 
 
 @dataclass(frozen=True)
 class Calibration:
-    compute_s: float  # s/step of the uncompressed pipeline with no wire (memory broker)
+    # s/step of the uncompressed pipeline run one micro-batch at a time with no
+    # rate limit: S forward, T forward + backward, S backward, one after another.
+    compute_s: float
+    # Slower side's compute per step: what bounds a pipeline whose wire is free.
+    compute_bound_s: float
     forward_bytes: float  # uncompressed activation message bytes per step
+    backward_bytes: float  # uncompressed gradient message bytes per step
     activation_shape: tuple[int, int, int]  # typical [B, S, H]
     rate_mbit: float  # what the relay is shaped to
 
 
 def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, link: Link | None = None,
               steps: int = 80) -> Calibration:
-    """Compute time first, then the rate at which uncompressed wire = factor x compute.
+    """Compute time first, then the rate at which the uncompressed wire time of a step
+    (activations out plus gradients back) is ``wire_factor`` x the compute time.
 
-    "Compute" is the s/step of the uncompressed pipeline on ``link`` left unshaped
-    (brokers, TLS and federation included, no rate limit), or over the memory broker."""
+    "Compute" is the s/step of the uncompressed pipeline with one micro-batch in
+    flight on ``link`` left unshaped (brokers, TLS and federation included, no
+    rate limit), or over the memory broker."""
     from nebula_mq.models import abnet_config
 
     link = link or MemoryLink()
     if isinstance(link, StackLink):
         link.shape(0.0)  # unlimited: what the pipeline does when the wire is not the bottleneck
     probe = dataclasses.replace(cfg, steps=min(cfg.steps, steps), eval_samples=0)
-    r = run_row(BASELINE, probe, link, work / "calibration")
+    r = run_row(SEQUENTIAL_BASELINE, probe, link, work / "calibration")
     hidden = abnet_config.preset(cfg.preset).encoder.hidden if cfg.preset != "small" else 384
     # Message = B*S*H float32 + B*S int8 mask + B int64 ids (+ envelope, ignored here).
     seq = max(1, round((r.forward_bytes_per_step - 8 * cfg.batch_size) / (cfg.batch_size * (4 * hidden + 1))))
-    compute = r.s_per_step
-    rate = r.forward_bytes_per_step * 8 / (wire_factor * compute) / 1e6
-    return Calibration(compute, r.forward_bytes_per_step, (cfg.batch_size, seq, hidden), rate)
+    wire_bytes = r.forward_bytes_per_step + r.backward_bytes_per_step
+    rate = wire_bytes * 8 / (wire_factor * r.s_per_step) / 1e6
+    return Calibration(r.s_per_step, r.compute_bound_s_per_step, r.forward_bytes_per_step,
+                       r.backward_bytes_per_step, (cfg.batch_size, seq, hidden), rate)
 
 
 def _free_base_port() -> int:
@@ -107,7 +117,7 @@ def run_rows(rows: Sequence[StudyRow], cfg: StudyConfig, link: Link, work: Path,
 
 
 def auto_row(cal: Calibration, rate_mbit: float) -> StudyRow:
-    choice = auto.pick(auto.LinkProfile(rate_mbit, cal.compute_s, cal.activation_shape))
+    choice = auto.pick(auto.LinkProfile(rate_mbit, cal.compute_bound_s, cal.activation_shape))
     return dataclasses.replace(choice.row, origin="auto")
 
 

@@ -1,12 +1,11 @@
 """Run one study row: an ABNet encoder/decoder pair trained end to end over a link.
 
 Each row is a fresh job (own run dir, own vhost on a stack) with the same
-data, seed, steps and link, so only the codec chains differ. Both workers run
-as threads of this process (paddle is imported once; the pair is what a
-cluster pair would run). The link is either a real two-node stack with its
-shaped WAN relay (:class:`StackLink`, s/step is what a user would see) or the
-in-memory broker (:class:`MemoryLink`: no wire time, used to measure compute
-and in fast tests).
+data, seed, steps and link, so only the codec chains differ. The link is
+either a real two-node stack with its shaped WAN relay (:class:`StackLink`,
+s/step is what a user would see; each side runs as its own process, see
+:mod:`nebula_mq.study.side`) or the in-memory broker (:class:`MemoryLink`: no
+wire time, both sides as threads of this process; for fast tests).
 """
 
 from __future__ import annotations
@@ -14,17 +13,19 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nebula_mq import topology
 from nebula_mq.errors import WorkerError
-from nebula_mq.runtime.hooks import Hook, MessageEvent
-from nebula_mq.settings import ClusterSettings, CodecSettings, JobSettings, Settings, TransportSettings
+from nebula_mq.settings import ClusterSettings, TransportSettings
+from nebula_mq.study import side
 from nebula_mq.study.rows import StudyRow
 
 _jobs = itertools.count()
@@ -56,31 +57,12 @@ class StudyConfig:
         return {
             "preset": self.preset, "data": self.data, "data_dir": self.data_dir,
             "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
-            "batch_size": self.batch_size, "in_flight": self.in_flight, "lr": self.lr,
+            "batch_size": self.batch_size, "in_flight": row.in_flight or self.in_flight, "lr": self.lr,
             "train_samples": self.train_samples, "eval_samples": self.eval_samples,
             "eval_beam": self.eval_beam, "eval_max_len": self.eval_max_len,
             "synthetic_len": self.synthetic_len, "checkpoint_every": self.checkpoint_every,
             "forward_feedback": row.forward_feedback, "backward_feedback": row.backward_feedback,
         }
-
-
-class TrafficCounter(Hook):
-    """Bytes and compute of the training steps (evaluation traffic is left out)."""
-
-    def __init__(self, worker: Any, total: int) -> None:
-        self.worker, self.total = worker, total
-        self.raw = self.wire = self.messages = 0
-        self.compute_s = 0.0
-
-    def on_published(self, event: MessageEvent) -> None:
-        if self.worker.step < self.total:
-            self.raw += event.raw_bytes
-            self.wire += event.wire_bytes
-            self.messages += 1
-
-    def on_compute(self, seconds: float) -> None:
-        if self.worker.step < self.total:
-            self.compute_s += seconds
 
 
 class Link(ABC):
@@ -90,30 +72,56 @@ class Link(ABC):
     rate_mbit: float = 0.0  # 0 = unshaped
 
     @abstractmethod
-    def prepare(self, job_id: str, src: str, tgt: str) -> tuple[dict[str, ClusterSettings], Any, Any]:
-        """Provision the job; (clusters for Settings, encoder transport, decoder transport),
-        transports None when workers connect from the settings."""
+    def run(self, spec: side.RowSpec, timeout_s: float) -> dict[str, dict[str, Any]]:
+        """Provision the row's job, train both sides to the end; traffic counters per side."""
 
     def clusters(self) -> tuple[str, str]:
         return ("s", "t")
 
 
 class MemoryLink(Link):
+    """The in-memory broker: both sides as threads of this process (no wire time)."""
+
     name = "memory"
 
-    def __init__(self) -> None:
-        self._broker: Any = None
-
-    def prepare(self, job_id: str, src: str, tgt: str) -> tuple[dict[str, ClusterSettings], Any, Any]:
+    def run(self, spec: side.RowSpec, timeout_s: float) -> dict[str, dict[str, Any]]:
         from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 
-        self._broker = broker = MemoryBroker()
+        broker = MemoryBroker()
         transport = TransportSettings(publish_patience_s=60.0)
-        return ({}, MemoryTransport(broker, transport, job_id, src), MemoryTransport(broker, transport, job_id, tgt))
+        s = side.settings(spec, {})
+        workers = {k: side.make_worker(k, s, MemoryTransport(broker, transport, spec.job_id, c))
+                   for k, c in (("enc", spec.src), ("dec", spec.tgt))}
+        counters = {k: side.TrafficCounter(w, spec.steps) for k, w in workers.items()}
+        for k, w in workers.items():
+            w.hooks.add(counters[k])
+        errors: list[BaseException] = []
+
+        def go(worker: Any) -> None:
+            try:
+                worker.main()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+                for w in workers.values():
+                    w.stop_requested.set()
+
+        threads = [threading.Thread(target=go, args=(w,), name=w.worker_id) for w in workers.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout_s)
+        if any(t.is_alive() for t in threads):
+            for w in workers.values():
+                w.stop_requested.set()
+            raise WorkerError(f"row {spec.job_id}: workers still running after {timeout_s} s")
+        if errors:
+            raise WorkerError(f"row {spec.job_id}: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+        return {k: c.to_json() for k, c in counters.items()}
 
 
 class StackLink(Link):
-    """A running :class:`nebula_mq.stack.Stack` (first two clusters: S and T)."""
+    """A running :class:`nebula_mq.stack.Stack` (first two clusters: S and T); each side
+    is its own process (:mod:`nebula_mq.study.side`), as on two clusters."""
 
     name = "stack"
 
@@ -128,11 +136,38 @@ class StackLink(Link):
     def clusters(self) -> tuple[str, str]:
         return self.stack.clusters[0], self.stack.clusters[1]
 
-    def prepare(self, job_id: str, src: str, tgt: str) -> tuple[dict[str, ClusterSettings], Any, Any]:
-        flows = topology.abnet_flows(src, tgt, ("enc-0",))
-        vhost = self.stack.provision_job(job_id, flows, {src: ["enc-0"], tgt: ["dec-0"]})
-        return ({src: ClusterSettings(src, self.stack.broker_settings(src, "enc-0", vhost=vhost)),
-                 tgt: ClusterSettings(tgt, self.stack.broker_settings(tgt, "dec-0", vhost=vhost))}, None, None)
+    def run(self, spec: side.RowSpec, timeout_s: float) -> dict[str, dict[str, Any]]:
+        import dataclasses
+
+        vhost = side.provision(self.stack, spec.job_id, spec.src, spec.tgt)
+        spec = dataclasses.replace(spec, stack_dir=self.stack.layout.run_dir, vhost=vhost)
+        run_dir = Path(spec.run_dir)
+        path = spec.write(run_dir / "study-spec.json")
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        logs = {k: run_dir / f"study-{k}.log" for k in side.SIDES}
+        for k in ("dec", "enc"):
+            with logs[k].open("wb") as out:
+                procs[k] = subprocess.Popen([sys.executable, "-m", "nebula_mq.study.side", str(path), k],
+                                            stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while any(p.poll() is None for p in procs.values()):
+                failed = [k for k, p in procs.items() if p.poll() not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    why = f"{failed[0]} exited {procs[failed[0]].returncode}" if failed else f"timeout {timeout_s} s"
+                    tail = logs[failed[0]].read_text(errors="replace")[-2000:] if failed else ""
+                    raise WorkerError(f"row {spec.job_id}: {why}\n{tail}")
+                time.sleep(0.2)
+            failed = [k for k, p in procs.items() if p.returncode != 0]
+            if failed:
+                raise WorkerError(f"row {spec.job_id}: {failed[0]} exited {procs[failed[0]].returncode}\n"
+                                  + logs[failed[0]].read_text(errors="replace")[-2000:])
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return {k: json.loads(side.counters_path(path, k).read_text()) for k in side.SIDES}
 
 
 @dataclass
@@ -188,61 +223,26 @@ def steady_s_per_step(times: list[float]) -> float:
 
 def run_row(row: StudyRow, cfg: StudyConfig, link: Link, run_dir: Path, timeout_s: float = 3600.0) -> RowResult:
     """Train one row to the end (plus evaluation) and measure it."""
-    import time
-
-    from workers.abnet_decoder import AbnetDecoderWorker
-    from workers.abnet_encoder import AbnetEncoderWorker
-
     src, tgt = link.clusters()
-    job_id = f"study{os.getpid()}-{next(_jobs)}"
-    clusters, enc_t, dec_t = link.prepare(job_id, src, tgt)
-    settings = Settings(
-        job=JobSettings(id=job_id, scenario="abnet", seed=cfg.seed, steps=cfg.steps, run_dir=str(run_dir)),
-        clusters=clusters,
-        codec=CodecSettings(forward=row.forward, backward=row.backward, compress_from_step=row.compress_from_step),
-        transport=TransportSettings(publish_patience_s=600.0),
-        abnet={**cfg.abnet_section(row), "src_cluster": src, "tgt_cluster": tgt},
-    )
-    enc = AbnetEncoderWorker(settings, enc_t)
-    dec = AbnetDecoderWorker(settings, dec_t)
-    counters = {w.worker_id: TrafficCounter(w, cfg.steps) for w in (enc, dec)}
-    for w in (enc, dec):
-        w.hooks.add(counters[w.worker_id])
-    errors: list[BaseException] = []
-
-    def go(worker: Any) -> None:
-        try:
-            worker.main()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            enc.stop_requested.set()
-            dec.stop_requested.set()
-
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = side.RowSpec(job_id=f"study{os.getpid()}-{next(_jobs)}", run_dir=str(run_dir), src=src, tgt=tgt,
+                        row=asdict(row), abnet=cfg.abnet_section(row), steps=cfg.steps, seed=cfg.seed)
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=go, args=(w,), name=w.worker_id) for w in (dec, enc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    if any(t.is_alive() for t in threads):
-        enc.stop_requested.set()
-        dec.stop_requested.set()
-        raise WorkerError(f"row {row.chain}: workers still running after {timeout_s} s")
-    if errors:
-        raise WorkerError(f"row {row.chain}: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+    traffic = link.run(spec, timeout_s)
     wall = time.perf_counter() - t0
-    hist = _history(run_dir, "dec-0")
-    ce, cd = counters["enc-0"], counters["dec-0"]
+    hist = _history(run_dir, side.WORKER_IDS["dec"])
+    ce, cd = traffic["enc"], traffic["dec"]
     result = RowResult(
         row=row, link=link.name, rate_mbit=link.rate_mbit, steps=cfg.steps,
         s_per_step=steady_s_per_step([h["time"] for h in hist]),
-        encoder_compute_s_per_step=ce.compute_s / cfg.steps, decoder_compute_s_per_step=cd.compute_s / cfg.steps,
-        forward_ratio=ce.wire / max(ce.raw, 1), backward_ratio=cd.wire / max(cd.raw, 1),
-        forward_bytes_per_step=ce.wire / cfg.steps, backward_bytes_per_step=cd.wire / cfg.steps,
+        encoder_compute_s_per_step=ce["compute_s"] / cfg.steps, decoder_compute_s_per_step=cd["compute_s"] / cfg.steps,
+        forward_ratio=ce["wire"] / max(ce["raw"], 1), backward_ratio=cd["wire"] / max(cd["raw"], 1),
+        forward_bytes_per_step=ce["wire"] / cfg.steps, backward_bytes_per_step=cd["wire"] / cfg.steps,
         wall_s=wall, losses=[h["loss"] for h in hist],
     )
-    evaluation = run_dir / "eval" / f"dec-0-{dec.job.eval_split}.json"
-    if evaluation.exists():
+    evaluation = next((run_dir / "eval").glob(f"{side.WORKER_IDS['dec']}-*.json"), None) \
+        if (run_dir / "eval").is_dir() else None
+    if evaluation is not None:
         body: Mapping[str, Any] = json.loads(evaluation.read_text())
         result.bleu = float(body["bleu"])
         result.bleu_by_domain = dict(body["bleu_by_domain"])

@@ -10,20 +10,23 @@ import pytest
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.study import auto, report
-from nebula_mq.study.rows import BASELINE, StudyRow, beyond_paper, figure10, table5
+from nebula_mq.study.rows import BASELINE, SEQUENTIAL_BASELINE, StudyRow, beyond_paper, figure10, table5
 
 
 def test_rows_follow_table5_and_figure10_notation() -> None:
     names = [r.chain for r in table5()]
-    assert names[:3] == ["baseline", "FP16+INT8", "FP16(SVD(0.9))+INT8"] and names[-1] == "FP16(SVD(0.2))+INT8"
-    assert len(names) == 10
+    assert names[:4] == ["baseline (1 in flight)", "baseline", "FP16+INT8", "FP16(SVD(0.9))+INT8"]
+    assert names[-1] == "FP16(SVD(0.2))+INT8" and len(names) == 11
+    assert table5()[0].in_flight == 1 and table5()[1].in_flight == 0  # 0: the study's in_flight
     assert [r.chain for r in figure10([0, 100])] == ["FP16(SVD(0.6))+INT8 from step 100"]
     assert "DELTA(INT8)+EF(INT8)" in [r.chain for r in beyond_paper()]
-    assert len({r.slug for r in table5() + beyond_paper()}) == 13  # file names never collide
+    assert len({r.slug for r in table5() + beyond_paper()}) == 14  # file names never collide
     with pytest.raises(ConfigError):
         StudyRow("fp17", "int8")
     with pytest.raises(ConfigError):
         StudyRow("int8", "int8", forward_feedback="sideways")
+    with pytest.raises(ConfigError):
+        StudyRow("int8", "int8", in_flight=-1)
 
 
 def test_auto_compresses_only_as_much_as_the_link_needs() -> None:
@@ -44,9 +47,9 @@ def test_auto_compresses_only_as_much_as_the_link_needs() -> None:
     assert slow.wire_s == pytest.approx(40 * 0.2526, rel=0.02)  # int8: 1 byte + a scale per 384, + envelope
 
 
-def _row(chain: StudyRow, s: float, bleu: float, comp: float, wire: float) -> dict[str, object]:
+def _row(chain: StudyRow, s: float, bleu: float, comp: float, wire: float, base_s: float = 1.0) -> dict[str, object]:
     return {"chain": chain.chain, "forward_feedback": chain.forward_feedback, "s_per_step": s,
-            "speedup": 1.0 / s, "bleu": bleu, "compute_bound_s_per_step": comp, "wire_s_per_step": wire}
+            "speedup": base_s / s, "bleu": bleu, "compute_bound_s_per_step": comp, "wire_s_per_step": wire}
 
 
 def test_targets_report_what_was_met() -> None:
@@ -54,11 +57,31 @@ def test_targets_report_what_was_met() -> None:
     rows = [_row(BASELINE, 1.0, 40.0, 0.2, 0.8), _row(StudyRow("fp16(svd(0.2))", "int8"), 0.19, 30.0, 0.18, 0.1),
             _row(delta, 0.25, 39.6, 0.2, 0.2)]
     t = report.targets(rows)
+    assert t["baseline"] == "baseline"  # no paper baseline in this run: the pipelined one is the reference
     assert t["best_speedup"]["met"] is True and t["best_speedup"]["chain"] == "FP16(SVD(0.2))+INT8"
     assert t["delta_speedup_at_bleu"]["met"] is True and t["delta_speedup_at_bleu"]["chain"] == delta.chain
     assert t["overlap"]["met"] is False  # 0.25 > 1.15 * 0.2
     rows[2]["bleu"] = 39.4  # more than 0.5 below the baseline
     assert report.targets(rows)["delta_speedup_at_bleu"]["met"] is False
+
+
+def test_targets_are_against_the_papers_baseline_when_the_run_has_it() -> None:
+    """With the paper's baseline (1 in flight) in the run, speed-ups and the BLEU bar are its;
+    the pipelined baseline's own step time must still respect the overlap bound."""
+    paper = _row(SEQUENTIAL_BASELINE, 2.0, 41.0, 0.2, 1.6, base_s=2.0)
+    pipelined = _row(BASELINE, 0.8, 40.0, 0.2, 0.8, base_s=2.0)
+    fast = _row(StudyRow("fp16(svd(0.2))", "int8"), 0.3, 30.0, 0.28, 0.1, base_s=2.0)
+    delta = _row(beyond_paper()[0], 0.5, 40.8, 0.2, 0.45, base_s=2.0)
+    t = report.targets([paper, pipelined, fast, delta])
+    assert t["baseline"] == "baseline (1 in flight)"
+    assert t["best_speedup"]["chain"] == fast["chain"] and t["best_speedup"]["speedup"] == pytest.approx(2 / 0.3)
+    assert t["best_speedup"]["met"] is True
+    assert t["delta_speedup_at_bleu"]["met"] is True  # 4x at 40.8 >= 41.0 - 0.5
+    delta["bleu"] = 40.4  # within 0.5 of the pipelined baseline, not of the paper's
+    assert t["delta_speedup_at_bleu"]["met"] is True and report.targets([paper, pipelined, fast, delta])[
+        "delta_speedup_at_bleu"]["met"] is False
+    assert {o["chain"] for o in t["overlap"]["rows"]} == {"baseline", fast["chain"], delta["chain"]}
+    assert t["overlap"]["met"] is True
 
 
 @pytest.mark.paddle
@@ -72,7 +95,7 @@ def test_ci_sized_study_over_the_memory_broker(tmp_path: Path) -> None:
                       checkpoint_every=12)
     cal = compression.calibrate(cfg, tmp_path / "runs", 4.0, steps=12)
     assert cal.compute_s > 0 and cal.activation_shape[0] == 16 and cal.activation_shape[2] == 64
-    rows = [BASELINE, StudyRow("fp16", "int8"), beyond_paper()[0]]
+    rows = [SEQUENTIAL_BASELINE, BASELINE, StudyRow("fp16", "int8"), beyond_paper()[0]]
     compared = compression.study(rows, cfg, tmp_path, "ci", MemoryLink(), cal, with_auto=False)
     by = {r["chain"]: r for r in compared}
     assert by["baseline"]["forward_ratio"] == pytest.approx(1.0, abs=0.05)
@@ -87,7 +110,9 @@ def test_ci_sized_study_over_the_memory_broker(tmp_path: Path) -> None:
         assert {"chain", "bleu", "forward_ratio", "backward_ratio", "s_per_step", "speedup"} <= set(w)
     files = sorted(p.name for p in tmp_path.glob("ci-*"))
     assert "ci-summary.json" in files and "ci-bleu-vs-speed.png" in files and "ci-loss-curves.png" in files
-    assert len([f for f in files if f.endswith(".json")]) == 4
+    assert len([f for f in files if f.endswith(".json")]) == 5
+    for chain in ("FP16+INT8", "DELTA(INT8)+EF(INT8)"):  # against both baselines
+        assert {"speedup", "speedup_pipelined", "bleu_p_value", "bleu_p_value_pipelined"} <= set(by[chain])
     summary = json.loads((tmp_path / "ci-summary.json").read_text())
     assert {r["chain"] for r in summary["rows"]} == set(by)
     assert "bleu_p_value" in by["FP16+INT8"]
