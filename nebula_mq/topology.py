@@ -142,11 +142,22 @@ def reply_flow(requester: str) -> str:
     return f"reply-{_check(requester, 'requester id')}"
 
 
+def electra_results_flow(generator: int | None = None) -> str:
+    """Generator micro-batches to the root discriminator: one flow for a process hosting
+    every generator (``None``), or generator ``k``'s own flow (M3 on separate clusters)."""
+    return "gen-results" if generator is None else f"gen-results-{generator}"
+
+
+def electra_sync_flow(generator: int | None = None) -> str:
+    """Sync tokens from the root discriminator back to the generator process(es)."""
+    return "sync" if generator is None else f"sync-{generator}"
+
+
 def electra_flows(gen_cluster: str, disc_cluster: str, n_sub: int) -> tuple[Flow, ...]:
     """Scenario I: generator -> root discriminator -> n sub-discriminators; sync back."""
     flows = [
-        Flow("gen-results", gen_cluster, disc_cluster),
-        Flow("sync", disc_cluster, gen_cluster, FlowKind.SYNC),
+        Flow(electra_results_flow(), gen_cluster, disc_cluster),
+        Flow(electra_sync_flow(), disc_cluster, gen_cluster, FlowKind.SYNC),
     ]
     flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
     return tuple(flows)
@@ -158,8 +169,8 @@ def electra_m3_flows(gen_clusters: tuple[str, ...], disc_cluster: str, n_sub: in
     tokens back, so each generator process consumes only its own sync stream."""
     if not gen_clusters:
         raise ValueError("at least one generator cluster")
-    flows = [Flow(f"gen-results-{k}", c, disc_cluster) for k, c in enumerate(gen_clusters)]
-    flows += [Flow(f"sync-{k}", disc_cluster, c, FlowKind.SYNC) for k, c in enumerate(gen_clusters)]
+    flows = [Flow(electra_results_flow(k), c, disc_cluster) for k, c in enumerate(gen_clusters)]
+    flows += [Flow(electra_sync_flow(k), disc_cluster, c, FlowKind.SYNC) for k, c in enumerate(gen_clusters)]
     flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
     return tuple(flows)
 

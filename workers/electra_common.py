@@ -1,23 +1,26 @@
-"""What the Scenario I roles share: the ``[electra]`` job section, flows, data, group start.
+"""What the Scenario I roles share: the ``[electra]`` job section, model config, ids, n_sub.
 
-Role and process layout (paper §3.3, Figure 6):
+Role and process layout (paper §3.3, Figures 4 and 6):
 
-* ``electra-generator`` (cluster A, one process hosting the K generators; M3:
-  one per language group, each with its own task and data): each step every
-  generator makes ``n_sub`` micro-batches
-  (mask, MLM forward/backward, sample replacements), publishes each on the
-  ``gen-results`` flow (ids and 0/1 masks, lz4; no embeddings), then applies
-  its optimiser step.
-* ``electra-root`` (cluster B, rank 0 of the discriminator group): consumes
-  ``gen-results``, keeps share 0 of every step, scatters share ``r`` of each
-  generator to the ``sub-disc-r`` queue, trains on its share like any rank,
-  and after each step sends the sync token to every generator.
-* ``electra-sub`` (cluster B, ranks 1..n_sub-1): trains on its ``sub-disc-r``
-  share; gradients are all-reduced over gloo (``paddle.distributed``).
+* ``electra-generator``: each step a generator makes ``n_sub`` micro-batches
+  (mask, MLM forward/backward, sample replacements), publishes each (ids and
+  0/1 masks, lz4; no embeddings), then applies its optimiser step. With one
+  ``generator_clusters`` entry, one process (``gen``) hosts the K generators
+  (M3: one per language group, each with its own task and data) on the
+  ``gen-results`` / ``sync`` flows; with one entry per generator (M3 on
+  separate clusters) generator ``k`` is a process of its own, ``gen-<k>`` on
+  its cluster, on ``gen-results-<k>`` / ``sync-<k>`` (``workers.electra_flows``).
+* ``electra-root`` (rank 0 of the discriminator group): consumes every results
+  stream, keeps share 0 of every step, scatters share ``r`` of each generator to
+  the ``sub-disc-r`` queue, trains on its share like any rank, and after each
+  step sends the sync token to every generator process.
+* ``electra-sub`` (ranks 1..n_sub-1): trains on its ``sub-disc-r`` share;
+  gradients are all-reduced over gloo (``paddle.distributed``).
 
 Micro-batch identity: generator ``k``'s micro-batch ``r`` of step ``s`` has
 ``micro_batch = s * n_sub + r`` on its own producer stream, so a recomputed
 micro-batch (after a restart) has the same message id and is deduplicated.
+Data and vocabulary: ``workers.electra_data``.
 """
 
 from __future__ import annotations
@@ -26,14 +29,13 @@ import dataclasses
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from nebula_mq import config, topology
+from nebula_mq import config
 from nebula_mq.errors import ConfigError, DataError
 from nebula_mq.settings import Settings
 
@@ -51,7 +53,8 @@ class ElectraJob:
 
     # Passed to nebula_mq.models.electra.electra_config: preset + overrides.
     model: Mapping[str, Any] = field(default_factory=dict)
-    # Cluster of each generator (one entry for all, or one per generator).
+    # Cluster of each generator: one entry = one process hosting every generator;
+    # one entry per generator = a process per generator on its own cluster (M3).
     generator_clusters: tuple[str, ...] = ("cluster-a",)
     disc_cluster: str = "cluster-b"
     # Discriminator ranks (root + subs) = micro-batches per generator step; "auto"
@@ -65,6 +68,9 @@ class ElectraJob:
     data_dir: str = "run/data"
     # Corpus only: sentences loaded per generator (the rest of the file is not read).
     max_sentences: int = 20000
+    # Corpus only: XLM-R pieces kept, most frequent first (plus the specials); 0 = the
+    # model's vocab_size, or every piece of the corpus for the pretrained preset.
+    max_vocab: int = 0
     # Last sentences of each generator's data, never trained on (held-out evaluation).
     heldout: int = 256
     # gloo rendezvous of the discriminator group: master on base_port, rank r on base_port+1+r.
@@ -78,8 +84,8 @@ class ElectraJob:
             raise ValueError("n_sub: a positive integer or 'auto'")
         if isinstance(self.n_sub, int) and self.n_sub < 1:
             raise ValueError("n_sub >= 1")
-        if self.max_lead < 0 or self.checkpoint_every < 1 or self.heldout < 0:
-            raise ValueError("max_lead >= 0, checkpoint_every >= 1, heldout >= 0")
+        if self.max_lead < 0 or self.checkpoint_every < 1 or self.heldout < 0 or self.max_vocab < 0:
+            raise ValueError("max_lead >= 0, checkpoint_every >= 1, heldout >= 0, max_vocab >= 0")
         if not self.generator_clusters:
             raise ValueError("at least one generator cluster")
 
@@ -92,6 +98,11 @@ class ElectraJob:
     def cluster_of(self, k: int) -> str:
         return self.generator_clusters[k] if len(self.generator_clusters) > 1 else self.generator_clusters[0]
 
+    @property
+    def process_per_generator(self) -> bool:
+        """One generator process per generator (M3 layout), each on its own flows."""
+        return len(self.generator_clusters) > 1
+
 
 def load_job(settings: Settings) -> ElectraJob:
     """The section, with ``n_sub = "auto"`` resolved (see :func:`resolve_n_sub`)."""
@@ -99,22 +110,6 @@ def load_job(settings: Settings) -> ElectraJob:
     if job.n_sub == "auto":
         job = dataclasses.replace(job, n_sub=resolve_n_sub(settings, job))
     return job
-
-
-def plan(settings: Settings) -> Any:
-    """The job's processes (``workers.plans.Plan``): generator, root, subs 1..n-1."""
-    from workers.plans import Plan, Process
-
-    job = load_job(settings)
-    subs = tuple(topology.sub_discriminator_flow(r) for r in range(1, job.n))
-    # Each process may touch exactly its flows (least-privilege broker permissions).
-    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
-                     publishes=("sync", *subs), consumes=("gen-results",))]
-    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
-                      consumes=(topology.sub_discriminator_flow(r),)) for r in range(1, job.n)]
-    procs.append(Process("electra-generator", job.cluster_of(0), "gen", 0,
-                         publishes=("gen-results",), consumes=("sync",)))
-    return Plan(tuple(procs), flows(job))
 
 
 def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | None = None) -> Any:
@@ -134,161 +129,17 @@ def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | N
 
 
 def generator_id(k: int) -> str:
+    """Producer id of generator ``k``'s micro-batch stream (either layout)."""
     return f"gen-{k}"
+
+
+def generator_worker_id(job: ElectraJob, k: int) -> str:
+    """Worker id (checkpoints, logs, identity) of the process hosting generator ``k``."""
+    return generator_id(k) if job.process_per_generator else "gen"
 
 
 def disc_rank_id(rank: int) -> str:
     return "disc-root" if rank == 0 else f"disc-sub-{rank}"
-
-
-def flows(job: ElectraJob) -> tuple[topology.Flow, ...]:
-    """The job's flows (topology.electra_flows). M3 generators share one cluster for now:
-    one ``sync`` queue serves one generator process, which hosts all K generators;
-    a generator per cluster needs per-generator gen-results/sync flows in topology."""
-    if len(set(job.generator_clusters)) != 1:
-        raise ConfigError("<electra>", "generator_clusters", "one cluster for all generators "
-                          "(per-cluster generators need per-generator flows in topology)",
-                          list(job.generator_clusters))
-    return topology.electra_flows(job.cluster_of(0), job.disc_cluster, job.n)
-
-
-def flow_named(all_flows: Sequence[topology.Flow], name: str) -> topology.Flow:
-    return next(f for f in all_flows if f.name == name)
-
-
-# --------------------------------------------------------------------------- data
-
-
-class TokenStream:
-    """One generator's examples (ids rows, or (src, tgt) pairs), addressed by micro-batch index."""
-
-    def __init__(self, examples: list[Any], batch_size: int, seed: int, heldout: int) -> None:
-        if len(examples) < batch_size + heldout:
-            raise DataError(f"{len(examples)} examples: fewer than one batch of {batch_size} + {heldout} held out")
-        self.train = examples[: len(examples) - heldout]
-        self.heldout = examples[len(self.train):]
-        self.batch_size, self.seed = batch_size, seed
-        self.per_epoch = len(self.train) // batch_size
-
-    def batch(self, index: int) -> list[Any]:
-        epoch, k = divmod(index, self.per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
-        return [self.train[i] for i in order[k * self.batch_size: (k + 1) * self.batch_size]]
-
-    def heldout_batches(self) -> list[list[Any]]:
-        b = self.batch_size
-        return [self.heldout[i: i + b] for i in range(0, len(self.heldout) - b + 1, b)]
-
-
-def synthetic_examples(task: str, group: str, vocab: int, max_len: int, n: int, seed: int) -> list[Any]:
-    """Toy languages: each group is a sparse Markov chain over its own 48 ids (3 successors
-    per token), so masked tokens are predictable from context and a tiny MLM learns within
-    tens of steps. ``trtd`` pairs a sentence with its image under a fixed id permutation."""
-    rng = np.random.default_rng([seed, sum(group.encode())])
-    words = rng.choice(np.arange(5, vocab), size=min(48, vocab - 5), replace=False)
-    succ = {int(w): rng.choice(words, size=3) for w in words}
-    perm = dict(zip(words.tolist(), rng.permutation(words).tolist()))
-    longest = max(7, max_len // 2 - 2 if task == "trtd" else max_len - 2)
-    out: list[Any] = []
-    for _ in range(n):
-        row = [int(rng.choice(words))]
-        for _ in range(int(rng.integers(6, longest + 1)) - 1):
-            row.append(int(succ[row[-1]][rng.integers(0, 3)]))
-        out.append((row, [perm[t] for t in row]) if task == "trtd" else row)
-    return out
-
-
-def _families(group: str, data_dir: Path) -> list[Path]:
-    ml = data_dir / "multilingual"
-    files = sorted(p for p in ml.glob("*.jsonl") if not p.name.startswith("trtd_"))
-    if group != "all":
-        wanted = set(group.split("+"))
-        files = [p for p in files if p.stem in wanted]
-        if len(files) != len(wanted):
-            raise DataError(f"language group {group!r}: no {sorted(wanted - {p.stem for p in files})} "
-                            f"under {ml} (run `nebula-mq data build`)")
-    if not files:
-        raise DataError(f"no multilingual data under {ml} (run `nebula-mq data build`)")
-    return files
-
-
-def corpus_texts(task: str, group: str, data_dir: Path, limit: int) -> list[Any]:
-    """Texts of one generator: round-robin over the group's family files (or es/en pairs)."""
-    if task == "trtd":
-        path = data_dir / "multilingual" / "trtd_es_en.jsonl"
-        if not path.exists():
-            raise DataError(f"{path} missing (run `nebula-mq data build`)")
-        with path.open(encoding="utf-8") as fh:
-            rows = [json.loads(line) for _, line in zip(range(limit), fh)]
-        return [(r["src"], r["tgt"]) for r in rows]
-    per_file = max(1, limit // len(files := _families(group, data_dir)))
-    columns = []
-    for p in files:
-        with p.open(encoding="utf-8") as fh:
-            columns.append([json.loads(line)["text"] for _, line in zip(range(per_file), fh)])
-    texts = [c[i] for i in range(max(map(len, columns))) for c in columns if i < len(c)]
-    rng = np.random.default_rng(len(texts))  # held-out = a random sample, not the last family
-    return [texts[i] for i in rng.permutation(len(texts))][:limit]
-
-
-def tokenize_corpus(examples: list[Any]) -> list[Any]:
-    from nebula_mq.models.tokenizers import load_xlmr_tokenizer
-
-    tok = load_xlmr_tokenizer()
-    if examples and isinstance(examples[0], tuple):
-        src = tok.encode_batch([a for a, _ in examples])
-        tgt = tok.encode_batch([b for _, b in examples])
-        return [(s.ids, t.ids) for s, t in zip(src, tgt)]
-    return [e.ids for e in tok.encode_batch(examples)]
-
-
-def kept_vocabulary(token_rows: Sequence[Sequence[Sequence[int]]], size: int) -> np.ndarray:
-    """The ``size`` most frequent original XLM-R ids (ties by id) plus the specials, sorted."""
-    from nebula_mq.models.electra import XLMR_SPECIALS
-
-    counts: dict[int, int] = {}
-    for rows in token_rows:
-        for row in rows:
-            for t in row:
-                counts[t] = counts.get(t, 0) + 1
-    specials = set(XLMR_SPECIALS.values())
-    ranked = sorted((t for t in counts if t not in specials), key=lambda t: (-counts[t], t))
-    return np.array(sorted(specials | set(ranked[: max(0, size - len(specials))])), dtype=np.int64)
-
-
-def remap(row: Sequence[int], kept: np.ndarray, unk_new: int) -> list[int]:
-    arr = np.asarray(row, dtype=np.int64)
-    pos = np.clip(np.searchsorted(kept, arr), 0, len(kept) - 1)
-    return np.where(kept[pos] == arr, pos, unk_new).tolist()
-
-
-def corpus_vocabulary(settings: Settings, job: ElectraJob, cfg: Any) -> tuple[np.ndarray, list[list[Any]]]:
-    """(kept original XLM-R ids, each generator's tokenized corpus) of a ``data = "corpus"`` job.
-
-    The probe (workers.electra_probe) calls it too: it must map text into the
-    same pruned vocabulary the discriminator was trained with.
-    """
-    texts = [corpus_texts(g.task, g.group, Path(job.data_dir), job.max_sentences) for g in cfg.generators]
-    tokenized = [tokenize_corpus(t) for t in texts]
-    flat = [[x for ex in rows for x in ((ex,) if not isinstance(ex, tuple) else ex)] for rows in tokenized]
-    return kept_vocabulary(flat, cfg.vocab_size), tokenized
-
-
-def load_streams(settings: Settings, job: ElectraJob) -> tuple[Any, list[TokenStream]]:
-    """(ElectraConfig, one TokenStream per generator). Deterministic: every process of the
-    job (generators and discriminator ranks) derives the same pruned vocabulary."""
-    cfg = model_config(settings, job)
-    seed = settings.job.seed
-    if job.data == "synthetic":
-        raw = [synthetic_examples(g.task, g.group, cfg.vocab_size, cfg.max_len, 4096, seed)
-               for g in cfg.generators]
-    else:
-        kept, tokenized = corpus_vocabulary(settings, job, cfg)
-        cfg = model_config(settings, job, kept)
-        raw = [[tuple(remap(x, kept, cfg.unk_id) for x in ex) if isinstance(ex, tuple) else remap(ex, kept, cfg.unk_id)
-                for ex in rows] for rows in tokenized]
-    streams = [TokenStream(r, cfg.batch_size, seed * 7919 + k, job.heldout) for k, r in enumerate(raw)]
-    return cfg, streams
 
 
 # --------------------------------------------------------------------------- n_sub
@@ -319,9 +170,11 @@ def resolve_n_sub(settings: Settings, job: ElectraJob, max_n: int = MAX_AUTO_N, 
 
     from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
 
+    from workers.electra_data import load_streams
+
     cfg, streams = load_streams(settings, dataclasses.replace(job, n_sub=1))
-    with PADDLE_TURN:
-        gen, disc = GeneratorTrainer(cfg, 0), DiscriminatorTrainer(cfg)
+    with PADDLE_TURN:  # pretrained or not, the same architecture takes the same time
+        gen, disc = GeneratorTrainer(cfg, 0), DiscriminatorTrainer(dataclasses.replace(cfg, init="random"))
         t_g = t_d = 0.0
         for i in range(repeats + 1):
             t0 = time.perf_counter()

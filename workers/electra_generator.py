@@ -1,14 +1,19 @@
 """ELECTRA generator worker (cluster A): mask, sample, publish; never ahead by more than max_lead.
 
+A process hosts every generator of the job (worker ``gen``, flows
+``gen-results`` / ``sync``) or, in the M3 layout with a cluster per generator,
+generator ``k`` alone (worker ``gen-<k>``, flows ``gen-results-<k>`` /
+``sync-<k>``; see ``workers.electra_flows``). The protocol is the same.
+
 Each step every hosted generator ``k`` makes ``n_sub`` micro-batches, one per
-discriminator rank, and publishes each (confirmed) on ``gen-results`` as
+discriminator rank, and publishes each (confirmed) on its results flow as
 producer ``gen-k`` with ``micro_batch = step * n_sub + share``; then it applies
 its optimiser step. Masking and sampling are seeded by (seed, generator, step,
 micro-batch) and there is no dropout, so a restarted generator recomputes
 byte-identical micro-batches with the same ids: the root discards the repeats.
 
 Sync protocol (paper §3.3): after each discriminator step the root sends a sync
-token ``(step = steps done, micro_batch = step index)`` on the ``sync`` flow. The
+token ``(step = steps done, micro_batch = step index)`` on each sync flow. The
 generator starts step ``s`` only when ``s - synced <= max_lead`` (``max_lead = 0``
 is the paper's strict lockstep; 1-2 hide the WAN latency), and finishes only
 when ``synced == steps``: both sides end at the same step. Tokens are deduped by
@@ -29,7 +34,11 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.electra_common import PADDLE_TURN, flow_named, flows, generator_id, load_job, load_streams
+from nebula_mq import topology
+from nebula_mq.errors import WorkerError
+from workers.electra_common import PADDLE_TURN, generator_id, generator_worker_id, load_job
+from workers.electra_data import load_streams
+from workers.electra_flows import flow_named, flows
 
 log = get_logger(__name__)
 
@@ -39,15 +48,23 @@ ROLE = "electra-generator"
 class ElectraGeneratorWorker(Worker):
     role = ROLE
 
-    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+    def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:
+        """``index``: the generator this process hosts in the process-per-generator layout
+        (ignored when one process hosts them all)."""
         self.job = load_job(settings)
-        super().__init__(settings, self.job.cluster_of(0), "gen", transport,
-                         checkpoint_every=self.job.checkpoint_every)
+        slot = index if self.job.process_per_generator else None
+        if slot is not None and not 0 <= slot < len(self.job.generator_clusters):
+            raise WorkerError(f"generator {index} outside 0..{len(self.job.generator_clusters) - 1}")
+        super().__init__(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
+                         transport, checkpoint_every=self.job.checkpoint_every)
         self.cfg, self.streams = load_streams(settings, self.job)
+        # The generators this process hosts (indices into cfg.generators).
+        self.hosted = tuple(range(len(self.cfg.generators))) if slot is None else (slot,)
         with PADDLE_TURN:
-            self.trainers = [GeneratorTrainer(self.cfg, k) for k in range(len(self.cfg.generators))]
+            self.trainers = [GeneratorTrainer(self.cfg, k) for k in self.hosted]
         all_flows = flows(self.job)
-        self.results_flow, self.sync_flow = flow_named(all_flows, "gen-results"), flow_named(all_flows, "sync")
+        self.results_flow = flow_named(all_flows, topology.electra_results_flow(slot))
+        self.sync_flow = flow_named(all_flows, topology.electra_sync_flow(slot))
         self.n = self.job.n
         self.dedupe = Deduplicator()
         self.synced = 0  # discriminator steps done, from the newest sync token
@@ -59,7 +76,12 @@ class ElectraGeneratorWorker(Worker):
     def restore(self) -> None:
         ck, hot = self.store.latest(), False
         if ck is None and self.job.init_from:
-            ck, hot = CheckpointStore(Path(self.job.init_from) / "checkpoints" / self.worker_id).latest(), True
+            # A generator of its own may hot-start from a job whose one process hosted them all
+            # (its arrays are prefixed by generator index either way).
+            for source in dict.fromkeys((self.worker_id, "gen")):
+                ck, hot = CheckpointStore(Path(self.job.init_from) / "checkpoints" / source).latest(), True
+                if ck is not None:
+                    break
         if ck is None:
             return
         self.load(ck)
@@ -68,7 +90,7 @@ class ElectraGeneratorWorker(Worker):
         log.info("resumed", step=self.step, synced=self.synced, hot_start=hot)
 
     def load(self, ck: Checkpoint) -> None:
-        for k, trainer in enumerate(self.trainers):
+        for k, trainer in zip(self.hosted, self.trainers):
             prefix = f"g{k}/"
             with PADDLE_TURN:
                 trainer.load_state_arrays({a[len(prefix):]: v for a, v in ck.arrays.items() if a.startswith(prefix)})
@@ -78,7 +100,7 @@ class ElectraGeneratorWorker(Worker):
 
     def checkpoint(self) -> None:
         with PADDLE_TURN:
-            arrays = {f"g{k}/{n}": v for k, t in enumerate(self.trainers) for n, v in t.state_arrays().items()}
+            arrays = {f"g{k}/{n}": v for k, t in zip(self.hosted, self.trainers) for n, v in t.state_arrays().items()}
         self.commit(arrays, {"synced": self.synced, "dedupe": self.dedupe.export_state()})
         self.write_history()
 
@@ -89,7 +111,7 @@ class ElectraGeneratorWorker(Worker):
         self.transport.declare_flow(self.results_flow, "producer")
         self.transport.declare_flow(self.sync_flow, "consumer")
         self.restore()
-        outboxes = [Outbox(self, self.results_flow, generator_id(k)) for k in range(len(self.trainers))]
+        outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
         inbox = Inbox(self, self.sync_flow, self.dedupe, held=self.checkpoint_every + self.job.max_lead + 2)
         try:
             while self.step < self.total and not self.stop_requested.is_set():
@@ -108,7 +130,7 @@ class ElectraGeneratorWorker(Worker):
             if (self.step > 0 and not self.has_checkpoint_at_step()) or self._pending_acks:
                 self.checkpoint()
         finally:
-            for outbox in outboxes:
+            for outbox in outboxes.values():
                 outbox.close()
             inbox.close()
         return 0
@@ -124,14 +146,14 @@ class ElectraGeneratorWorker(Worker):
         inbox.applied(received)
         return True
 
-    def train_step(self, outboxes: list[Outbox]) -> None:
+    def train_step(self, outboxes: dict[int, Outbox]) -> None:
         s = self.step
         bind_context(step=s)
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
         for share in range(self.n):
             mb = s * self.n + share
-            for k, trainer in enumerate(self.trainers):
+            for k, trainer in zip(self.hosted, self.trainers):
                 ids = trainer.build_inputs(self.streams[k].batch(mb))
                 with PADDLE_TURN:
                     batch, metrics = trainer.make_micro_batch(ids)
@@ -152,7 +174,7 @@ class ElectraGeneratorWorker(Worker):
 
 
 def main(settings: Settings, worker_index: int = 0) -> int:
-    """One generator process hosts every generator of the job (``worker_index`` unused)."""
-    worker = ElectraGeneratorWorker(settings)
+    """``worker_index``: the generator, when each has a process of its own (else unused)."""
+    worker = ElectraGeneratorWorker(settings, index=worker_index)
     worker.install_signal_handlers()
     return worker.main()

@@ -1,7 +1,8 @@
 """ELECTRA root discriminator (cluster B, rank 0): scatter, train its share, sync with G.
 
-From ``gen-results`` it takes each generator's micro-batches in order (one
-:class:`InOrderBuffer` per generator stream). Share 0 of a step is its own;
+From ``gen-results`` (or, with a process per generator, from every
+``gen-results-<k>``, one inbox each) it takes each generator's micro-batches in
+order (one :class:`InOrderBuffer` per generator stream). Share 0 of a step is its own;
 share ``r`` is forwarded to ``sub-disc-r`` as ``micro_batch = step * K + k``,
 keeping its content. A forwarded delivery is recorded and acked with the step
 it belongs to (not when forwarded): after a group restart from step ``c``,
@@ -10,7 +11,7 @@ the same ids, so a rank that lost its copy gets it again and one that holds it
 drops the repeat.
 
 After every step (all ranks done, see ``electra_sub``) the root sends the sync
-token ``step = steps done, micro_batch = step index`` to the generator side.
+token ``step = steps done, micro_batch = step index`` to every generator process.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.electra_common import flow_named
+from workers.electra_flows import InboxGroup, flow_named, results_flows, sync_flows
 from workers.electra_sub import DiscriminatorRank, take_in_order
 
 log = get_logger(__name__)
@@ -40,8 +41,8 @@ class ElectraRootWorker(DiscriminatorRank):
 
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         super().__init__(settings, 0, transport)
-        self.results_flow = flow_named(self.flows, "gen-results")
-        self.sync_flow = flow_named(self.flows, "sync")
+        self.results_flows = [flow_named(self.flows, name) for name in results_flows(self.job)]
+        self.sync_flows = [flow_named(self.flows, name) for name in sync_flows(self.job)]
         self.sub_flows = [flow_named(self.flows, topology.sub_discriminator_flow(r)) for r in range(1, self.world)]
         self.own: dict[int, dict[int, Received]] = {}  # step -> generator -> its share-0 message
 
@@ -49,23 +50,26 @@ class ElectraRootWorker(DiscriminatorRank):
         return step * self.world  # micro_batch of a generator message = step * n_sub + share
 
     def declare(self) -> None:
-        self.transport.declare_flow(self.results_flow, "consumer")
-        self.transport.declare_flow(self.sync_flow, "producer")
+        for flow in self.results_flows:
+            self.transport.declare_flow(flow, "consumer")
+        for flow in self.sync_flows:
+            self.transport.declare_flow(flow, "producer")
         for flow in self.sub_flows:
             self.transport.declare_flow(flow, "producer")
 
-    def open_inbox(self) -> Inbox:
+    def open_inbox(self) -> InboxGroup:
         n, lead = self.world, self.job.max_lead
         self.buffers: list[InOrderBuffer[Received]] = [InOrderBuffer(self.step * n, window=(lead + 3) * n)
                                                        for _ in range(self.k_gen)]
-        self.sync_out = Outbox(self, self.sync_flow, self.worker_id)
+        self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
         self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
-        return Inbox(self, self.results_flow, self.dedupe, held=(self.checkpoint_every + lead + 3) * n * self.k_gen)
+        per_flow = self.k_gen // len(self.results_flows)  # generators publishing on each
+        held = (self.checkpoint_every + lead + 3) * n * per_flow
+        return InboxGroup([Inbox(self, f, self.dedupe, held=held) for f in self.results_flows])
 
     def close_channels(self) -> None:
-        for outbox in (getattr(self, "sync_out", None), *getattr(self, "sub_out", [])):
-            if outbox is not None:
-                outbox.close()
+        for outbox in (*getattr(self, "sync_out", []), *getattr(self, "sub_out", [])):
+            outbox.close()
 
     def _generator_of(self, received: Received) -> int:
         k = received.meta.get("generator")
@@ -74,6 +78,9 @@ class ElectraRootWorker(DiscriminatorRank):
                 or received.meta.get("share") != share:
             raise MalformedMessage(f"generator {k!r}, step {received.envelope.step}, share "
                                    f"{received.meta.get('share')!r} do not fit micro-batch {received.micro_batch}")
+        own = self.results_flows[k if len(self.results_flows) > 1 else 0].name
+        if received.envelope.flow != own:  # a process per generator: k publishes on its own flow only
+            raise MalformedMessage(f"generator {k}'s micro-batch on flow {received.envelope.flow!r}, not {own!r}")
         return k
 
     def _scattered(self, step: int) -> bool:
@@ -82,7 +89,7 @@ class ElectraRootWorker(DiscriminatorRank):
         return (len(self.own.get(step, {})) == self.k_gen
                 and len(self.riders.get(step, [])) == (self.world - 1) * self.k_gen)
 
-    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+    def next_shares(self, inbox: InboxGroup) -> list[Received] | None:
         while not self._scattered(self.step):
             t0 = time.perf_counter()
             received = inbox.get(0.5)
@@ -113,8 +120,9 @@ class ElectraRootWorker(DiscriminatorRank):
         self.riders.setdefault(step, []).append(received)
 
     def after_step(self, metrics: dict[str, float]) -> None:
-        self.sync_out.send(step=self.step, micro_batch=self.step - 1,
-                           tensors={"step": (np.array([self.step], np.int64), LZ4())}, meta=metrics)
+        for outbox in self.sync_out:
+            outbox.send(step=self.step, micro_batch=self.step - 1,
+                        tensors={"step": (np.array([self.step], np.int64), LZ4())}, meta=metrics)
 
 
 def main(settings: Settings, worker_index: int = 0) -> int:
@@ -127,22 +135,27 @@ def evaluate(settings: Settings) -> dict[str, float]:
     """Held-out MLM accuracy of each generator and RTD / CLM accuracy of the discriminator,
     from the job's latest checkpoints (the held-out sentences were never trained on).
     The discriminator is scored on held-out micro-batches corrupted by its generator."""
+    import dataclasses
+
     from nebula_mq.errors import CheckpointError
     from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
     from nebula_mq.runtime.checkpoint import CheckpointStore
-    from workers.electra_common import PADDLE_TURN, load_job, load_streams
+    from workers.electra_common import PADDLE_TURN, generator_worker_id, load_job
+    from workers.electra_data import load_streams
 
     job = load_job(settings)
     cfg, streams = load_streams(settings, job)
-    gen_ck = CheckpointStore(settings.run_dir / "checkpoints" / "gen").latest()
-    disc_ck = CheckpointStore(settings.run_dir / "checkpoints" / "disc-root").latest()
-    if gen_ck is None or disc_ck is None:
-        raise CheckpointError(f"no generator or root checkpoint under {settings.run_dir / 'checkpoints'}")
-    out: dict[str, float] = {"gen_step": float(gen_ck.step), "disc_step": float(disc_ck.step)}
+    root = settings.run_dir / "checkpoints"
+    latest = [CheckpointStore(root / generator_worker_id(job, k)).latest() for k in range(len(streams))]
+    gen_cks = [ck for ck in latest if ck is not None]
+    disc_ck = CheckpointStore(root / "disc-root").latest()
+    if len(gen_cks) != len(latest) or disc_ck is None:
+        raise CheckpointError(f"no generator or root checkpoint under {root}")
+    out: dict[str, float] = {"gen_step": float(min(ck.step for ck in gen_cks)), "disc_step": float(disc_ck.step)}
     with PADDLE_TURN:
-        disc = DiscriminatorTrainer(cfg)
+        disc = DiscriminatorTrainer(dataclasses.replace(cfg, init="random"))  # the checkpoint overwrites it
         disc.load_state_arrays(disc_ck.arrays)
-        for k, stream in enumerate(streams):
+        for k, (stream, gen_ck) in enumerate(zip(streams, gen_cks)):
             gen = GeneratorTrainer(cfg, k)
             prefix = f"g{k}/"
             gen.load_state_arrays({a[len(prefix):]: v for a, v in gen_ck.arrays.items() if a.startswith(prefix)})

@@ -43,7 +43,9 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.electra_common import PADDLE_TURN, disc_rank_id, flow_named, flows, load_job, load_streams
+from workers.electra_common import PADDLE_TURN, disc_rank_id, load_job
+from workers.electra_data import load_data, pretrained_discriminator
+from workers.electra_flows import InboxGroup, flow_named, flows
 
 log = get_logger(__name__)
 
@@ -66,10 +68,13 @@ class DiscriminatorRank(Worker):
         super().__init__(settings, self.job.disc_cluster, disc_rank_id(rank), transport,
                          checkpoint_every=self.job.checkpoint_every)
         self.rank, self.world = rank, self.job.n
-        self.cfg, _ = load_streams(settings, self.job)  # the shared pruned vocabulary
+        data = load_data(settings, self.job)  # the shared pruned vocabulary
+        self.cfg = data.cfg
         self.k_gen = len(self.cfg.generators)
         with PADDLE_TURN:
-            self.trainer = DiscriminatorTrainer(self.cfg)
+            # Every rank reads the same pretrained tensors (pretrained preset), so the group
+            # starts identical without a broadcast; a checkpoint, if any, replaces them in restore().
+            self.trainer = DiscriminatorTrainer(self.cfg, pretrained=pretrained_discriminator(data))
         self.flows = flows(self.job)
         self.group: Any = None  # DataParallelGroup once joined (world > 1)
         self.dedupe = Deduplicator()
@@ -149,10 +154,10 @@ class DiscriminatorRank(Worker):
     def declare(self) -> None:
         raise NotImplementedError
 
-    def open_inbox(self) -> Inbox:
+    def open_inbox(self) -> Inbox | InboxGroup:
         raise NotImplementedError
 
-    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+    def next_shares(self, inbox: Inbox | InboxGroup) -> list[Received] | None:
         """This rank's K messages of ``self.step`` in generator order; None on a stop request."""
         raise NotImplementedError
 
@@ -183,7 +188,7 @@ class DiscriminatorRank(Worker):
             self.close_channels()
         return 0
 
-    def train(self, inbox: Inbox, shares: list[Received]) -> bool:
+    def train(self, inbox: Inbox | InboxGroup, shares: list[Received]) -> bool:
         """One group step; returns whether any rank asked to stop."""
         bind_context(step=self.step)
         t0 = time.perf_counter()
@@ -201,7 +206,7 @@ class DiscriminatorRank(Worker):
         return bool(summed[-1] > 0)
 
 
-def take_in_order(inbox: Inbox, buffer: InOrderBuffer[Received], received: Received) -> None:
+def take_in_order(inbox: Inbox | InboxGroup, buffer: InOrderBuffer[Received], received: Received) -> None:
     """Push a delivery into ``buffer``: repeats are acked and dropped, impossible indices condemned."""
     if buffer.is_duplicate(received.micro_batch):
         inbox.discard_duplicate(received)
@@ -236,7 +241,7 @@ class ElectraSubWorker(DiscriminatorRank):
         return Inbox(self, self.flow, self.dedupe,
                      held=(self.checkpoint_every + self.job.max_lead + 3) * self.k_gen)
 
-    def next_shares(self, inbox: Inbox) -> list[Received] | None:
+    def next_shares(self, inbox: Inbox | InboxGroup) -> list[Received] | None:
         # Once shares are in flight the other ranks wait for this one in the
         # all-reduce, so a stop request is honoured at the step boundary (train()).
         while len(self.ready) < self.k_gen:

@@ -102,7 +102,7 @@ def _split(settings: Settings) -> Plan:
 
 
 def _electra(settings: Settings) -> Plan:
-    from workers.electra_common import plan  # written with the Scenario I workers
+    from workers.electra_flows import plan  # written with the Scenario I workers
 
     return plan(settings)
 

@@ -1,0 +1,131 @@
+"""Scenario I flows and processes: which process publishes and consumes what, on which cluster.
+
+Two layouts, chosen by ``[electra] generator_clusters``:
+
+* one entry: one generator process ``gen`` hosts every generator; it publishes
+  ``gen-results`` and consumes ``sync`` (``topology.electra_flows``);
+* one entry per generator (M3, paper Figure 4: each generator on its own
+  cluster, with its own task): generator ``k`` is the process ``gen-<k>`` on
+  ``generator_clusters[k]``, publishing ``gen-results-<k>`` and consuming
+  ``sync-<k>`` (``topology.electra_m3_flows``). The root consumes every
+  ``gen-results-<k>`` (one inbox each, read as one :class:`InboxGroup`) and sends
+  each sync token to every ``sync-<k>``.
+
+The plan's processes carry exactly these flows, so each identity's broker
+permissions are exactly them (least privilege): a generator cannot read another
+generator's tokens nor publish into its stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nebula_mq import topology
+from nebula_mq.errors import ConfigError, NebulaError
+from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.settings import Settings
+from workers.electra_common import ElectraJob, disc_rank_id, generator_id, load_job
+
+
+def generator_slots(job: ElectraJob) -> tuple[int | None, ...]:
+    """The flow suffix of each generator process: ``(None,)`` for the single process,
+    ``(0, .., K-1)`` for a process per generator."""
+    return tuple(range(len(job.generator_clusters))) if job.process_per_generator else (None,)
+
+
+def results_flows(job: ElectraJob) -> tuple[str, ...]:
+    """What the root consumes, one flow per generator process."""
+    return tuple(topology.electra_results_flow(g) for g in generator_slots(job))
+
+
+def sync_flows(job: ElectraJob) -> tuple[str, ...]:
+    """Where the root sends each sync token, one flow per generator process."""
+    return tuple(topology.electra_sync_flow(g) for g in generator_slots(job))
+
+
+def flows(job: ElectraJob) -> tuple[topology.Flow, ...]:
+    """The job's flows (see the module docstring)."""
+    if not job.process_per_generator:
+        return topology.electra_flows(job.cluster_of(0), job.disc_cluster, job.n)
+    given = job.model.get("generators")
+    # Presets have one generator; the model config checks the count again in every worker.
+    k = len(given) if isinstance(given, Sequence) else 1
+    if len(job.generator_clusters) != k:
+        raise ConfigError("<electra>", "generator_clusters", f"1 or {k} entries (one per generator)",
+                          list(job.generator_clusters))
+    return topology.electra_m3_flows(job.generator_clusters, job.disc_cluster, job.n)
+
+
+def flow_named(all_flows: Sequence[topology.Flow], name: str) -> topology.Flow:
+    return next(f for f in all_flows if f.name == name)
+
+
+def plan(settings: Settings) -> Any:
+    """The job's processes (``workers.plans.Plan``): root, subs 1..n-1, generator process(es)."""
+    from workers.plans import Plan, Process
+
+    job = load_job(settings)
+    subs = tuple(topology.sub_discriminator_flow(r) for r in range(1, job.n))
+    # Each process may touch exactly its flows (least-privilege broker permissions).
+    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
+                     publishes=(*sync_flows(job), *subs), consumes=results_flows(job))]
+    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
+                      consumes=(topology.sub_discriminator_flow(r),)) for r in range(1, job.n)]
+    procs += [Process("electra-generator", job.cluster_of(g or 0), "gen" if g is None else generator_id(g),
+                      g or 0, publishes=(topology.electra_results_flow(g),),
+                      consumes=(topology.electra_sync_flow(g),))
+              for g in generator_slots(job)]
+    return Plan(tuple(procs), flows(job))
+
+
+class InboxGroup:
+    """Several flows' inboxes read as one stream of messages (the root's results flows).
+
+    The inboxes share one Deduplicator (it keys streams by flow and producer), so
+    the root's checkpoint holds a single dedup state whatever the layout.
+    """
+
+    # How long one inbox is waited on before the next is looked at, when all are empty.
+    POLL_S = 0.01
+
+    def __init__(self, inboxes: Sequence[Inbox]) -> None:
+        if not inboxes:
+            raise ValueError("at least one inbox")
+        self.inboxes = list(inboxes)
+        self._by_flow = {i.flow.name: i for i in self.inboxes}
+        self._next = 0  # round robin, so no stream starves another
+
+    def get(self, timeout: float | None = None) -> Received | None:
+        """The next message of any inbox; None when none came within ``timeout``."""
+        if len(self.inboxes) == 1:
+            return self.inboxes[0].get(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = 0.0
+        while True:
+            for _ in self.inboxes:
+                inbox = self.inboxes[self._next]
+                self._next = (self._next + 1) % len(self.inboxes)
+                received = inbox.get(wait)
+                if received is not None:
+                    return received
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            wait = self.POLL_S if deadline is None else min(self.POLL_S, max(0.0, deadline - time.monotonic()))
+
+    def _of(self, received: Received) -> Inbox:
+        return self._by_flow[received.envelope.flow]  # the inbox checked the flow on admission
+
+    def reject(self, received: Received, exc: NebulaError) -> None:
+        self._of(received).reject(received, exc)
+
+    def discard_duplicate(self, received: Received) -> None:
+        self._of(received).discard_duplicate(received)
+
+    def applied(self, received: Received) -> None:
+        self._of(received).applied(received)
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.close()
