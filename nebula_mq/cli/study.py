@@ -58,6 +58,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+
+    # SIGTERM unwinds like Ctrl-C, so the private stack and the row's workers are torn down.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from nebula_mq.study import compression, report, rows
     from nebula_mq.study.runner import MemoryLink, RowResult, StudyConfig
 
@@ -70,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
 
     def calibrate(link: Any) -> Any:
         cal = compression.calibrate(cfg, out / "runs", args.wire_factor, link)
-        print(f"compute (unshaped {link.name} link): {cal.compute_s:.4f} s/step; uncompressed activation {cal.forward_bytes:.0f} B/step "
-              f"{cal.activation_shape}; rate for wire = {args.wire_factor:g} x compute: {cal.rate_mbit:.2f} Mbit/s",
-              flush=True)
+        print(f"compute (unshaped {link.name} link, 1 micro-batch in flight): {cal.compute_s:.4f} s/step "
+              f"(slower side {cal.compute_bound_s:.4f}); uncompressed {cal.forward_bytes:.0f} B out + "
+              f"{cal.backward_bytes:.0f} B back per step {cal.activation_shape}; "
+              f"rate for wire = {args.wire_factor:g} x compute: {cal.rate_mbit:.3f} Mbit/s", flush=True)
         return cal
 
     def progress(r: RowResult) -> None:

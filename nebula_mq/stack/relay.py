@@ -35,6 +35,10 @@ CHUNK = 256 * 1024
 POLL_S = 0.05
 # The bucket holds at most this many seconds of traffic: keeps bursts short.
 BURST_S = 0.01
+# ... and at least one MTU, so a sleep that overshoots is made up for. No more:
+# on a real link a message takes size / rate to cross however idle the link
+# was, and a larger floor let small messages through a slow link instantly.
+MIN_BURST = 1500
 MIN_BUFFER = 4 * 1024 * 1024
 
 
@@ -67,7 +71,7 @@ class TokenBucket:
     def _refill(self) -> None:
         now = time.monotonic()
         if self.rate > 0:
-            burst = max(self.rate * BURST_S, 64 * 1024)
+            burst = max(self.rate * BURST_S, MIN_BURST)
             self._tokens = min(burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
 

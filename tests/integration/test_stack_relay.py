@@ -71,6 +71,30 @@ def test_rate_cap_is_accurate_for_4mb_messages(tmp_path: Path, rate_mbit: float)
     assert 0.9 * rate_mbit <= measured <= 1.05 * rate_mbit
 
 
+def test_small_message_on_an_idle_slow_link_takes_its_serialisation_time(tmp_path: Path) -> None:
+    """A 32 KiB message over an idle 2 Mbit/s link arrives after ~size/rate (0.13 s), as on a
+    real link: the relay's bucket must not save up credit for whole messages while idle."""
+    rate_mbit, nbytes = 2.0, 32 * 1024
+
+    async def run() -> list[float]:
+        sink, done = await _sink()
+        relay = _relay(tmp_path, sink.sockets[0].getsockname()[1], Shape(rate_mbit=rate_mbit))
+        server = await _start(relay)
+        times = []
+        for _ in range(3):
+            await asyncio.sleep(0.3)  # idle: a bucket with a big burst would fill up here
+            t0 = time.monotonic()
+            await _send(server.sockets[0].getsockname()[1], nbytes)
+            times.append(done.pop(nbytes) - t0)
+        server.close()
+        sink.close()
+        return times
+
+    serialisation = nbytes * 8 / (rate_mbit * 1e6)
+    for elapsed in asyncio.run(run()):
+        assert 0.9 * serialisation <= elapsed <= serialisation + 0.1
+
+
 def test_two_connections_share_the_cap_fairly(tmp_path: Path) -> None:
     rate = 60.0
     each = int(rate * 1e6 / 8 * 0.75)
