@@ -3,7 +3,7 @@
 Generator 0 (multilingual MLM) on cluster-a and generator 1 (translation pairs)
 on cluster-c, each its own worker on its own ``gen-results-<k>`` / ``sync-<k>``
 flows, feed one root discriminator on cluster-b. Real brokers:
-tests/integration/test_electra_m3.py.
+tests/integration/test_electra_m3_e2e.py.
 """
 
 from __future__ import annotations
