@@ -48,6 +48,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--from-steps", type=_ints, default=None,
                    help="Figure 10 rows: compression from these steps (default steps/10, steps/3)")
     p.add_argument("--no-beyond", action="store_true", help="skip the delta / error-feedback rows")
+    p.add_argument("--only", type=lambda t: [x.strip() for x in t.split(";") if x.strip()], default=None,
+                   help="run only these rows, by chain name, ';'-separated (e.g. 'baseline;FP16+INT8'); "
+                        "for seed repeats of a few rows")
     p.add_argument("--link", default="stack", choices=["stack", "memory"],
                    help="stack: a private two-node TLS stack with the shaped WAN relay")
     p.add_argument("--rates", type=_rates, default=["auto", "60"],
@@ -72,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.run_dir) / "study"
     from_steps = args.from_steps if args.from_steps is not None else [args.steps // 10, args.steps // 3]
     todo = rows.table5(args.ratios) + rows.figure10(from_steps) + ([] if args.no_beyond else rows.beyond_paper())
+    if args.only is not None:
+        unknown = set(args.only) - {r.chain for r in todo}
+        if unknown:
+            print(f"--only: no such rows {sorted(unknown)}; rows are {[r.chain for r in todo]}")
+            return 2
+        todo = [r for r in todo if r.chain in args.only]
 
     def calibrate(link: Any) -> Any:
         cal = compression.calibrate(cfg, out / "runs", args.wire_factor, link)
@@ -88,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = {}
     if args.link == "memory":
         cal = calibrate(MemoryLink())
-        tables = [("memory", compression.study(todo, cfg, out, "memory", MemoryLink(), cal, on_row=progress))]
+        tables = [("memory", compression.study(todo, cfg, out, "memory", MemoryLink(), cal, with_auto=args.only is None, on_row=progress))]
     else:
         tables = []
         with compression.OwnStack() as stack:
@@ -98,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                 tag = f"{mbit:.2f}mbit" + ("-auto" if rate == "auto" else "")
                 print(f"link {mbit:.2f} Mbit/s ({tag})", flush=True)
                 link = compression.stack_link(stack, mbit, args.delay_ms)
-                tables.append((tag, compression.study(todo, cfg, out, tag, link, cal, on_row=progress)))
+                tables.append((tag, compression.study(todo, cfg, out, tag, link, cal, with_auto=args.only is None, on_row=progress)))
     for tag, compared in tables:
         print()
         print(report.table(compared, f"Table 5 at {tag} (compute {cal.compute_s:.3f} s/step, {cfg.steps} steps, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -224,7 +225,8 @@ def steady_s_per_step(times: list[float]) -> float:
 def run_row(row: StudyRow, cfg: StudyConfig, link: Link, run_dir: Path, timeout_s: float = 3600.0) -> RowResult:
     """Train one row to the end (plus evaluation) and measure it."""
     src, tgt = link.clusters()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh job: old checkpoints would be resumed
+    run_dir.mkdir(parents=True)
     spec = side.RowSpec(job_id=f"study{os.getpid()}-{next(_jobs)}", run_dir=str(run_dir), src=src, tgt=tgt,
                         row=asdict(row), abnet=cfg.abnet_section(row), steps=cfg.steps, seed=cfg.seed)
     t0 = time.perf_counter()
