@@ -22,7 +22,8 @@ from nebula_mq.settings import Settings, load_settings
 
 class JobProcesses:
     def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None) -> None:
-        from nebula_mq.stack import Stack
+        from nebula_mq.errors import StackError
+        from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
 
         self.config = config
@@ -30,7 +31,15 @@ class JobProcesses:
         self.env = {**os.environ, **(env or {})}
         self.settings: Settings = load_settings(config, environ=self.env)
         self.plan = plan_for(self.settings)
-        self.stack = Stack(stack_dir)
+        # The default clusters plus any the job's plan places workers or flows on (M3: a third).
+        needed = tuple(dict.fromkeys([*DEFAULT_CLUSTERS, *(p.cluster for p in self.plan.processes),
+                                      *(c for f in self.plan.flows for c in (f.src_cluster, f.dst_cluster))]))
+        self.stack = Stack(stack_dir, needed)
+        missing = [c for c in needed if c not in self.stack.clusters]
+        if missing:  # a running stack keeps its layout
+            raise StackError(f"the stack in {stack_dir} runs {list(self.stack.clusters)}, the job needs {missing} "
+                             f"too: `nebula-mq stack down --run-dir {stack_dir}` first, or start it with "
+                             f"`nebula-mq stack up --clusters {','.join(needed)}`")
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
 

@@ -1,0 +1,17 @@
+"""`nebula-mq run` plans its local stack from the job: every cluster the job's plan uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nebula_mq.cli._launcher import JobProcesses
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_m3_job_gets_a_third_cluster_and_a_two_cluster_job_the_default_two(tmp_path: Path) -> None:
+    m3 = JobProcesses(str(ROOT / "config" / "electra-m3.toml"), str(tmp_path / "m3"))
+    assert m3.stack.clusters == ("cluster-a", "cluster-b", "cluster-c")
+    assert {p.cluster for p in m3.plan.processes} == {"cluster-a", "cluster-b", "cluster-c"}
+    tiny = JobProcesses(str(ROOT / "config" / "electra-tiny.toml"), str(tmp_path / "tiny"))
+    assert tiny.stack.clusters == ("cluster-a", "cluster-b")
