@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         print()
         print(report.table(compared, f"Table 5 at {tag} (compute {cal.compute_s:.3f} s/step, {cfg.steps} steps, "
                                      f"preset {cfg.preset}, data {cfg.data})"))
-        summaries[tag] = report.targets(compared)
+        summaries[tag] = report.targets(compared, cal.compute_s)
         print(json.dumps(summaries[tag], indent=1, default=str))
     (out / "calibration.json").write_text(json.dumps({**cal.__dict__, "config": cfg.__dict__}, indent=1))
     print(f"\nrows, summaries and plots in {out}")

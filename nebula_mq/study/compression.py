@@ -136,7 +136,7 @@ def study(rows: Sequence[StudyRow], cfg: StudyConfig, out_dir: Path, tag: str, l
     compared = report.compare(results)
     for r in compared:  # the row `auto` would run on this link (it may also be a table row)
         r["auto_pick"] = picked is not None and r["chain"] == picked.chain
-    report.write(compared, out_dir, tag)
+    report.write(compared, out_dir, tag, cal.compute_s if cal is not None else None)
     return compared
 
 

@@ -82,6 +82,16 @@ def test_targets_are_against_the_papers_baseline_when_the_run_has_it() -> None:
         "delta_speedup_at_bleu"]["met"] is False
     assert {o["chain"] for o in t["overlap"]["rows"]} == {"baseline", fast["chain"], delta["chain"]}
     assert t["overlap"]["met"] is True
+    # Against the compute time the study measured first (lockstep, both sides in turn):
+    # 0.5 s/step is within 1.15 x max(0.45, 0.45 wire); the strict ratio is against 0.2 s.
+    measured = report.targets([paper, pipelined, fast, delta], compute_s=0.45)["overlap"]
+    row = next(o for o in measured["rows"] if o["chain"] == delta["chain"])
+    assert row["met"] is True and row["ratio"] == pytest.approx(0.5 / 0.45)
+    assert row["strict_ratio"] == pytest.approx(0.5 / 0.45)
+    compute_bound = next(o for o in measured["rows"] if o["chain"] == fast["chain"])
+    assert compute_bound["ratio"] == pytest.approx(0.3 / 0.45)
+    assert compute_bound["strict_ratio"] == pytest.approx(0.3 / 0.28)  # its own slower side
+    assert measured["met"] is True and measured["compute_s"] == 0.45
 
 
 @pytest.mark.paddle
