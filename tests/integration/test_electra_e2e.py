@@ -8,10 +8,8 @@ file that names their brokers, as in a real deployment.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import final_checkpoint, provision_job_files, start_worker, step_of
+from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, provision_job_files, start_worker,
+                                 step_of, wait_all)
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
@@ -51,20 +50,6 @@ preset = "tiny"
 WORKERS = ("electra-root", "electra-sub", "electra-generator")
 
 
-def free_port_range(n: int) -> int:
-    for base in range(37000 + (os.getpid() * 13) % 2000, 45000, 17):
-        ok = True
-        for port in range(base, base + n + 1):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free ports for the gloo group")
-
 
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
               gen_cluster: str = "cluster-a") -> dict[str, Path]:
@@ -83,25 +68,9 @@ def start_all(cfgs: dict[str, Path], tmp: Path, name: str) -> dict[str, subproce
             "gen": start("electra-generator", cfgs["gen"], tmp / f"{name}-gen.log")}
 
 
-def wait_all(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, name: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs.values():
-            p.wait(max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    logs = "\n".join(f.read_text()[-2000:] for f in sorted(tmp.glob(f"{name}-*.log")))
-    assert [p.returncode for p in procs.values()] == [0, 0, 0], logs
-
 
 final = final_checkpoint
 
-
-def column(run_dir: Path, worker: str, key: str) -> list[float]:
-    rows = (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()
-    return [json.loads(line)[key] for line in rows]
 
 
 def test_electra_across_federation_trains_in_step_with_a_data_parallel_discriminator(

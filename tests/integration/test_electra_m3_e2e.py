@@ -10,10 +10,8 @@ and reading its own ``sync-<k>`` tokens.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nebula_mq.stack import Stack
-from tests.fixtures.jobs import final_checkpoint, provision_job_files, start_worker, step_of
-from tests.fixtures.stack import StackHandle, pick_base_port
-from tests.integration.test_electra_e2e import column, free_port_range
+from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, provision_job_files, start_worker,
+                                 step_of, wait_all)
+from tests.fixtures.stack import StackHandle, running_stack
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
@@ -73,16 +70,8 @@ seed = 2
 
 @pytest.fixture(scope="module")
 def stack3() -> Iterator[StackHandle]:
-    run_dir = tempfile.mkdtemp(prefix="nebula-stack3-", dir="/tmp")
-    st = Stack(run_dir, CLUSTERS, base_port=pick_base_port(len(CLUSTERS)), prefix=f"m3t{os.getpid()}")
-    try:
-        st.up()
-        yield StackHandle(st, run_dir)
-    finally:
-        try:
-            st.down()
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    with running_stack(CLUSTERS, "m3t") as handle:
+        yield handle
 
 
 def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
@@ -92,18 +81,6 @@ def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path]
     return cfgs, {w: start_worker(role, cfgs[w], tmp / f"{name}-{w}.log", index=i)
                   for w, (role, i) in WORKERS.items()}
 
-
-def wait_all(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, name: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs.values():
-            p.wait(max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-    logs = "\n".join(f.read_text()[-2000:] for f in sorted(tmp.glob(f"{name}-*.log")))
-    assert {w: p.returncode for w, p in procs.items()} == {w: 0 for w in procs}, logs
 
 
 @pytest.fixture(scope="module")
