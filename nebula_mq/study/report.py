@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.study.bleu import paired_bootstrap
+from nebula_mq.study.rows import BASELINE, SEQUENTIAL_BASELINE
 from nebula_mq.study.runner import RowResult
 
 # Targets of the study (issue 5): relative to the baseline row of the same run.
@@ -28,8 +29,8 @@ def baselines(rows: Sequence[Any]) -> tuple[Any | None, Any | None]:
     def chain(r: Any) -> str:
         return str(r["chain"] if isinstance(r, dict) else r.row.chain)
 
-    paper = next((r for r in rows if chain(r) == "baseline (1 in flight)"), None)
-    pipelined = next((r for r in rows if chain(r) == "baseline"), None)
+    paper = next((r for r in rows if chain(r) == SEQUENTIAL_BASELINE.chain), None)
+    pipelined = next((r for r in rows if chain(r) == BASELINE.chain), None)
     return paper, pipelined
 
 

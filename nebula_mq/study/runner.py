@@ -10,6 +10,7 @@ wire time, both sides as threads of this process; for fast tests).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import WorkerError
-from nebula_mq.settings import ClusterSettings, TransportSettings
+from nebula_mq.settings import TransportSettings
 from nebula_mq.study import side
 from nebula_mq.study.rows import StudyRow
 
@@ -138,8 +139,6 @@ class StackLink(Link):
         return self.stack.clusters[0], self.stack.clusters[1]
 
     def run(self, spec: side.RowSpec, timeout_s: float) -> dict[str, dict[str, Any]]:
-        import dataclasses
-
         vhost = side.provision(self.stack, spec.job_id, spec.src, spec.tgt)
         spec = dataclasses.replace(spec, stack_dir=self.stack.layout.run_dir, vhost=vhost)
         run_dir = Path(spec.run_dir)
@@ -152,17 +151,16 @@ class StackLink(Link):
                                             stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         try:
-            while any(p.poll() is None for p in procs.values()):
-                failed = [k for k, p in procs.items() if p.poll() not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    why = f"{failed[0]} exited {procs[failed[0]].returncode}" if failed else f"timeout {timeout_s} s"
-                    tail = logs[failed[0]].read_text(errors="replace")[-2000:] if failed else ""
-                    raise WorkerError(f"row {spec.job_id}: {why}\n{tail}")
+            while True:  # a side that fails stops the row (the other would wait for it forever)
+                failed = next((k for k, p in procs.items() if p.poll() not in (None, 0)), None)
+                if failed is not None:
+                    raise WorkerError(f"row {spec.job_id}: {failed} exited {procs[failed].returncode}\n"
+                                      + logs[failed].read_text(errors="replace")[-2000:])
+                if all(p.poll() is not None for p in procs.values()):
+                    break
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"row {spec.job_id}: still running after {timeout_s} s")
                 time.sleep(0.2)
-            failed = [k for k, p in procs.items() if p.returncode != 0]
-            if failed:
-                raise WorkerError(f"row {spec.job_id}: {failed[0]} exited {procs[failed[0]].returncode}\n"
-                                  + logs[failed[0]].read_text(errors="replace")[-2000:])
         finally:
             for p in procs.values():
                 if p.poll() is None:
@@ -242,8 +240,7 @@ def run_row(row: StudyRow, cfg: StudyConfig, link: Link, run_dir: Path, timeout_
         forward_bytes_per_step=ce["wire"] / cfg.steps, backward_bytes_per_step=cd["wire"] / cfg.steps,
         wall_s=wall, losses=[h["loss"] for h in hist],
     )
-    evaluation = next((run_dir / "eval").glob(f"{side.WORKER_IDS['dec']}-*.json"), None) \
-        if (run_dir / "eval").is_dir() else None
+    evaluation = next((run_dir / "eval").glob(f"{side.WORKER_IDS['dec']}-*.json"), None)  # T's scores
     if evaluation is not None:
         body: Mapping[str, Any] = json.loads(evaluation.read_text())
         result.bleu = float(body["bleu"])
