@@ -69,10 +69,12 @@ def plan(settings: Settings) -> Any:
     job = load_job(settings)
     subs = tuple(topology.sub_discriminator_flow(r) for r in range(1, job.n))
     # Each process may touch exactly its flows (least-privilege broker permissions).
+    group = "discriminators" if job.n > 1 else ""  # one gloo group: restarted as a whole
     procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
-                     publishes=(*sync_flows(job), *subs), consumes=results_flows(job))]
+                     publishes=(*sync_flows(job), *subs), consumes=results_flows(job), restart_group=group)]
     procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
-                      consumes=(topology.sub_discriminator_flow(r),)) for r in range(1, job.n)]
+                      consumes=(topology.sub_discriminator_flow(r),), restart_group=group)
+              for r in range(1, job.n)]
     procs += [Process("electra-generator", job.cluster_of(g or 0), "gen" if g is None else generator_id(g),
                       g or 0, publishes=(topology.electra_results_flow(g),),
                       consumes=(topology.electra_sync_flow(g),))

@@ -42,6 +42,9 @@ class Process:
     # these (least privilege). Both empty: job-wide permissions (tools, older plans).
     publishes: tuple[str, ...] = ()
     consumes: tuple[str, ...] = ()
+    # Processes with the same non-empty group stop and start together: a gloo group has
+    # no membership change, so one rank restarted alone waits for ever in the rendezvous.
+    restart_group: str = ""
 
     def identity(self, job_id: str) -> str:
         """Certificate CN this process logs in with (EXTERNAL auth)."""
@@ -121,6 +124,9 @@ def run_role(role: str, settings: Settings, index: int = 0) -> int:
     """Import the role's module and run its ``main``."""
     if role not in ROLES:
         raise ConfigError("<command line>", "--role", f"one of {sorted(ROLES)}", role)
+    from nebula_mq.models.cpu import configure_cpu
+
+    configure_cpu()  # before the role builds its model: MKL's path on AMD, this worker's threads
     main = importlib.import_module(ROLES[role]).main
     if "worker_index" in inspect.signature(main).parameters:
         return int(main(settings, worker_index=index))

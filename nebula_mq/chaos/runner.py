@@ -47,6 +47,7 @@ class ChaosReport:
     counters: dict[str, float] = field(default_factory=dict)
     clean_s: float = 0.0
     chaos_s: float = 0.0
+    timed_out: str = ""  # what did not finish in time ("clean run", "chaos run"); "" if all did
 
     @property
     def identical(self) -> bool:
@@ -54,7 +55,8 @@ class ChaosReport:
 
     @property
     def complete(self) -> bool:
-        return all(a == b == self.steps for a, b in self.final_steps.values())
+        return (not self.timed_out and bool(self.final_steps)
+                and all(a == b == self.steps for a, b in self.final_steps.values()))
 
 
 def _instance(config: str, stack_dir: str, suffix: str) -> JobProcesses:
@@ -98,16 +100,24 @@ class ChaosRunner:
         clean.provision()
         clean.start_all()
         self.log(f"clean run: job {clean.settings.job.id}")
-        _run_to_end(clean, timeout)
+        try:
+            _run_to_end(clean, timeout)
+        except TimeoutError as exc:
+            report.timed_out = "clean run"
+            self.log(str(exc))
         report.clean_s = time.monotonic() - t0
-
         chaos = _instance(self.config, self.stack_dir, "chaos")
-        chaos.provision()
-        t0 = time.monotonic()
-        chaos.start_all()
-        self.log(f"chaos run: job {chaos.settings.job.id}, {len(self.schedule)} faults")
-        self._inject_all(chaos, report, timeout)
-        report.chaos_s = time.monotonic() - t0
+        if not report.timed_out:
+            chaos.provision()
+            t0 = time.monotonic()
+            chaos.start_all()
+            self.log(f"chaos run: job {chaos.settings.job.id}, {len(self.schedule)} faults")
+            try:
+                self._inject_all(chaos, report, timeout)
+            except TimeoutError as exc:  # the report still says how far each worker got
+                report.timed_out = "chaos run"
+                self.log(str(exc))
+            report.chaos_s = time.monotonic() - t0
         for proc in chaos.plan.processes:
             w = proc.worker_id
             for k, v in _counters(chaos, w).items():
@@ -115,6 +125,7 @@ class ChaosRunner:
             (cs, cd), (xs, xd) = _final(clean, w), _final(chaos, w)
             report.digests[w] = (cd, xd)
             report.final_steps[w] = (cs, xs)
+        chaos.run_dir.mkdir(parents=True, exist_ok=True)
         self._write(chaos, report)
         return report
 
@@ -134,8 +145,12 @@ class ChaosRunner:
                 report.faults.append(rec)
                 open_records.append(rec)
             for w in job.failed():  # a worker that dies on its own is restarted, and reported
-                self.log(f"worker {w} exited {job.children[w].returncode}; restarting it")
-                job.start(w)
+                if job.children[w].poll() is None:
+                    continue  # restarted already, with another member of its group
+                members = job.group_of(w)
+                self.log(f"worker {w} exited {job.children[w].returncode}; restarting "
+                         + (w if len(members) == 1 else f"its group {', '.join(members)}"))
+                job.kill_and_restart(w)
 
         _run_to_end(job, timeout, tick)  # faults lifted after the last step stay "-"
         for fault in pending:
@@ -151,12 +166,14 @@ class ChaosRunner:
         elif fault.kind == "restart":
             job.stack.restart_node(fault.target)
         elif fault.kind == "kill":
-            for k, v in _counters(job, fault.target).items():  # counters die with the process
-                report.counters[k] = report.counters.get(k, 0.0) + v
-            job.signal(fault.target, signal.SIGKILL)
-            job.wait(fault.target)
-            time.sleep(fault.duration_s)
-            job.start(fault.target)
+            # The target's gloo group (Scenario I discriminators) is killed and started with
+            # it: a rank restarted alone would wait for ever in the group's rendezvous.
+            for member in job.group_of(fault.target):
+                for k, v in _counters(job, member).items():  # counters die with the process
+                    report.counters[k] = report.counters.get(k, 0.0) + v
+            members = job.kill_and_restart(fault.target, fault.duration_s)
+            if len(members) > 1:
+                self.log(f"  restarted its group with it: {', '.join(members)}")
         elif fault.kind == "stall":
             job.signal(fault.target, signal.SIGSTOP)
             end = time.monotonic() + fault.duration_s
@@ -208,6 +225,9 @@ def format_report(report: ChaosReport) -> str:
                          f"{rec.max_queue_bytes} bytes, broker RSS <= {(rec.max_broker_rss or 0) / 2**20:.0f} MiB")
     lines.append("")
     lines.append(f"runs: clean {report.clean_s:.0f} s, chaos {report.chaos_s:.0f} s")
+    if report.timed_out:
+        lines.append(f"TIMED OUT: the {report.timed_out} did not finish (its workers were killed); "
+                     "see the workers' logs")
     lines.append("messages redelivered {:.0f}, discarded as duplicates {:.0f}, dead-lettered {:.0f}".format(
         *(report.counters.get(k, 0.0) for k in COUNTERS)))
     for w, (clean, chaos) in report.digests.items():

@@ -13,11 +13,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nebula_mq.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from nebula_mq.config import EnvOverride
 
 
 class JobProcesses:
@@ -37,11 +41,24 @@ class JobProcesses:
         self.stack = Stack(stack_dir, needed)
         missing = [c for c in needed if c not in self.stack.clusters]
         if missing:  # a running stack keeps its layout
-            raise StackError(f"the stack in {stack_dir} runs {list(self.stack.clusters)}, the job needs {missing} "
-                             f"too: `nebula-mq stack down --run-dir {stack_dir}` first, or start it with "
-                             f"`nebula-mq stack up --clusters {','.join(needed)}`")
+            raise StackError(self._unknown_clusters(missing, needed))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
+
+    def _unknown_clusters(self, missing: list[str], needed: tuple[str, ...]) -> str:
+        """Most often a typo in the job: say which key names it and the closest known cluster;
+        a job that really spans more clusters needs the stack restarted with them."""
+        from nebula_mq.config import env_overrides
+        from nebula_mq.stack.layout import did_you_mean
+
+        known = self.stack.clusters
+        overrides = env_overrides(self.env)
+        names = "; ".join(f"{name!r} in {_where_named(self.settings, name, overrides)}"
+                          f"{did_you_mean(name, known)}" for name in missing)
+        return (f"unknown cluster {names}: the stack in {self.stack_dir} has {', '.join(known)}. "
+                f"If the job really runs on more clusters, restart the stack with them: "
+                f"`nebula-mq stack down --run-dir {self.stack_dir}`, then "
+                f"`nebula-mq stack up --run-dir {self.stack_dir} --clusters {','.join(needed)}`")
 
     @property
     def run_dir(self) -> Path:
@@ -62,13 +79,41 @@ class JobProcesses:
         cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index",
                str(proc.index), "--config", self.config, "--stack", self.stack_dir]
         with open(self.logs / f"{worker_id}.log", "ab") as out:
-            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.worker_env())
         self.children[worker_id] = child
         return child
+
+    def worker_env(self) -> dict[str, str]:
+        """Each worker's share of the cores (unless the user set it): the workers of a
+        local run would otherwise each start a thread per core and oversubscribe them."""
+        cores = max(1, len(os.sched_getaffinity(0)))
+        share = str(max(1, cores // max(1, len(self.plan.processes))))
+        threads = {name: share for name in ("NEBULA_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                            "MKL_NUM_THREADS")}
+        return {**threads, **self.env}
 
     def start_all(self) -> None:
         for proc in self.plan.processes:
             self.start(proc.worker_id)
+
+    def group_of(self, worker_id: str) -> tuple[str, ...]:
+        """``worker_id`` and the processes that must stop and start with it (its gloo group)."""
+        proc = next(p for p in self.plan.processes if p.worker_id == worker_id)
+        if not proc.restart_group:
+            return (worker_id,)
+        return tuple(p.worker_id for p in self.plan.processes if p.restart_group == proc.restart_group)
+
+    def kill_and_restart(self, worker_id: str, pause_s: float = 0.0) -> tuple[str, ...]:
+        """SIGKILL ``worker_id`` and its group, wait ``pause_s``, start them all again."""
+        members = self.group_of(worker_id)
+        for member in members:
+            self.signal(member, signal.SIGKILL)
+        for member in members:
+            self.wait(member)
+        time.sleep(pause_s)
+        for member in members:
+            self.start(member)
+        return members
 
     def signal(self, worker_id: str, sig: signal.Signals) -> None:
         child = self.children[worker_id]
@@ -101,3 +146,17 @@ class JobProcesses:
 
     def slowest_step(self) -> int:
         return min(self.steps().values(), default=0)
+
+
+def _where_named(settings: Settings, cluster: str, overrides: Sequence[EnvOverride]) -> str:
+    """Where the job names ``cluster``: ``job.toml [abnet] tgt_cluster``, or the override variable."""
+    from nebula_mq.stack import DEFAULT_CLUSTERS
+
+    scenario = settings.job.scenario
+    for key, value in settings.scenario_section().items():
+        if value == cluster or (isinstance(value, (list, tuple)) and cluster in value):
+            for override in overrides:
+                if override.path == (scenario, key):
+                    return f"environment variable {override.variable}"
+            return f"{settings.source} [{scenario}] {key}"
+    return "the default clusters of `nebula-mq run`" if cluster in DEFAULT_CLUSTERS else settings.source

@@ -38,7 +38,7 @@ def _build(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.logs import configure_logging
 
     # Logs go to stderr so stdout carries only the summary.
-    configure_logging(args.log_level, stream=_CurrentStderr())  # type: ignore[arg-type]
+    configure_logging(args.log_level)
     if args.max_pairs is not None and args.max_pairs < 1:
         raise DataError(f"--max-pairs must be positive, got {args.max_pairs}")
     options = BuildOptions(
@@ -81,17 +81,6 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-class _CurrentStderr:
-    """Whatever ``sys.stderr`` is at write time (test runners swap it), for the log stream."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
 
 
 def summary(manifest: dict[str, Any]) -> str:

@@ -21,12 +21,23 @@ from typing import Any
 DEFAULT_STACK = "run/stack"
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type of a time limit: a number > 0, echoing a bad value."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return seconds
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run every role of a job against the local stack")
     p.add_argument("config", help="job TOML file")
     p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK),
                    help="local stack run dir (started if needed)")
-    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="build the data, then run the flagship ABNet job end to end")
@@ -44,50 +55,105 @@ def run_job(config: str, stack_dir: str, timeout: float | None = None) -> int:
     log = get_logger("nebula_mq.run")
     job = JobProcesses(config, stack_dir)
     job.provision()
+    started = time.time()
     job.start_all()
     for worker, child in job.children.items():
         log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
-    return _supervise(job, timeout)
+    code = _supervise(job, timeout)
+    if code == 0:
+        print_evaluation(job.settings, since=started)
+    return code
+
+
+def print_evaluation(settings: Any, since: float) -> None:
+    """The scores per domain and a few translations, when the job evaluated in this run."""
+    import json
+
+    from nebula_mq.report.evaluation import summary_text
+
+    path = settings.run_dir / "eval.json"
+    if not path.is_file() or path.stat().st_mtime < since:
+        return
+    body = json.loads(path.read_text(encoding="utf-8"))
+    sources: dict[int, str] = {}
+    data_dir = Path(settings.abnet.get("data_dir", "run/data"))
+    split_file = data_dir / "parallel" / f"{body.get('split', 'test')}.jsonl"
+    if settings.abnet.get("data") == "corpus" and split_file.is_file():  # this machine holds both sides
+        wanted = set(body.get("sample_ids", []))
+        with split_file.open(encoding="utf-8") as fh:
+            sources = {i: json.loads(line)["src"] for i, line in enumerate(fh) if i in wanted}
+    print(summary_text(body, sources))
+
+
+# How long workers get to finish their micro-batch and checkpoint after a stop request.
+STOP_GRACE_S = 120.0
 
 
 def _supervise(job: Any, timeout: float | None) -> int:
     from nebula_mq.runtime.progress import progress
+    from nebula_mq.runtime.signals import StopFlag
 
-    stopping = False
+    # The handler only records the signal (see nebula_mq.runtime.signals); this loop
+    # forwards it. A second Ctrl-C kills the workers: each one's last checkpoint
+    # stands and the broker redelivers what came after it when the job is run again.
+    received = StopFlag()
 
-    def _forward(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        job.signal_all(signal.SIGTERM)
+    def _on_signal(signum: int, _frame: Any) -> None:
+        received.signals.append(signum)
+        received.set()
 
-    previous = {s: signal.signal(s, _forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
-    failed: list[str] = []
+    reasons: list[str] = []  # why the job was stopped, besides failed workers
+    stopping = killed = False
+    stop_since = 0.0
     try:
         with progress(job.settings.job.steps, "training (slowest worker)") as bar:
             done = 0
             while job.running():
-                time.sleep(1.0)
+                if received.is_set() and not stopping:
+                    stopping = True
+                    print("stopping: workers finish their micro-batch and checkpoint "
+                          "(Ctrl-C again to kill them now)", file=sys.stderr)
+                    job.signal_all(signal.SIGTERM)
+                stop_since = stop_since or (time.monotonic() if stopping else 0.0)
+                if received.signals.count(signal.SIGINT) >= 2 and not killed:
+                    killed = True
+                    print("second interrupt: killing the workers", file=sys.stderr)
+                    job.signal_all(signal.SIGKILL)
+                elif stop_since and time.monotonic() - stop_since > STOP_GRACE_S and not killed:
+                    # A rank blocked in a collective whose peer died never sees SIGTERM.
+                    killed = True
+                    print(f"workers still running {STOP_GRACE_S:.0f} s after the stop request: "
+                          f"killing them ({', '.join(w for w, c in job.children.items() if c.poll() is None)})",
+                          file=sys.stderr)
+                    reasons.append("stop grace exceeded")
+                    job.signal_all(signal.SIGKILL)
+                time.sleep(0.2)
                 slowest = job.slowest_step()
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
-                failed = job.failed()
-                if failed and not stopping:
-                    _forward(signal.SIGTERM, None)
+                if job.failed() and not stopping:
+                    stopping = True
+                    job.signal_all(signal.SIGTERM)
                 if deadline is not None and time.monotonic() > deadline and not stopping:
                     print(f"timeout after {timeout:.0f} s: stopping workers", file=sys.stderr)
-                    failed.append("timeout")
-                    _forward(signal.SIGTERM, None)
+                    reasons.append("timeout")
+                    stopping = True
+                    job.signal_all(signal.SIGTERM)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    failed += job.failed()
+    interrupted = received.is_set()
+    # Workers a second Ctrl-C stopped at once (130, or killed by it) did what was asked.
+    forced = (130, -signal.SIGINT, -signal.SIGKILL)
+    failed = reasons + [w for w in job.failed() if not (interrupted and job.children[w].returncode in forced)]
     for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
     if failed:
         print(f"failed: {sorted(set(failed))}; logs in {job.logs}", file=sys.stderr)
         return 1
-    return 130 if stopping else 0
+    return 130 if interrupted else 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,10 +10,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
-from typing import Any
+import signal
+import socket
+from typing import TYPE_CHECKING, Any
 
+from nebula_mq.errors import ConfigError
 from nebula_mq.settings import ClusterSettings, Settings, load_settings
+
+if TYPE_CHECKING:
+    from workers.plans import Process
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port: 1..65535, echoing a bad value."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port in 1..65535, got {port}")
+    return port
 
 
 def register(sub: Any) -> None:
@@ -23,19 +41,31 @@ def register(sub: Any) -> None:
     p.add_argument("--index", type=int, default=0, help="index among workers of the same role")
     p.add_argument("--stack", default=None, help="take broker settings from this local stack run dir")
     p.add_argument("--log-level", default="info")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=port_number, default=None,
                    help="also serve Prometheus metrics over HTTP on this port (/metrics)")
     p.set_defaults(func=_run)
+
+
+def find_process(settings: Settings, role: str, index: int) -> Process:
+    """This job's process ``role`` #``index``; a role the job does not run is the command line's fault."""
+    from workers.plans import plan_for
+
+    processes = plan_for(settings).processes
+    for proc in processes:
+        if proc.role == role and proc.index == index:
+            return proc
+    known = ", ".join(f"--role {p.role} --index {p.index}" for p in processes)
+    raise ConfigError("<command line>", "--role/--index", f"a process of job {settings.job.id!r} ({known})",
+                      f"--role {role} --index {index}")
 
 
 def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int) -> Settings:
     """Settings whose clusters point at the local stack's nodes, for this process's identity."""
     from nebula_mq import topology
     from nebula_mq.stack import Stack
-    from workers.plans import plan_for
 
     stack = Stack.open(stack_dir)
-    proc = plan_for(settings).find(role, index)
+    proc = find_process(settings, role, index)
     vhost = topology.vhost(settings.job.id)
     broker = stack.broker_settings(proc.cluster, proc.identity(settings.job.id), vhost=vhost)
     clusters = dict(settings.clusters)
@@ -43,16 +73,48 @@ def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int
     return dataclasses.replace(settings, clusters=clusters)
 
 
+def check_metrics_port(port: int) -> None:
+    """Fail before any model is built when the metrics port is taken.
+
+    Binds as the metrics server will (all interfaces, address reuse); the
+    server itself still reports a port taken in between (``MetricsHook``).
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as exc:
+            busy = "already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ConfigError("<command line>", "--metrics-port", f"a free port ({port} is {busy})",
+                              port) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.logs import configure_logging
     from workers.plans import run_role
 
     configure_logging(args.log_level)
+    settings = load_settings(args.config)
+    proc = find_process(settings, args.role, args.index)
+    if args.metrics_port:
+        check_metrics_port(args.metrics_port)
+    if args.stack:
+        settings = resolve_from_stack(settings, args.stack, args.role, args.index)
+    elif proc.cluster not in settings.clusters:
+        raise ConfigError(
+            settings.source, f"clusters.{proc.cluster}.broker",
+            f"broker settings for cluster {proc.cluster!r}, where {proc.role} #{proc.index} runs "
+            f"(the job has none: pass --stack DIR to take them from a local stack, or add a "
+            f"[clusters.{proc.cluster}.broker] table with host, port, vhost, ca_file, cert_file, key_file)")
     if args.metrics_port:
         from nebula_mq.runtime.worker import METRICS_PORT_ENV
 
         os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
-    settings = load_settings(args.config)
-    if args.stack:
-        settings = resolve_from_stack(settings, args.stack, args.role, args.index)
-    return run_role(args.role, settings, args.index)
+    try:
+        return run_role(args.role, settings, args.index)
+    finally:
+        # The role has checkpointed and returned. Python resets its signal handlers to
+        # the defaults while it shuts down (paddle's teardown takes a while), so the
+        # SIGTERM `nebula-mq run` forwards after a Ctrl-C would kill a worker that has
+        # already stopped cleanly (exit -15). A stopped worker ignores further SIGTERMs.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

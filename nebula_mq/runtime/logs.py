@@ -19,9 +19,15 @@ _configured = False
 def configure_logging(
     level: str = "info", *, json: bool | None = None, stream: TextIO | None = None
 ) -> None:
-    """Configure structlog once per process. ``json=None`` picks by ``isatty``."""
+    """Configure structlog once per process. ``json=None`` picks by ``isatty``.
+
+    Without ``stream`` the logs go to whatever ``sys.stderr`` is *at write time*:
+    a CLI entry point run in-process (tests, ``capsys``) swaps ``sys.stderr`` and
+    closes its stand-in afterwards; a logger bound to that object would raise
+    ``ValueError: I/O operation on closed file`` in every later log call.
+    """
     global _configured
-    out = stream or sys.stderr
+    out: TextIO = stream or CurrentStderr()  # type: ignore[assignment]
     use_json = (not out.isatty()) if json is None else json
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -46,6 +52,19 @@ def configure_logging(
     # pika logs every connection attempt at INFO; our transport logs what matters.
     logging.getLogger("pika").setLevel(logging.WARNING)
     _configured = True
+
+
+class CurrentStderr:
+    """Whatever ``sys.stderr`` is at write time, as a write-only text stream."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 
 
 def bind_context(**values: Any) -> None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import signal
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -32,6 +30,7 @@ from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.metrics import MetricsHook
+from nebula_mq.runtime.signals import StopFlag, install_stop_handlers
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.auth import MessageAuth
 from nebula_mq.security.keys import ensure_job_key, job_key_file
@@ -109,7 +108,7 @@ class Worker(ABC):
         self.hooks = Hooks([self.metrics, *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = load_message_auth(settings, worker_id)
-        self.stop_requested = threading.Event()
+        self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
         self._pending_acks: list[Delivery] = []
         self.step = 0
         self.values: dict[str, float] = {}
@@ -119,14 +118,9 @@ class Worker(ABC):
     # ------------------------------------------------------------------ lifecycle
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: finish the micro-batch in flight, checkpoint, ack, exit."""
-
-        def _stop(signum: int, _frame: Any) -> None:
-            log.info("stop_requested", signal=signal.Signals(signum).name)
-            self.stop_requested.set()
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+        """SIGTERM/SIGINT: finish the micro-batch in flight, checkpoint, ack, exit.
+        A second SIGINT (a second Ctrl-C) exits at once (see ``runtime.signals``)."""
+        install_stop_handlers(self.stop_requested)
 
     def main(self) -> int:
         """Run the role to completion (or to a stop request) with the transport open."""
@@ -134,6 +128,8 @@ class Worker(ABC):
         with self.transport:
             try:
                 code = self.run()
+                if self.stop_requested.is_set():
+                    log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
             except BaseException:
                 self.write_status("failed")
                 raise

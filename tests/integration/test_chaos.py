@@ -55,3 +55,58 @@ def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> Non
     assert report.counters["nebula_redeliveries_total"] + report.counters["nebula_duplicates_total"] > 0, text
     faults = [json.loads(line) for line in (tmp_path / "run" / "chaos" / "faults.jsonl").read_text().splitlines()]
     assert [f["kind"] for f in faults] == kinds
+
+
+ELECTRA_JOB = """
+[job]
+id = "{job_id}"
+scenario = "electra"
+seed = 7
+steps = {steps}
+run_dir = "{run_dir}"
+
+[transport]
+prefetch = 8
+
+[electra]
+generator_clusters = ["cluster-a"]
+disc_cluster = "cluster-b"
+n_sub = 2
+max_lead = 2
+checkpoint_every = 5
+heldout = 64
+gloo_base_port = {port}
+
+[electra.model]
+preset = "tiny"
+"""
+
+
+def test_chaos_kills_a_discriminator_rank_with_its_group_and_ends_bit_identical(  # type: ignore[no-untyped-def]
+        stack, tmp_path: Path) -> None:
+    """A gloo rank restarted alone waits for ever in the rendezvous: chaos kills the
+    root and restarts the whole discriminator group with it."""
+    from nebula_mq.chaos.schedule import Fault
+    from tests.fixtures.jobs import free_port_range
+
+    config = tmp_path / "electra.toml"
+    config.write_text(ELECTRA_JOB.format(job_id="chaos-electra", steps=25, run_dir=tmp_path / "run",
+                                         port=free_port_range(2)))
+    logs: list[str] = []
+    report = ChaosRunner(str(config), str(stack.run_dir), [Fault(8, "kill", "disc-root", 0.5)],
+                         log=logs.append).run(300)
+    text = format_report(report)
+    assert report.complete and report.identical, text + "\n" + "\n".join(logs)
+    assert any("disc-root, disc-sub-1" in line for line in logs), logs
+    assert set(report.digests) == {"disc-root", "disc-sub-1", "gen"}
+
+
+def test_a_chaos_run_past_its_timeout_ends_with_a_report_not_a_traceback(  # type: ignore[no-untyped-def]
+        stack, tmp_path: Path) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text(JOB.format(run_dir=tmp_path / "run").replace('id = "chaostest"', 'id = "chaos-timeout"'))
+    report = ChaosRunner(str(config), str(stack.run_dir), [], log=lambda _m: None).run(3)
+    text = format_report(report)
+    assert report.timed_out == "clean run" and not report.complete, text
+    assert "TIMED OUT" in text and "lost: SOME" in text
+    assert json.loads((tmp_path / "run" / "chaos" / "chaos.json").read_text())["complete"] is False

@@ -3,18 +3,56 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.fixtures.stack import StackHandle
+from nebula_mq.cli import main
+from nebula_mq.stack import Stack
+from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
+from tests.fixtures.stack import StackHandle, pick_base_port
 
 pytestmark = pytest.mark.broker
 
+ROOT = Path(__file__).resolve().parents[2]
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nebula_mq", *args], capture_output=True, text=True, timeout=60)
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nebula_mq", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _bound(port: int) -> bool:
+    """True while a socket holds ``port`` (TIME_WAIT leftovers of closed connections do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (a node's HOME, a relay's control file)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def test_stack_status_lists_running_nodes(stack: StackHandle) -> None:
@@ -53,3 +91,122 @@ def test_stack_status_without_a_stack_is_a_clear_error(tmp_path) -> None:
     out = _cli("stack", "status", "--run-dir", str(tmp_path))
     assert out.returncode == 1
     assert "no stack in" in out.stderr
+
+
+@pytest.mark.parametrize("busy_offset", [1, RELAY_OFFSET + 1], ids=["cluster-b-tls", "cluster-b-relay"])
+def test_stack_up_on_a_busy_port_stops_what_it_started_and_names_the_port(busy_offset: int) -> None:
+    run_dir = tempfile.mkdtemp(prefix="nebula-busy-", dir="/tmp")
+    base = pick_base_port()
+    busy = base + busy_offset
+    ports = [base + o + i for o in (0, RELAY_OFFSET, DIST_OFFSET) for i in range(2)]
+    try:
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", busy))
+            holder.listen()
+            out = _cli("stack", "up", "--run-dir", run_dir, "--base-port", str(base),
+                       "--prefix", f"busy{os.getpid()}", timeout=240)
+            assert out.returncode == 1, out.stdout + out.stderr
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1, out.stderr
+            assert f"port {busy} is already in use" in lines[0]
+            assert "stopped what this `stack up` had started (" in lines[0]
+            # The node(s) it had booted really were stopped: nothing of this stack dir runs.
+            assert _processes_mentioning(run_dir) == []
+            assert not any(s.running or s.relay_pid for s in Stack.open(run_dir).status().values())
+            assert [p for p in ports if p != busy and _bound(p)] == []
+    finally:
+        Stack.open(run_dir).down()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_run_with_a_misspelt_cluster_says_it_is_unknown_and_suggests_one(
+    stack: StackHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text((ROOT / "config" / "abnet-delta.toml").read_text()
+                   .replace('tgt_cluster = "cluster-b"', 'tgt_cluster = "clustr-b"')
+                   .replace('run_dir = "run/jobs/abnet-delta"', f'run_dir = "{tmp_path / "run"}"'))
+    for name in [n for n in os.environ if n.startswith("NEBULA__")]:
+        monkeypatch.delenv(name)
+    assert main(["run", str(job), "--stack", stack.run_dir]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"unknown cluster 'clustr-b' in {job} [abnet] tgt_cluster (did you mean 'cluster-b'?)" in err
+    assert f"the stack in {stack.run_dir} has cluster-a, cluster-b." in err
+    # Set by an override, the variable is named instead of the file.
+    job.write_text(job.read_text().replace('tgt_cluster = "clustr-b"', 'tgt_cluster = "cluster-b"'))
+    monkeypatch.setenv("NEBULA__ABNET__TGT_CLUSTER", "clustr-b")
+    assert main(["run", str(job), "--stack", stack.run_dir]) == 1
+    assert "'clustr-b' in environment variable NEBULA__ABNET__TGT_CLUSTER" in capsys.readouterr().err
+
+
+CTRL_C_JOB = """
+[job]
+id = "ctrlc-{tag}"
+scenario = "abnet"
+seed = 3
+steps = 5000
+run_dir = "{run_dir}"
+
+[abnet]
+preset = "tiny"
+batch_size = 8
+in_flight = 2
+checkpoint_every = 2
+src_cluster = "cluster-a"
+tgt_cluster = "cluster-b"
+"""
+
+
+def _start_run(job: Path, stack: StackHandle, log: Path) -> subprocess.Popen[bytes]:
+    """``nebula-mq run`` as a terminal starts it: run and its workers in one process group."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA__")}
+    return subprocess.Popen([sys.executable, "-m", "nebula_mq", "run", str(job), "--stack", stack.run_dir],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _wait_for_step(run_dir: Path, worker: str, step: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+    from tests.fixtures.jobs import step_of
+
+    deadline = time.monotonic() + 180
+    while step_of(run_dir, worker) < step:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def test_ctrl_c_under_run_stops_every_worker_cleanly_and_a_second_one_at_once(
+        stack: StackHandle, tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches ``run`` and every worker (one process group), and
+    ``run`` forwards a SIGTERM as well: the workers checkpoint and stop, ``run`` exits
+    130. Started again, the job resumes; a second Ctrl-C then ends it within seconds."""
+    job, run_dir, log = tmp_path / "job.toml", tmp_path / "run", tmp_path / "run.log"
+    job.write_text(CTRL_C_JOB.format(tag=os.getpid(), run_dir=run_dir))
+    proc = _start_run(job, stack, log)
+    try:
+        _wait_for_step(run_dir, "enc-0", 4, proc, log)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 130, log.read_text()[-3000:]
+        for worker in ("enc-0", "dec-0"):
+            status = json.loads((run_dir / "status" / f"{worker}.json").read_text())
+            assert status["state"] == "stopped", status
+        assert "failed" not in log.read_text()
+        stopped_at = json.loads((run_dir / "status" / "enc-0.json").read_text())["step"]
+
+        proc = _start_run(job, stack, log)
+        _wait_for_step(run_dir, "enc-0", stopped_at + 2, proc, log)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 130, log.read_text()[-3000:]
+        assert time.monotonic() - started < 30
+        text = log.read_text() + "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+        assert "Traceback" not in text, text[-3000:]
+        # A worker still busy with its micro-batch at the second Ctrl-C exits at once, and says so.
+        if any(f"exit {code}" in log.read_text() for code in (130, -9)):  # (-2: already shutting down)
+            assert "second interrupt" in text, text[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
