@@ -5,7 +5,8 @@
 Importing this package registers every concrete codec by wire id and name.
 """
 
-from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, decode_tree, registered
+from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, registered
+from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.cast import BF16, FP16, Identity
 from nebula_mq.codecs.compose import ByRole, BySize, Chain
 from nebula_mq.codecs.int8 import Int8

@@ -5,8 +5,8 @@ its parameters, the input's shape and dtype, and a tuple of *parts*. A part is a
 plain numpy array (shipped as dtype + shape + raw bytes) or a nested
 :class:`Encoded` (composition: in ``fp16(svd(0.6))`` the svd node's two factor
 parts are themselves fp16 nodes). Trees are self-describing, so the receiver
-decodes with :func:`decode_tree` alone; the chain spec string on the wire is only
-informational.
+decodes with :func:`nebula_mq.codecs.decoding.decode_tree` alone; the chain spec
+string on the wire is only informational.
 
 Codecs are stateless frozen dataclasses whose fields are their parameters; the
 only per-sender state (the warm-start basis of ``rsvd``) lives in a
@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
+from nebula_mq.codecs.checks import little_endian
 from nebula_mq.errors import CodecError, NonFiniteTensor, ShapeMismatch, UnknownCodec
 
 Scalar = Union[int, float, str, bool]
@@ -36,8 +37,6 @@ WIRE_DTYPES: frozenset[str] = frozenset(
      "float16", "float32", "float64"]
 )
 MAX_NDIM = 8
-#: Refuse to materialise a decoded array larger than this (hostile shapes).
-DEFAULT_MAX_DECODED_BYTES = 4 * 1024**3
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: ndarray parts have no boolean ==
@@ -110,9 +109,20 @@ class Codec(ABC):
             raise CodecError(f"{self.spec}: dtype {x.dtype} cannot travel on the wire")
         if not self.accepts(x.dtype):
             raise CodecError(f"{self.spec}: cannot encode dtype {x.dtype}")
-        return self._encode(np.asarray(x, order="C"), ctx)  # ascontiguousarray would make 0-d 1-d
+        # Codecs see C-contiguous little-endian data (the wire order); ascontiguousarray
+        # would make a 0-d array 1-d.
+        x = little_endian(np.asarray(x, order="C"))
+        # Numeric trouble the codec did not foresee becomes a refusal instead of a
+        # numpy warning and a non-finite payload the receiver would reject.
+        try:
+            with np.errstate(over="raise", invalid="raise", divide="raise"):
+                return self._encode(x, ctx)
+        except (FloatingPointError, np.linalg.LinAlgError) as exc:
+            raise CodecError(f"{self.spec}: cannot encode {x.dtype}{x.shape}: {exc}") from None
 
     def decode(self, enc: Encoded) -> np.ndarray:
+        from nebula_mq.codecs.decoding import decode_tree  # decoding builds on this module
+
         return decode_tree(enc)
 
     @property
@@ -184,6 +194,13 @@ class Codec(ABC):
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """Parts are already decoded to arrays; validate them and rebuild the input."""
 
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        """Bytes ``_decode`` allocates besides its output (temporaries, a library's own buffer).
+
+        Charged to the decode budget while the node decodes, so the cap bounds what
+        decoding allocates, not only what it returns."""
+        return 0
+
     def _node(self, x: np.ndarray, *parts: Part) -> Encoded:
         assert self.wire_id is not None
         return Encoded(self.wire_id, self.params, tuple(x.shape), x.dtype.name, tuple(parts))
@@ -229,40 +246,3 @@ def expect_parts(who: str, parts: tuple[np.ndarray, ...], *specs: tuple[tuple[in
             raise ShapeMismatch(f"{who}: part {i} has shape {part.shape}, expected {shape}")
         if dtype is not None and part.dtype.name != dtype and part.dtype.kind != dtype:
             raise ShapeMismatch(f"{who}: part {i} has dtype {part.dtype}, expected {dtype}")
-
-
-def _check_node(enc: Encoded, max_bytes: int) -> np.dtype:
-    if enc.dtype not in WIRE_DTYPES:
-        raise CodecError(f"dtype {enc.dtype!r} is not allowed on the wire")
-    if len(enc.shape) > MAX_NDIM or any(type(d) is not int or d < 0 for d in enc.shape):
-        raise ShapeMismatch(f"invalid shape {enc.shape!r}")
-    dtype = np.dtype(enc.dtype)
-    if math.prod(enc.shape) * dtype.itemsize > max_bytes:
-        raise CodecError(f"decoded size of shape {enc.shape} exceeds {max_bytes} bytes")
-    return dtype
-
-
-def decode_tree(enc: Encoded, *, max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, _depth: int = 0) -> np.ndarray:
-    """Decode a (possibly nested) node. Errors are always CodecError subclasses."""
-    if _depth > 8:
-        raise CodecError("codec tree nested deeper than 8")
-    if not isinstance(enc, Encoded):
-        raise CodecError(f"expected an Encoded node, got {type(enc).__name__}")
-    dtype = _check_node(enc, max_decoded_bytes)
-    codec = codec_class(enc.codec_id).from_params(enc.params)
-    parts = tuple(
-        decode_tree(p, max_decoded_bytes=max_decoded_bytes, _depth=_depth + 1) if isinstance(p, Encoded) else p
-        for p in enc.parts
-    )
-    for p in parts:
-        if not isinstance(p, np.ndarray):
-            raise CodecError(f"{codec.spec}: part of type {type(p).__name__}")
-    try:
-        out = codec._decode(parts, tuple(enc.shape), dtype)
-    except CodecError:
-        raise
-    except (ValueError, TypeError, IndexError, OverflowError, MemoryError, np.linalg.LinAlgError) as exc:
-        raise CodecError(f"{codec.spec}: cannot decode: {exc}") from None
-    if out.shape != tuple(enc.shape) or out.dtype != dtype:
-        raise ShapeMismatch(f"{codec.spec}: decoded {out.dtype}{out.shape}, expected {dtype}{enc.shape}")
-    return out

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.codecs.checks import cast_saturating, narrows
 from nebula_mq.errors import NonFiniteTensor
 
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
@@ -87,11 +88,17 @@ class BF16(Codec):
 
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         check_finite(x, ctx, self.spec)
-        f = x.astype(np.float32, copy=True)
-        lo, hi = _range(f)
-        if lo < -BF16_SAFE_MAX or hi > BF16_SAFE_MAX:  # also true for +-Inf, harmless
-            finite = np.isfinite(f)
-            np.clip(f, -BF16_SAFE_MAX, BF16_SAFE_MAX, out=f, where=finite)
+        # 1-D throughout: ufuncs on a 0-d array return scalars, which cannot be assigned into.
+        flat = x.reshape(-1)
+        lo, hi = _range(flat)
+        # Clamp in the input's own dtype: float64 beyond float32's range would turn
+        # into Inf on the cast below. False for NaN too, which then takes this path
+        # so that huge finite values beside a NaN are clamped as well.
+        if x.dtype.itemsize >= 4 and not (-BF16_SAFE_MAX <= lo and hi <= BF16_SAFE_MAX):
+            clamped = np.clip(flat, -BF16_SAFE_MAX, BF16_SAFE_MAX)
+            np.copyto(clamped, flat, where=np.isinf(flat))  # Inf stays Inf (allow_non_finite)
+            flat = clamped
+        f = flat.astype(np.float32, copy=True)
         u = f.view(np.uint32)
         nan = np.isnan(f) if ctx.allow_non_finite else None
         # Round to nearest even on the discarded 16 bits, in place.
@@ -99,9 +106,15 @@ class BF16(Codec):
         out = (u >> np.uint32(16)).astype(np.uint16)
         if nan is not None and nan.any():
             out[nan] = 0x7FC0  # rounding may have carried a NaN into Inf
-        return self._node(x, out)
+        return self._node(x, out.reshape(x.shape))
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         expect_parts(self.spec, parts, (shape, "uint16"))
-        wide = parts[0].astype(np.uint32) << np.uint32(16)
-        return wide.view(np.float32).astype(dtype, copy=False)
+        wide = parts[0].reshape(-1).astype(np.uint32)  # 1-D: see _encode
+        wide <<= np.uint32(16)
+        # float16 outputs saturate: bf16 rounds float16's 65504 up to 65536.
+        return cast_saturating(wide.view(np.float32), dtype).reshape(shape)
+
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        n = math.prod(shape)  # the float32 buffer is the output itself for float32
+        return 0 if dtype == np.float32 else 4 * n + (n if narrows(np.dtype(np.float32), dtype) else 0)

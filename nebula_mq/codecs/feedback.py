@@ -32,7 +32,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from nebula_mq.codecs.base import Codec, decode_tree
+from nebula_mq.codecs.base import Codec
+from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.errors import ShapeMismatch
 
 

@@ -3,7 +3,9 @@
 ``int8`` keeps one scale per row (the last axis: per token for [B,T,H]
 activations/gradients); ``int8(block=64)`` one per 64 consecutive values of the
 flattened tensor, which bounds the damage of a single outlier. The error per
-element is at most scale/2 = max|row or block| / 254.
+element is at most scale/2 = max|row or block| / 254 (plus float32 rounding of the
+scale), and at most 5e-31 in rows below the scale floor. Scales are float32, so
+float64 inputs beyond float32's range are refused rather than shipped as Inf.
 """
 
 from __future__ import annotations
@@ -14,10 +16,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, narrows
 from nebula_mq.errors import CodecError
 
 # Rows processed per pass so the float temporaries stay in L2 (~256 KiB).
 _CHUNK_ELEMS = 64 * 1024
+
+
+def _largest_scale() -> np.float32:
+    """The largest float32 scale whose 127 steps stay finite (float32 max / 127 rounds up)."""
+    scale = np.float32(FLOAT32_MAX) / np.float32(127.0)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(127.0) * scale):
+            scale = np.nextafter(scale, np.float32(0))
+    return scale
+
+
+#: Scales are clamped to this on encode, so larger ones are forged.
+SCALE_MAX = _largest_scale()
 
 
 @dataclass(frozen=True)
@@ -53,9 +69,13 @@ class Int8(Codec):
         if x2.size == 0:
             amax = np.zeros(rows, np.float32)
         else:
-            amax = np.maximum(x2.max(axis=1), -x2.min(axis=1)).astype(np.float32)
+            amax_in = np.maximum(x2.max(axis=1), -x2.min(axis=1))  # in x's dtype: float64 may exceed float32
+            if x.dtype.itemsize > 4 and float(amax_in.max()) > FLOAT32_MAX:
+                raise CodecError(f"int8: |x| up to {float(amax_in.max()):.3g} exceeds the float32 range of "
+                                 f"its scales ({FLOAT32_MAX:.3g}); use fp16, bf16 or none for such values")
+            amax = amax_in.astype(np.float32)
         # The floor keeps 1/scale finite for all-zero or subnormal rows (error <= 5e-31 there).
-        scale = np.maximum(amax / np.float32(127.0), np.float32(1e-30))
+        scale = np.clip(amax / np.float32(127.0), np.float32(1e-30), SCALE_MAX)
         inv = (np.float32(1.0) / scale)[:, None]
         q = np.empty((rows, cols), np.int8)
         step = max(1, _CHUNK_ELEMS // max(cols, 1))
@@ -74,10 +94,17 @@ class Int8(Codec):
         q_shape = (rows * cols,) if self.block else shape
         expect_parts("int8", parts, (q_shape, "int8"), ((rows,), "float32"))
         q, scale = parts
-        # A real scale is max|x|/127 of finite float32 data, so larger ones are forged.
-        if not np.isfinite(scale).all() or (scale < 0).any() or (scale > 3.4e38 / 127).any():
-            raise CodecError("int8: scales must be finite, non-negative and <= float32 max / 127")
+        # The encoder clamps scales to SCALE_MAX, so larger ones are forged. NaN fails too.
+        if scale.size and not (0.0 <= float(scale.min()) and float(scale.max()) <= SCALE_MAX):
+            raise CodecError(f"int8: scales must be finite and in 0..{float(SCALE_MAX):.6g}")
         out = q.reshape(rows, cols).astype(np.float32)
-        out *= scale[:, None]
+        out *= scale[:, None]  # only a forged -128 can overflow: decode_tree refuses that
         n = math.prod(shape)
-        return out.reshape(-1)[:n].reshape(shape).astype(dtype, copy=False)
+        return cast_saturating(out.reshape(-1)[:n].reshape(shape), dtype)
+
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        rows, cols = self._layout(shape)
+        n, work = math.prod(shape), 4 * rows * cols  # the float32 buffer, padded to whole blocks
+        if dtype == np.float32:
+            return work - 4 * n  # the buffer is the output
+        return work + (n if narrows(np.dtype(np.float32), dtype) else 0)

@@ -42,3 +42,7 @@ class LZ4(Codec):
         if len(raw) != n:
             raise CodecError(f"lz4: decompressed {len(raw)} bytes, expected {n}")
         return np.frombuffer(raw, dtype).reshape(shape)
+
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        # python-lz4 decompresses into a buffer of its own, then copies it into the bytes object.
+        return math.prod(shape) * dtype.itemsize

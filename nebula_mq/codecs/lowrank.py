@@ -16,6 +16,11 @@ suits int8's per-row scales).
 
 Tensors with fewer than 2 dims (or an empty matrix) are sent raw: the node is
 an identity node, which the receiver decodes without knowing why.
+
+Error: ``svd`` leaves exactly the discarded singular energy, ``rsvd`` a projection
+error <= |x|. Matrices of very large or very small values are factored after an
+exact power-of-two rescaling; values so large that a factor row could overflow the
+working dtype (max |x| > dtype max / (2 sqrt(H))) are refused with a CodecError.
 """
 
 from __future__ import annotations
@@ -26,12 +31,32 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.codecs.checks import cast_saturating, narrows
 from nebula_mq.codecs.cast import Identity
 from nebula_mq.errors import CodecError
 
 
 def _work_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+
+
+#: Matrices whose max |x| lies in this range are factored as they are (bit-identical
+#: to before rescaling existed); outside it, squares in the sketch would overflow
+#: or sink into subnormals.
+_SAFE_MAGNITUDE = (2.0**-32, 2.0**32)
+
+
+def _power_of_two_scale(amax: np.ndarray) -> np.ndarray | None:
+    """Per-matrix powers of two that bring max |x| into [0.5, 1), or None if none is needed."""
+    lo, hi = _SAFE_MAGNITUDE
+    if bool(np.all((amax == 0) | ((amax >= lo) & (amax <= hi)))):
+        return None
+    exponent = np.frexp(amax)[1]
+    return np.where(amax > 0, np.ldexp(1.0, exponent), 1.0)
+
+
+def _finite(a: np.ndarray) -> bool:
+    return a.size == 0 or bool(np.isfinite(a.min()) and np.isfinite(a.max()))
 
 
 class _LowRank(Codec):
@@ -56,8 +81,23 @@ class _LowRank(Codec):
         if x.ndim < 2 or x.size == 0:
             return Identity()._encode(x, ctx)
         t, h = x.shape[-2:]
-        a = x.reshape(-1, t, h).astype(_work_dtype(x.dtype), copy=False)
+        work = _work_dtype(x.dtype)
+        a = x.reshape(-1, t, h).astype(work, copy=False)
+        amax = np.maximum(a.max(axis=(1, 2)), -a.min(axis=(1, 2))).astype(np.float64)  # per matrix
+        # A row of left = U_k S_k has norm <= |row of x| <= sqrt(h) max|x|, and so does
+        # every partial sum of the receiver's product: with this limit neither overflows.
+        limit = float(np.finfo(work).max) / (2.0 * math.sqrt(h))
+        if float(amax.max()) > limit:
+            raise CodecError(f"{self.name}: |x| up to {float(amax.max()):.3g} is too large for {work} factors of "
+                             f"rows of {h} values (limit {limit:.3g}); scale the tensor or use fp16, bf16 or none")
+        scale = _power_of_two_scale(amax)
+        if scale is not None:  # exact rescaling keeps the sketch products inside the float range
+            a = a / scale.astype(work)[:, None, None]
         left, right = self._factor(a, self.rank(t, h), ctx)
+        if scale is not None:
+            left = left * scale.astype(work)[:, None, None]
+        if not (_finite(left) and _finite(right)):
+            raise CodecError(f"{self.name}: factorisation of {x.dtype}{x.shape} produced NaN or Inf")
         lead = x.shape[:-2]
         return self._node(x, np.ascontiguousarray(left).reshape(*lead, t, -1),
                           np.ascontiguousarray(right).reshape(*lead, -1, h))
@@ -72,10 +112,14 @@ class _LowRank(Codec):
         k = self.rank(t, h)
         expect_parts(self.name, parts, ((*lead, t, k), "f"), ((*lead, k, h), "f"))
         left, right = (p.astype(_work_dtype(dtype), copy=False) for p in parts)
-        for p in (left, right):  # the encoder refuses NaN/Inf, so such factors are corrupt
-            if p.size and not (np.isfinite(p.min()) and np.isfinite(p.max())):
-                raise CodecError(f"{self.name}: non-finite factor")
-        return np.matmul(left, right).astype(dtype, copy=False)
+        if not (_finite(left) and _finite(right)):  # the encoder refuses NaN/Inf, so such factors are corrupt
+            raise CodecError(f"{self.name}: non-finite factor")
+        # float16 outputs saturate: the product of factors of values near 65504 may overshoot it.
+        return cast_saturating(np.matmul(left, right), dtype)
+
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        work, n = _work_dtype(dtype), math.prod(shape)  # the product is the output when dtypes agree
+        return 0 if dtype == work else n * work.itemsize + (n if narrows(work, dtype) else 0)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,8 @@ class Inbox:
             frame = delivery.body
             if self.worker.settings.security.encrypt_payloads:
                 frame = auth.open(frame)
-            env = decode_envelope(frame, max_bytes=self.max_bytes)
+            env = decode_envelope(frame, max_bytes=self.max_bytes,
+                                  max_decoded_bytes=self.worker.settings.transport.decoded_bytes_cap)
             auth.verify(env)  # HMAC tag and replay window; audited on failure
             if env.job_id != self.worker.settings.job.id:
                 raise UnknownJob(f"message of job {env.job_id!r} on job "
@@ -149,7 +150,7 @@ class Inbox:
                 # left on the broker) and the worker crashed before checkpointing.
                 self.worker.defer_ack(delivery)
                 return None
-            tensors = unpack_tensors(env, max_decoded_bytes=4 * self.max_bytes)
+            tensors = unpack_tensors(env, max_decoded_bytes=self.worker.settings.transport.decoded_bytes_cap)
             if not self.allow_non_finite:
                 for name, arr in tensors.items():
                     if arr.dtype.kind == "f" and not np.isfinite(arr).all():

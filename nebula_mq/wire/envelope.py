@@ -7,7 +7,8 @@ Frame layout (little-endian)::
     region  ---- the signed bytes: checksum and auth tag both cover exactly these ----
       head  8 B    version u16 | 0 u16 | header_len u32
       header       msgpack map (ids, meta, tensor records with codec trees), zero-padded to 8
-      blob         raw little-endian array payloads, each 8-byte aligned
+      blob         raw little-endian array payloads in tree order, each 8-byte aligned and
+                   zero-padded, nothing after the last (the decoder accepts no other layout)
 
 Checksum: ``zlib.crc32`` over the region. It catches corruption and truncation
 (all burst errors <= 32 bits, others with probability 1 - 2**-32) at several
@@ -17,6 +18,9 @@ time. The version sits inside the region so it is covered too.
 
 Decoding is zero-copy: array parts are ``np.frombuffer`` views on the received
 buffer, and every failure is a :class:`nebula_mq.errors.WireError` subclass.
+:func:`unpack_tensors` materialises at most a per-envelope cap of bytes (by default
+``DECODED_BYTES_PER_FRAME_BYTE`` times the frame cap), so a small frame cannot
+decode to gigabytes.
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.codecs import decode_tree  # the package import registers every codec
-from nebula_mq.codecs.base import DEFAULT_MAX_DECODED_BYTES, Encoded
+from nebula_mq.codecs.base import Encoded
+from nebula_mq.codecs.decoding import DEFAULT_MAX_DECODED_BYTES, DecodeBudget
 from nebula_mq.errors import (
-    ChecksumMismatch, MalformedMessage, OversizedMessage, ShapeMismatch, TruncatedMessage,
+    ChecksumMismatch, DecodedTooLarge, MalformedMessage, OversizedMessage, ShapeMismatch, TruncatedMessage,
     VersionMismatch, WireError,
 )
-from nebula_mq.wire.tree import PayloadWriter, pad, tree_from_wire, tree_to_wire
+from nebula_mq.wire.tree import PayloadReader, PayloadWriter, pad, tree_from_wire, tree_to_wire
 
 PROTOCOL_VERSION = 1
 MAGIC = b"NBMQ"
@@ -48,6 +53,11 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_TENSORS = 256
 MAX_META = 64
 MAX_TAG = 256
+#: Default cap on the bytes one envelope may decode to (every node counted), per
+#: byte of the largest accepted frame; the factor runtime/channel.py passes too.
+#: A frame of fp16(svd(0.6)) decodes to ~4.8x its size (the tensor at ~0.35 of it
+#: plus its fp32 factors), so frames up to ~80% of the cap decode in full.
+DECODED_BYTES_PER_FRAME_BYTE = 4
 MetaValue = Union[int, float, str, bool, None]
 Signer = Callable[[Sequence[Union[bytes, memoryview]]], bytes]
 
@@ -77,6 +87,8 @@ class Envelope:
     auth_tag: bytes = b""
     # On decoded envelopes: zero-copy view of the signed region as received.
     received_region: memoryview | None = field(default=None, repr=False)
+    # On decoded envelopes: how many bytes unpack_tensors may materialise (see decode_envelope).
+    max_decoded_bytes: int | None = field(default=None, repr=False)
 
     @property
     def message_id(self) -> str:
@@ -120,10 +132,17 @@ def encode_envelope(env: Envelope, *, signer: Signer | None = None) -> bytes:
     return b"".join([prefix, tag, bytes(pad(len(tag))), *chunks])
 
 
-def decode_envelope(data: bytes | bytearray | memoryview, *, max_bytes: int) -> Envelope:
-    """Parse and verify a frame. Every failure is a WireError subclass."""
+def decode_envelope(data: bytes | bytearray | memoryview, *, max_bytes: int,
+                    max_decoded_bytes: int | None = None) -> Envelope:
+    """Parse and verify a frame. Every failure is a WireError subclass.
+
+    ``max_decoded_bytes`` (default ``DECODED_BYTES_PER_FRAME_BYTE * max_bytes``) is
+    recorded on the envelope as the cap :func:`unpack_tensors` enforces.
+    """
+    if max_decoded_bytes is None:
+        max_decoded_bytes = DECODED_BYTES_PER_FRAME_BYTE * max_bytes
     try:
-        return _decode(data, max_bytes)
+        return _decode(data, max_bytes, max_decoded_bytes)
     except WireError:
         raise
     except (ValueError, TypeError, OverflowError, KeyError, IndexError, AttributeError,
@@ -131,7 +150,7 @@ def decode_envelope(data: bytes | bytearray | memoryview, *, max_bytes: int) -> 
         raise MalformedMessage(f"malformed envelope: {type(exc).__name__}: {exc}") from None
 
 
-def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Envelope:
+def _decode(data: bytes | bytearray | memoryview, max_bytes: int, max_decoded_bytes: int) -> Envelope:
     mv = memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
@@ -159,11 +178,14 @@ def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Envelope:
     region = mv[region_at:]
     if zlib.crc32(region) != crc:
         raise ChecksumMismatch("envelope checksum does not match")
+    if any(mv[header_at + header_len:blob_at]):
+        raise MalformedMessage("non-zero padding after the envelope header")
     header = msgpack.unpackb(
         mv[header_at:header_at + header_len], raw=False, strict_map_key=True, use_list=True,
         max_str_len=1 << 16, max_bin_len=1 << 16, max_array_len=1 << 12, max_map_len=1 << 8, max_ext_len=0,
     )
-    return _envelope(header, mv[blob_at:], bytes(mv[_PREFIX.size:_PREFIX.size + tag_len]), region)
+    tag = bytes(mv[_PREFIX.size:_PREFIX.size + tag_len])
+    return _envelope(header, mv[blob_at:], tag, region, max_decoded_bytes)
 
 
 def _field(h: Mapping[str, Any], key: str, kind: type) -> Any:
@@ -177,7 +199,7 @@ def _field(h: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _envelope(h: Any, blob: memoryview, tag: bytes, region: memoryview) -> Envelope:
+def _envelope(h: Any, blob: memoryview, tag: bytes, region: memoryview, max_decoded_bytes: int) -> Envelope:
     if not isinstance(h, dict) or set(h) != {"job", "flow", "step", "mb", "seq", "producer", "meta", "tensors"}:
         raise MalformedMessage("envelope header has missing or unknown fields")
     meta = h["meta"]
@@ -190,22 +212,24 @@ def _envelope(h: Any, blob: memoryview, tag: bytes, region: memoryview) -> Envel
     if not isinstance(raw_tensors, list) or len(raw_tensors) > MAX_TENSORS:
         raise MalformedMessage("envelope tensors must be a list")
     tensors = []
+    reader = PayloadReader(blob)
     for raw in raw_tensors:
         if not isinstance(raw, list) or len(raw) != 5:
             raise MalformedMessage("tensor record must be [name, shape, dtype, codec, tree]")
         name, shape, dtype, codec, tree = raw
         if not isinstance(name, str) or not isinstance(codec, str) or not isinstance(shape, list):
             raise MalformedMessage("tensor record has fields of the wrong type")
-        enc = tree_from_wire(tree, blob)
+        enc = tree_from_wire(tree, reader)
         if tuple(shape) != enc.shape or dtype != enc.dtype:
             raise ShapeMismatch(f"tensor {name!r}: record says {dtype}{shape}, tree says {enc.dtype}{enc.shape}")
         tensors.append(TensorRecord(name, enc.shape, enc.dtype, codec, enc))
+    reader.finish()
     if len({t.name for t in tensors}) != len(tensors):
         raise MalformedMessage("duplicate tensor names")
     return Envelope(
         job_id=_field(h, "job", str), flow=_field(h, "flow", str), step=_field(h, "step", int),
         micro_batch=_field(h, "mb", int), seq=_field(h, "seq", int), producer=_field(h, "producer", str),
-        tensors=tuple(tensors), meta=meta, auth_tag=tag, received_region=region,
+        tensors=tuple(tensors), meta=meta, auth_tag=tag, received_region=region, max_decoded_bytes=max_decoded_bytes,
     )
 
 
@@ -222,13 +246,22 @@ def pack_tensors(tensors: Mapping[str, np.ndarray], codec: Any, *, roles: Mappin
     return tuple(out)
 
 
-def unpack_tensors(env: Envelope, *, max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES) -> dict[str, np.ndarray]:
-    """Decode every tensor; CodecError/ShapeMismatch on anything inconsistent."""
+def unpack_tensors(env: Envelope, *, max_decoded_bytes: int | None = None) -> dict[str, np.ndarray]:
+    """Decode every tensor; CodecError/ShapeMismatch on anything inconsistent.
+
+    At most ``max_decoded_bytes`` are materialised for the whole envelope, every
+    node of every tree counted (default: the cap decode_envelope recorded, else
+    DEFAULT_MAX_DECODED_BYTES for envelopes built locally); DecodedTooLarge beyond.
+    """
+    cap = max_decoded_bytes if max_decoded_bytes is not None else env.max_decoded_bytes
+    budget = DecodeBudget(cap if cap is not None else DEFAULT_MAX_DECODED_BYTES)
+    declared = sum(math.prod(t.shape) * np.dtype(t.dtype).itemsize for t in env.tensors)
+    if declared > budget.limit:  # refused before decoding anything
+        raise DecodedTooLarge(f"tensors {[t.name for t in env.tensors]} would decode to {declared} bytes, "
+                              f"more than the cap of {budget.limit} per message")
     out: dict[str, np.ndarray] = {}
     for t in env.tensors:
-        if math.prod(t.shape) * np.dtype(t.dtype).itemsize > max_decoded_bytes:
-            raise ShapeMismatch(f"tensor {t.name!r} would decode to more than {max_decoded_bytes} bytes")
-        arr = decode_tree(t.encoded, max_decoded_bytes=max_decoded_bytes)
+        arr = decode_tree(t.encoded, budget=budget)
         if arr.shape != t.shape or arr.dtype.name != t.dtype:
             raise ShapeMismatch(f"tensor {t.name!r}: decoded {arr.dtype}{arr.shape}, expected {t.dtype}{t.shape}")
         out[t.name] = arr

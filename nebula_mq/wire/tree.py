@@ -1,9 +1,10 @@
 """Encoded trees <-> msgpack-able headers plus one payload blob.
 
 A node becomes ``[codec_id, params, shape, dtype, [part, ...]]``; an array part
-becomes ``[dtype, shape, offset, nbytes]`` pointing into the payload blob (each
-part starts 8-byte aligned), so decoding slices the received buffer with
-``np.frombuffer`` instead of copying payloads.
+becomes ``[dtype, shape, offset, nbytes]`` pointing into the payload blob. Parts
+follow each other in tree order, each 8-byte aligned and zero-padded, with
+nothing after the last; the decoder accepts only that layout and slices the
+received buffer with ``np.frombuffer`` instead of copying payloads.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from nebula_mq.codecs.base import MAX_NDIM, WIRE_DTYPES, Encoded
+from nebula_mq.codecs.checks import little_endian
 from nebula_mq.errors import MalformedMessage
 
 ALIGN = 8
@@ -35,9 +37,8 @@ class PayloadWriter:
         self.size = 0
 
     def add(self, arr: np.ndarray) -> list[Any]:
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype.byteorder == ">":  # the wire is little-endian
-            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        # asarray, not ascontiguousarray: that one turns a 0-d part into shape (1,).
+        arr = little_endian(np.asarray(arr, order="C"))  # the wire is little-endian
         offset = self.size
         self.chunks.append(memoryview(arr.reshape(-1).view(np.uint8)))
         self.size += arr.nbytes
@@ -75,8 +76,42 @@ def _params(raw: Any, what: str) -> dict[str, Any]:
     return dict(raw)
 
 
-def tree_from_wire(raw: Any, blob: memoryview, depth: int = 0) -> Encoded:
-    """Rebuild a node; parts are zero-copy views on ``blob``. Errors: MalformedMessage."""
+class PayloadReader:
+    """Hands out the blob's array parts in the order the writer laid them out.
+
+    Each part must start exactly where the previous one's padding ends (the
+    first at 0) and the blob must end with the last part's padding, so no two
+    parts share bytes, every part is 8-byte aligned and nothing is appended.
+    Parts sharing one payload would let a tiny frame decode to many tensors.
+    """
+
+    def __init__(self, blob: memoryview) -> None:
+        self.blob = blob
+        self.cursor = 0
+
+    def take(self, dtype: np.dtype, shape: tuple[int, ...], offset: int, nbytes: int) -> np.ndarray:
+        if offset != self.cursor:
+            problem = ("is not 8-byte aligned" if offset % ALIGN
+                       else "overlaps an earlier part" if offset < self.cursor
+                       else f"leaves a gap of {offset - self.cursor} bytes")
+            raise MalformedMessage(f"array part at offset {offset} {problem}; expected offset {self.cursor}")
+        end = offset + nbytes
+        if end + pad(end) > len(self.blob):
+            raise MalformedMessage("array part points past the end of the payload")
+        if any(self.blob[end:end + pad(end)]):
+            raise MalformedMessage(f"non-zero padding after the array part at offset {offset}")
+        self.cursor = end + pad(end)
+        # Zero-copy: a view on the received buffer, never a copy of the payload.
+        arr = np.frombuffer(self.blob, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=offset)
+        return arr.reshape(shape)
+
+    def finish(self) -> None:
+        if self.cursor != len(self.blob):
+            raise MalformedMessage(f"{len(self.blob) - self.cursor} trailing bytes after the last array part")
+
+
+def tree_from_wire(raw: Any, reader: PayloadReader, depth: int = 0) -> Encoded:
+    """Rebuild a node; parts are zero-copy views on the blob. Errors: MalformedMessage."""
     if depth > MAX_DEPTH:
         raise MalformedMessage("codec tree nested too deep")
     if not isinstance(raw, (list, tuple)) or len(raw) != 5:
@@ -89,13 +124,13 @@ def tree_from_wire(raw: Any, blob: memoryview, depth: int = 0) -> Encoded:
     out = []
     for part in parts:
         if isinstance(part, (list, tuple)) and len(part) == 5:
-            out.append(tree_from_wire(part, blob, depth + 1))
+            out.append(tree_from_wire(part, reader, depth + 1))
         else:
-            out.append(_array(part, blob))
+            out.append(_array(part, reader))
     return Encoded(codec_id, _params(params, "codec"), _shape(shape, "codec"), _dtype(dtype, "codec"), tuple(out))
 
 
-def _array(raw: Any, blob: memoryview) -> np.ndarray:
+def _array(raw: Any, reader: PayloadReader) -> np.ndarray:
     if not isinstance(raw, (list, tuple)) or len(raw) != 4:
         raise MalformedMessage("array part must be [dtype, shape, offset, nbytes]")
     dtype, shape, offset, nbytes = np.dtype(_dtype(raw[0], "part")), _shape(raw[1], "part"), raw[2], raw[3]
@@ -103,7 +138,4 @@ def _array(raw: Any, blob: memoryview) -> np.ndarray:
         raise MalformedMessage("array part offset/nbytes must be non-negative ints")
     if math.prod(shape) * dtype.itemsize != nbytes:
         raise MalformedMessage(f"array part of {dtype}{shape} cannot be {nbytes} bytes")
-    if offset + nbytes > len(blob):
-        raise MalformedMessage("array part points past the end of the payload")
-    arr = np.frombuffer(blob, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=offset)
-    return arr.reshape(shape)
+    return reader.take(dtype, shape, offset, nbytes)

@@ -153,3 +153,24 @@ def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path, monkeypatch:
     worker.record_step({"loss": 1.5})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "nebula_step 3.0" in body and 'nebula_value{name="loss"} 1.5' in body
+
+
+def test_the_decoded_bytes_cap_comes_from_the_job_and_dead_letters_what_would_pass_it(tmp_path: Path) -> None:
+    """[transport] max_decoded_bytes bounds what one message may decode to."""
+    broker = MemoryBroker()
+    sender = make(tmp_path, broker, "s", "enc-0")
+    settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp_path)),
+                        transport=TransportSettings(publish_patience_s=5.0, max_decoded_bytes=4096))
+    receiver = Bare(settings, "t", "dec-0", MemoryTransport(broker, settings.transport, "chan", "t"))
+    sender.transport.declare_flow(FLOW, "producer")
+    receiver.transport.declare_flow(FLOW, "consumer")
+    receiver.transport.declare_dead_letter_queue()
+    outbox = Outbox(sender, FLOW, "enc-0")
+    inbox = Inbox(receiver, FLOW, Deduplicator())
+    small, big = np.ones((4, 8), np.float32), np.ones((64, 64), np.float32)  # 128 B and 16 KiB decoded
+    outbox.send(step=0, micro_batch=0, tensors={"x": (small, Identity())})
+    outbox.send(step=1, micro_batch=1, tensors={"x": (big, FP16())})  # 8 KiB on the wire, 16 KiB decoded
+    got = inbox.get(1.0)
+    assert got is not None and got.micro_batch == 0
+    assert inbox.get(0.2) is None
+    assert dead_letters(receiver) == ["oversized"]

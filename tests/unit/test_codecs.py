@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,7 +14,7 @@ from nebula_mq.codecs import (
     decode_tree, parse_codec, registered,
 )
 from nebula_mq.codecs.base import Codec, Encoded
-from nebula_mq.errors import CodecError, NonFiniteTensor, ShapeMismatch, UnknownCodec
+from nebula_mq.errors import CodecError, DecodedTooLarge, NonFiniteTensor, ShapeMismatch, UnknownCodec
 
 FLOATS = [np.float32, np.float16, np.float64]
 shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=24)
@@ -242,3 +244,97 @@ def test_decode_validates_instead_of_returning_garbage() -> None:
         decode_tree(Encoded(LZ4.wire_id, {}, (4,), "int64", (np.frombuffer(b"\xff" * 8, np.uint8),)))
     with pytest.raises(CodecError):  # hostile shape must not allocate
         decode_tree(Encoded(LZ4.wire_id, {}, (2**40,), "float64", (np.zeros(4, np.uint8),)))
+
+
+# --------------------------------------------------------------------------- hardening regressions
+
+
+@pytest.mark.parametrize("spec", ["none", "lz4"])
+def test_big_endian_input_decodes_to_the_same_values(spec: str) -> None:
+    x = np.array([1, 2, 3], ">i4")
+    y = decode_tree(parse_codec(spec).encode(x))
+    assert y.tolist() == [1, 2, 3] and y.dtype == np.int32
+
+
+def test_bf16_clamps_float64_beyond_float32_range_instead_of_inf() -> None:
+    y = decode_tree(parse_codec("bf16").encode(np.array([1e39, -1e300, 2.0])))
+    bf16_max = float(np.array([0x7F7F0000], np.uint32).view(np.float32)[0])  # largest finite bf16
+    assert y.tolist() == [bf16_max, -bf16_max, 2.0]
+
+
+def test_bf16_saturates_float16_max_instead_of_inf() -> None:
+    y = decode_tree(parse_codec("bf16").encode(np.array([65504.0, -65504.0], np.float16)))
+    assert y.tolist() == [65504.0, -65504.0]  # bf16 rounds them to +-65536
+
+
+def test_bf16_nan_scalar_with_allow_non_finite() -> None:
+    y = decode_tree(parse_codec("bf16").encode(np.array(np.nan, np.float32), allow_non_finite=True))
+    assert y.shape == () and np.isnan(y)
+
+
+@pytest.mark.parametrize("magnitude", [1e19, 1e30, 1e-30, 1e-40])
+@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)"])
+def test_lowrank_factors_float32_of_extreme_magnitude(spec: str, magnitude: float) -> None:
+    rng = np.random.default_rng(4)
+    base = (rng.standard_normal((3, 16, 4)) @ rng.standard_normal((3, 4, 24))).astype(np.float32)  # rank 4
+    x = (base.astype(np.float64) * magnitude).astype(np.float32)
+    y = decode_tree(parse_codec(spec).encode(x))
+    assert np.isfinite(y).all()
+    # rank 4 < k = 8: both reconstruct it (subnormal inputs lose their last bits)
+    assert rel_err(x, y) < (1e-2 if magnitude < 1e-38 else 1e-4)
+
+
+@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)", "fp16(svd(0.5))"])
+def test_lowrank_refuses_values_whose_factors_would_overflow(spec: str) -> None:
+    x = np.full((4, 8), 3e38, np.float32)
+    with pytest.raises(CodecError, match="too large"):
+        parse_codec(spec).encode(x)
+
+
+def test_int8_refuses_float64_beyond_float32_range() -> None:
+    with pytest.raises(CodecError, match="float32 range"):
+        Int8().encode(np.array([[1e300, 1.0]]))
+
+
+@pytest.mark.parametrize("block", [0, 8])
+def test_int8_roundtrips_float32_max(block: int) -> None:
+    big = float(np.finfo(np.float32).max)
+    x = np.array([[big, -big, 1.0]], np.float32)
+    y = decode_tree(Int8(block=block).encode(x))
+    assert np.isfinite(y).all() and abs(float(y[0, 0]) - big) <= big / 254
+
+
+BAD_NODES = {
+    "parts is None": Encoded(FP16.wire_id, {}, (2,), "float32", None),  # type: ignore[arg-type]
+    "params is None": Encoded(FP16.wire_id, None, (2,), "float32", ()),  # type: ignore[arg-type]
+    "params is a list": Encoded(FP16.wire_id, [("a", 1)], (2,), "float32", ()),  # type: ignore[arg-type]
+    "shape is None": Encoded(FP16.wire_id, {}, None, "float32", ()),  # type: ignore[arg-type]
+    "shape is an int": Encoded(FP16.wire_id, {}, 2, "float32", ()),  # type: ignore[arg-type]
+    "dtype is None": Encoded(FP16.wire_id, {}, (2,), None, ()),  # type: ignore[arg-type]
+    "codec id is a name": Encoded("fp16", {}, (2,), "float32", (np.zeros(2, np.float16),)),  # type: ignore[arg-type]
+    "part is a list": Encoded(Identity.wire_id, {}, (2,), "float32", ([1.0, 2.0],)),
+    "part is big-endian": Encoded(Identity.wire_id, {}, (2,), "float32", (np.zeros(2, ">f4"),)),
+    "part is complex": Encoded(Identity.wire_id, {}, (2,), "float32", (np.zeros(2, np.complex64),)),
+    "fp16 claims int32": Encoded(FP16.wire_id, {}, (2,), "int32", (np.array([np.inf, 1], np.float16),)),
+    "int8 claims int64": Encoded(Int8.wire_id, {"block": 0}, (1, 2), "int64",
+                                 (np.ones((1, 2), np.int8), np.ones(1, np.float32))),
+    "topk claims int16": Encoded(TopK.wire_id, {"fraction": 1.0}, (2,), "int16",
+                                 (np.ones(2, np.int16), np.arange(2, dtype=np.int32))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_NODES))
+def test_decode_tree_refuses_malformed_nodes_with_codec_errors(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning on the way to the refusal either
+        with pytest.raises(CodecError):
+            decode_tree(BAD_NODES[name])
+
+
+def test_decode_tree_caps_every_node_of_the_tree_together() -> None:
+    x = np.random.default_rng(5).standard_normal((4, 32, 64)).astype(np.float32)
+    enc = parse_codec("fp16(svd(0.5))").encode(x)
+    factors = sum(int(np.prod(p.shape)) * 4 for p in enc.parts)  # each fp16 node decodes to float32
+    with pytest.raises(DecodedTooLarge):  # the float32 factors are materialised too
+        decode_tree(enc, max_decoded_bytes=x.nbytes)
+    assert decode_tree(enc, max_decoded_bytes=x.nbytes + factors).shape == x.shape

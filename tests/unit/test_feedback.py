@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nebula_mq.codecs import Int8, parse_codec
-from nebula_mq.codecs.base import decode_tree
+from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.feedback import DeltaCompression, ErrorFeedback, SampleRows, roundtrip
 from nebula_mq.errors import ShapeMismatch
 
