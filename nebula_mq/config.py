@@ -9,7 +9,8 @@ what was expected.
 Environment variables override file values: ``NEBULA__JOB__STEPS=200`` sets
 ``[job] steps``. Double underscores separate levels; the value is parsed as a
 TOML value when it can be (``true``, ``12``, ``"x"``, ``[1, 2]``) and taken as a
-bare string otherwise.
+bare string otherwise. A bad overridden value is blamed on its variable, not on
+the file (:func:`blame_env`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,38 +33,96 @@ ENV_PREFIX = "NEBULA__"
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML file, translating parse errors into :class:`ConfigError`."""
+    """Read a TOML file, translating read and parse errors into :class:`ConfigError`."""
     p = Path(path)
     try:
         with p.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(str(p), "<file>", "an existing TOML file", "missing") from None
+    except IsADirectoryError:
+        raise ConfigError(str(p), "<file>", "a TOML file", "a directory") from None
+    except OSError as exc:
+        raise ConfigError(str(p), "<file>", "a readable TOML file", exc.strerror or str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), "<syntax>", "UTF-8 TOML text", f"byte {exc.start}: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(p), "<syntax>", "valid TOML", str(exc)) from None
+
+
+class InvalidField(ValueError):
+    """Raised by a dataclass's ``validate()`` about one field: :func:`build` then
+    reports that field's dotted key and its value (a plain ``ValueError`` names
+    only the table)."""
+
+    def __init__(self, field: str, expected: str, got: object) -> None:
+        super().__init__(f"{field}: {expected}, got {got!r}")
+        self.field = field
+        self.expected = expected
+        self.got = got
+
+
+@dataclass(frozen=True)
+class EnvOverride:
+    """One ``NEBULA__A__B=value`` variable and the key path it sets."""
+
+    variable: str
+    path: tuple[str, ...]
+    raw: str
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> tuple[EnvOverride, ...]:
+    """The override variables in ``environ`` (default ``os.environ``), sorted by name."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part)
+        if path:
+            out.append(EnvOverride(name, path, env[name]))
+    return tuple(out)
 
 
 def apply_env_overrides(
     data: dict[str, Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Return a deep copy of ``data`` with ``NEBULA__A__B=value`` overrides applied."""
-    env = os.environ if environ is None else environ
     out = _deep_copy(data)
-    for name in sorted(env):
-        if not name.startswith(ENV_PREFIX):
-            continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__") if part]
-        if not path:
-            continue
+    for override in env_overrides(environ):
         node = out
-        for part in path[:-1]:
+        for part in override.path[:-1]:
             child = node.get(part)
             if not isinstance(child, dict):
                 child = {}
                 node[part] = child
             node = child
-        node[path[-1]] = _parse_env_value(env[name])
+        node[override.path[-1]] = _parse_env_value(override.raw)
     return out
+
+
+def blame_env(exc: ConfigError, overrides: Sequence[EnvOverride]) -> ConfigError:
+    """``exc`` with its source replaced by the override variable that set the bad key.
+
+    A value set by ``NEBULA__JOB__STEPS`` is the variable's fault, not the file's:
+    the user must be sent to the variable. An error about a whole table that an
+    override changed names both the file and the variable.
+    """
+    if "NEBULA__" in exc.source:  # already attributed
+        return exc
+    key = _key_path(exc.key)
+    for override in overrides:
+        if key[: len(override.path)] == override.path:  # the variable set this key or a table above it
+            return ConfigError(f"environment variable {override.variable}", exc.key, exc.expected, exc.got)
+    for override in overrides:
+        if key and override.path[: len(key)] == key:  # a check of the table the variable changed
+            return ConfigError(f"{exc.source} with {override.variable} set", exc.key, exc.expected, exc.got)
+    return exc
+
+
+def _key_path(key: str) -> tuple[str, ...]:
+    """``electra.model.generators[0].lr`` -> ("electra", "model", "generators", "lr")."""
+    return tuple(part.split("[", 1)[0].lower() for part in key.split(".") if part and not part.startswith("<"))
 
 
 def _parse_env_value(raw: str) -> Any:
@@ -84,8 +144,9 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
     """Validate ``data`` against the frozen dataclass ``cls`` and construct it.
 
     Unknown keys are errors (a typo must not silently fall back to a default).
-    A dataclass may define ``validate(self) -> None`` raising ``ValueError`` for
-    cross-field checks; the message becomes the ``expected`` part of the error.
+    A dataclass may define ``validate(self) -> None`` raising :class:`InvalidField`
+    (one field: its key and value are reported) or ``ValueError`` (cross-field
+    checks: the message becomes the ``expected`` part of the error).
     """
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
@@ -114,6 +175,8 @@ def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") 
         validate = getattr(obj, "validate", None)
         if callable(validate):
             validate()
+    except InvalidField as exc:
+        raise ConfigError(source, f"{prefix}{exc.field}", exc.expected, exc.got) from None
     except ValueError as exc:
         raise ConfigError(source, prefix.rstrip(".") or "<root>", str(exc)) from None
     return obj
@@ -185,5 +248,9 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
 
 def load(cls: type[T], path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> T:
     """Load ``path``, apply environment overrides, validate against ``cls``."""
+    overrides = env_overrides(environ)
     data = apply_env_overrides(load_toml(path), environ)
-    return build(cls, data, str(path))
+    try:
+        return build(cls, data, str(path))
+    except ConfigError as exc:
+        raise blame_env(exc, overrides) from None

@@ -118,6 +118,12 @@ class ShapeMismatch(CodecError):
     reason = "bad_shape"
 
 
+class DecodedTooLarge(CodecError):
+    """Decoding a message would materialise more bytes than its per-message cap allows."""
+
+    reason = "oversized"
+
+
 # --------------------------------------------------------------------------- transport
 
 

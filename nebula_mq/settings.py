@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nebula_mq import config
+from nebula_mq.config import InvalidField
+from nebula_mq.errors import ConfigError
 
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -41,9 +43,11 @@ class BrokerSettings:
 
     def validate(self) -> None:
         if not 0 < self.port < 65536:
-            raise ValueError(f"port in 1..65535, got {self.port}")
-        if self.tls and not (self.ca_file and self.cert_file and self.key_file):
-            raise ValueError("ca_file, cert_file and key_file when tls = true")
+            raise InvalidField("port", "a port in 1..65535", self.port)
+        missing = [f for f in ("ca_file", "cert_file", "key_file") if not getattr(self, f)]
+        if self.tls and missing:
+            raise InvalidField(missing[0], "a file path (tls = true needs ca_file, cert_file and key_file)",
+                               getattr(self, missing[0]))
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class CodecSettings:
 
     def validate(self) -> None:
         if self.compress_from_step < 0:
-            raise ValueError("compress_from_step >= 0")
+            raise InvalidField("compress_from_step", "a step >= 0", self.compress_from_step)
         from nebula_mq.codecs import parse_codec  # numpy-only; checked at load time
         from nebula_mq.errors import CodecError
 
@@ -73,7 +77,8 @@ class CodecSettings:
             try:
                 parse_codec(getattr(self, name))
             except CodecError as exc:
-                raise ValueError(f"{name}: a codec chain like 'fp16(svd(0.6))' ({exc})") from None
+                raise InvalidField(name, f"a codec chain like 'fp16(svd(0.6))' ({exc})",
+                                   getattr(self, name)) from None
 
 
 @dataclass(frozen=True)
@@ -86,12 +91,22 @@ class TransportSettings:
     publish_patience_s: float = 3600.0
     # Largest envelope accepted on decode (RabbitMQ's own default cap is 128 MiB).
     max_message_bytes: int = 96 * 1024 * 1024
+    # Most bytes one envelope may decode to, every tensor and intermediate array counted
+    # (0 = 4 x max_message_bytes): a malformed or hostile frame cannot exhaust memory.
+    max_decoded_bytes: int = 0
+
+    @property
+    def decoded_bytes_cap(self) -> int:
+        return self.max_decoded_bytes or 4 * self.max_message_bytes
 
     def validate(self) -> None:
+        if self.max_decoded_bytes < 0:
+            raise InvalidField("max_decoded_bytes", "a number of bytes >= 0 (0: 4 x max_message_bytes)",
+                               self.max_decoded_bytes)
         if self.prefetch < 1:
-            raise ValueError("prefetch >= 1")
+            raise InvalidField("prefetch", "an integer >= 1", self.prefetch)
         if self.max_queue_bytes < 1024 * 1024:
-            raise ValueError("max_queue_bytes >= 1 MiB")
+            raise InvalidField("max_queue_bytes", "at least 1 MiB (1048576)", self.max_queue_bytes)
 
 
 @dataclass(frozen=True)
@@ -103,7 +118,7 @@ class SecuritySettings:
 
     def validate(self) -> None:
         if self.replay_window_s <= 0:
-            raise ValueError("replay_window_s > 0")
+            raise InvalidField("replay_window_s", "a number of seconds > 0", self.replay_window_s)
 
 
 @dataclass(frozen=True)
@@ -118,9 +133,9 @@ class JobSettings:
 
     def validate(self) -> None:
         if not _JOB_ID.match(self.id):
-            raise ValueError("id matching [a-z0-9][a-z0-9-]{0,62}")
+            raise InvalidField("id", f"a slug matching {_JOB_ID.pattern}", self.id)
         if self.steps < 1:
-            raise ValueError("steps >= 1")
+            raise InvalidField("steps", "an integer >= 1", self.steps)
 
 
 @dataclass(frozen=True)
@@ -150,10 +165,14 @@ def load_settings(
     path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it."""
+    overrides = config.env_overrides(environ)
     data = config.apply_env_overrides(config.load_toml(path), environ)
     data["source"] = str(path)
     # Cluster names default to their table key.
     for key, cluster in (data.get("clusters") or {}).items():
         if isinstance(cluster, dict):
             cluster.setdefault("name", key)
-    return config.build(Settings, data, str(path))
+    try:
+        return config.build(Settings, data, str(path))
+    except ConfigError as exc:
+        raise config.blame_env(exc, overrides) from None

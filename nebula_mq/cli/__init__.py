@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
 
 from nebula_mq import __version__
-from nebula_mq.errors import NebulaError
+from nebula_mq.errors import ConfigError, NebulaError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,19 +39,52 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help()
-        return 2
+    """Run one command; a user's mistake ends as one ``nebula-mq: error:`` line and exit 1
+    (argparse's own usage errors exit 2), never a traceback."""
     try:
-        return int(func(args) or 0)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            code = 2
+        else:
+            code = int(func(args) or 0)
+        # Output to a pipe is buffered: a reader that went away shows up here, not at exit.
+        sys.stdout.flush()
+        return code
+    except ConfigError as exc:
+        # Scenario sections are validated after loading (by their roles): a bad value an
+        # environment override put there is still the variable's fault.
+        from nebula_mq.config import blame_env, env_overrides
+
+        return _error(blame_env(exc, env_overrides()))
     except NebulaError as exc:
-        print(f"nebula-mq: error: {exc}", file=sys.stderr)
+        return _error(exc)
+    except BrokenPipeError:
+        # `nebula-mq status | head`: the reader is gone. As the Python docs advise, point
+        # stdout at devnull so the interpreter's final flush cannot fail again, and exit quietly.
+        _silence_stdout()
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _error(exc: NebulaError) -> int:
+    # One line: messages quoting a tool's multi-line output are joined.
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    print(f"nebula-mq: error: {text}", file=sys.stderr)
+    return 1
+
+
+def _silence_stdout() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing will flush to a closed pipe
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,9 +30,15 @@ def _path(args: argparse.Namespace) -> Any:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nebula_mq.errors import AuditError
     from nebula_mq.security.audit import verify_chain
 
-    report = verify_chain(_path(args), args.expect_head)
+    path = _path(args)
+    if not Path(path).exists():  # a mistyped path must not read as "0 records, OK"
+        raise AuditError(f"no audit log at {str(path)!r} (check --log or $NEBULA_AUDIT_LOG)")
+    report = verify_chain(path, args.expect_head)
     print(f"audit log OK: {report.records} records, head {report.head}")
     return 0
 

@@ -11,6 +11,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "codecs": ("nebula_mq.bench.codecs", "codec ratio, error and single-core MB/s on activation-shaped tensors"),
     "transport": ("nebula_mq.bench.transport", "goodput over the shaped TLS federation link, loopback rates, WAN-cut recovery"),
     "scenario1": ("nebula_mq.bench.scenario1", "ELECTRA samples/s inside one cluster vs across two (170 Mbit/s WAN), vs n"),
+    "compute": ("nebula_mq.bench.compute", "ABNet: each side's seconds and GFLOP/s per step vs a plain matmul, same run"),
 }
 
 

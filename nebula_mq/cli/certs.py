@@ -97,7 +97,13 @@ def _revoke(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nebula_mq.errors import CertificateError
     from nebula_mq.security.lifecycle import list_certs
+
+    if not Path(args.dir).is_dir():
+        raise CertificateError(f"no certificates directory {args.dir!r} (run `nebula-mq certs init DIR` first)")
 
     rows = list_certs(args.dir)
     for r in rows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +33,17 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="study", metavar="STUDY", required=True)
     p = sub.add_parser("compression", help="Table 5 / Figure 10: BLEU, ratios and s/step per codec chain")
     p.add_argument("--run-dir", default="run/study", help="results go to RUN_DIR/study (default run/study)")
-    p.add_argument("--preset", default="tiny", choices=["tiny", "small", "full"])
-    p.add_argument("--data", default="synthetic", choices=["synthetic", "corpus"])
-    p.add_argument("--data-dir", default="run/data")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--in-flight", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--train-samples", type=int, default=512)
-    p.add_argument("--eval-samples", type=int, default=128)
-    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--preset", choices=["tiny", "small", "full"], help="model preset (tiny; --real: small)")
+    p.add_argument("--data", choices=["synthetic", "corpus"], help="training data (synthetic; --real: corpus)")
+    p.add_argument("--data-dir", default="run/data", help="`nebula-mq data build` output (default run/data)")
+    p.add_argument("--steps", type=int, help="training steps of every row (300; --real: 500)")
+    p.add_argument("--batch-size", type=int, help="samples per micro-batch (16)")
+    p.add_argument("--in-flight", type=int, default=4, help="micro-batches in flight of the pipelined rows (4)")
+    p.add_argument("--lr", type=float, help="learning rate (3e-3; --real: 2e-3 with 100 warm-up steps)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every row (0)")
+    p.add_argument("--train-samples", type=int, help="training samples, repeated over epochs (512; --real: 2000)")
+    p.add_argument("--eval-samples", type=int, help="test sentences scored per row (128; --real: 300)")
+    p.add_argument("--beam", type=int, default=4, help="beam size of the evaluation (4)")
     p.add_argument("--ratios", type=_floats, default=[0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2],
                    help="SVD ratios r of the FP16(SVD(r))+INT8 rows")
     p.add_argument("--from-steps", type=_ints, default=None,
@@ -57,28 +58,57 @@ def register(subparsers: Any) -> None:
                    help="link rates in Mbit/s; 'auto' = uncompressed wire time WIRE_FACTOR x compute")
     p.add_argument("--wire-factor", type=float, default=4.0)
     p.add_argument("--delay-ms", type=float, default=0.0)
+    p.add_argument("--real", action="store_true",
+                   help="real-data mode: pretrained e5-small (4 layers) and MiniLM (3 layers) on the gettext "
+                        "corpus (`nebula-mq data build`), the rows of the real-data table (baselines, FP16+INT8, "
+                        "FP16(SVD(0.6))+INT8, INT8+INT8, DELTA(INT8)+EF(INT8), auto); options given explicitly "
+                        "still apply")
     p.set_defaults(func=run)
+
+
+# Defaults of the options left unset (None), by mode: the synthetic study, and the real one.
+SYNTHETIC = {"preset": "tiny", "data": "synthetic", "steps": 300, "batch_size": 16, "lr": 3e-3,
+             "train_samples": 512, "eval_samples": 128}
+
+
+# The real-data study: the demo's setting (short gettext messages, several passes over 2,000
+# of them, so delta compression has something to feed on), scored on 300 unseen test sentences.
+REAL = {"preset": "small", "data": "corpus", "encoder_layers": 4, "decoder_layers": 3, "steps": 500,
+        "batch_size": 16, "lr": 2e-3, "warmup_steps": 100, "train_samples": 2000, "eval_samples": 300,
+        "eval_max_len": 24, "domains": ("gettext",), "eval_domains": ("gettext",), "max_source_tokens": 10}
+
+
+def real_rows() -> list[Any]:
+    from nebula_mq.study.rows import BASELINE, SEQUENTIAL_BASELINE, StudyRow
+
+    return [SEQUENTIAL_BASELINE, BASELINE, StudyRow("fp16", "int8"), StudyRow("fp16(svd(0.6))", "int8"),
+            StudyRow("int8", "int8"),
+            StudyRow("int8", "int8", forward_feedback="delta", backward_feedback="residual", origin="delta")]
 
 
 def run(args: argparse.Namespace) -> int:
     import signal
-    import sys
 
     # SIGTERM unwinds like Ctrl-C, so the private stack and the row's workers are torn down.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from nebula_mq.study import compression, report, rows
     from nebula_mq.study.runner import MemoryLink, RowResult, StudyConfig
 
-    cfg = StudyConfig(preset=args.preset, data=args.data, data_dir=args.data_dir, steps=args.steps,
-                      batch_size=args.batch_size, in_flight=args.in_flight, lr=args.lr, seed=args.seed,
-                      train_samples=args.train_samples, eval_samples=args.eval_samples, eval_beam=args.beam)
+    given = {k: v for k, v in vars(args).items() if k in {*SYNTHETIC, *REAL} and v is not None}
+    mode = REAL if args.real else SYNTHETIC  # what the command line does not set
+    cfg = StudyConfig(**{**mode, **given, "data_dir": args.data_dir, "in_flight": args.in_flight,
+                         "seed": args.seed, "eval_beam": args.beam})
     out = Path(args.run_dir) / "study"
-    from_steps = args.from_steps if args.from_steps is not None else [args.steps // 10, args.steps // 3]
-    todo = rows.table5(args.ratios) + rows.figure10(from_steps) + ([] if args.no_beyond else rows.beyond_paper())
+    from_steps = args.from_steps if args.from_steps is not None else [cfg.steps // 10, cfg.steps // 3]
+    if args.real:
+        todo = real_rows()
+    else:
+        todo = rows.table5(args.ratios) + rows.figure10(from_steps) + ([] if args.no_beyond else rows.beyond_paper())
     if args.only is not None:
         unknown = set(args.only) - {r.chain for r in todo}
         if unknown:
-            print(f"--only: no such rows {sorted(unknown)}; rows are {[r.chain for r in todo]}")
+            print(f"nebula-mq: error: --only: no such rows {sorted(unknown)}; rows are {[r.chain for r in todo]}",
+                  file=sys.stderr)
             return 2
         todo = [r for r in todo if r.chain in args.only]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, write_to_textfile
 
+from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.hooks import Hook, MessageEvent
 
 
@@ -47,7 +48,13 @@ class MetricsHook(Hook):
         self.started.set(time.time())
         self.role = role
         if port:
-            start_http_server(port, registry=r)
+            try:
+                start_http_server(port, registry=r)
+            except OSError as exc:  # busy or privileged port: the user's choice, not a crash
+                raise WorkerError(f"cannot serve metrics on port {port} ({exc.strerror or exc}): "
+                                  f"choose another --metrics-port") from None
+            except (OverflowError, ValueError):
+                raise WorkerError(f"metrics port must be in 1..65535, got {port}") from None
 
     def on_published(self, event: MessageEvent) -> None:
         self.messages.labels(event.flow, "out").inc()

@@ -9,6 +9,7 @@ TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, Erlang distributio
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -108,7 +109,8 @@ class StackLayout:
         for n in self.nodes:
             if n.cluster == cluster:
                 return n
-        raise StackError(f"no cluster {cluster!r} in this stack (has {', '.join(self.clusters)})")
+        raise StackError(f"unknown cluster {cluster!r}: the stack in {self.run_dir} has "
+                         f"{', '.join(self.clusters)}{did_you_mean(cluster, self.clusters)}")
 
     def save(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -129,6 +131,12 @@ class StackLayout:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise StackError(f"{path}: unreadable stack layout ({exc})") from None
+
+
+def did_you_mean(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean 'cluster-b'?)`` for the closest of ``known``, or ``""``."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def plan(

@@ -100,31 +100,70 @@ class Stack:
     # ------------------------------------------------------------------ lifecycle
 
     def up(self, timeout: float = 90.0) -> None:
-        """Create certificates, render configs, start nodes and relays; wait until ready."""
+        """Create certificates, render configs, start nodes and relays; wait until ready.
+
+        All or nothing: when any part fails (a busy port, a node that does not
+        boot), the nodes and relays this call started are stopped again and the
+        :class:`StackError` names the failure and what was stopped. Nodes and
+        relays that were already running are left alone.
+        """
         self.layout.save()
         init_certs(self.layout.certs_dir, self.clusters)
         for n in self.layout.nodes:
             nodes.render(n, self.ca(n.cluster).server())
-        with ThreadPoolExecutor(len(self.layout.nodes)) as pool:
-            list(pool.map(lambda n: nodes.start(n, timeout), self.layout.nodes))
-        for link in wan.links(self.layout):
+        links = wan.links(self.layout)
+        nodes_before = {n.node for n in self.layout.nodes if nodes.is_running(n)}
+        relays_before = {link.name for link in links if link.pid() is not None}
+        try:
+            self._start(links, timeout)
+        except BaseException as exc:
+            rollback = self._stop_started(links, nodes_before, relays_before)
+            if isinstance(exc, StackError):
+                raise StackError(f"{exc}; {rollback}") from None
+            raise
+
+    def _start(self, links: Sequence[wan.Link], timeout: float) -> None:
+        # Every node gets its chance (a failure does not cancel the others), so the
+        # error lists every node that failed, not just the first.
+        errors = [e for e in _each_node(lambda n: nodes.start(n, timeout), self.layout.nodes) if e]
+        if errors:
+            raise StackError("; ".join(errors))
+        for link in links:
+            if link.pid() is None and not nodes.port_free(link.node.relay_port):
+                raise StackError(f"relay {link.name}: WAN relay port {link.node.relay_port} is already in use "
+                                 f"(another stack or service?)")
             link.start()
         for n in self.layout.nodes:
             nodes.tls_probe(n, self.ca(n.cluster).client(federation_identity(n.cluster)))
+
+    def _stop_started(self, links: Sequence[wan.Link], nodes_before: set[str], relays_before: set[str]) -> str:
+        """Stop the relays and nodes not in ``*_before``; says what was stopped (for the error)."""
+        stopped: list[str] = []
+        failed: list[str] = []
+        for link in links:
+            if link.name not in relays_before and link.pid() is not None:
+                try:
+                    link.stop()
+                    stopped.append(f"relay {link.name}")
+                except (OSError, StackError) as exc:
+                    failed.append(f"relay {link.name} ({exc})")
+        started = [n for n in self.layout.nodes if n.node not in nodes_before and nodes.is_running(n)]
+        for n, error in zip(started, _each_node(nodes.stop, started)):
+            if error:
+                failed.append(f"node {n.node} ({error})")
+            else:
+                stopped.append(f"node {n.node}")
+        text = (f"stopped what this `stack up` had started ({', '.join(stopped)})" if stopped
+                else "this `stack up` had started nothing else")
+        if failed:
+            text += f"; could NOT stop {', '.join(failed)}: `nebula-mq stack down --run-dir {self.layout.run_dir}`"
+        return text
 
     def down(self) -> None:
         """Stop relays and nodes; leaves nothing of this stack running."""
         for link in wan.links(self.layout):
             link.stop()
-        def stop(n: NodeLayout) -> str:
-            try:
-                nodes.stop(n)
-            except StackError as exc:
-                return str(exc)
-            return ""
-
-        with ThreadPoolExecutor(len(self.layout.nodes)) as pool:
-            errors = [e for e in pool.map(stop, self.layout.nodes) if e]
+        errors = [e for e in _each_node(nodes.stop, self.layout.nodes) if e]
         if errors:
             raise StackError("; ".join(errors))
 
@@ -244,3 +283,18 @@ class Stack:
             if time.monotonic() > deadline:
                 raise StackError(f"condition not met within {timeout}s")
             time.sleep(interval)
+
+
+def _each_node(action: Callable[[NodeLayout], object], ns: Sequence[NodeLayout]) -> list[str]:
+    """``action`` on every node in parallel; one entry per node: its StackError, or "" on success."""
+    def run(n: NodeLayout) -> str:
+        try:
+            action(n)
+        except StackError as exc:
+            return str(exc)
+        return ""
+
+    if not ns:
+        return []
+    with ThreadPoolExecutor(len(ns)) as pool:
+        return list(pool.map(run, ns))

@@ -148,15 +148,20 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
     """Start the node detached and wait until its TLS listener answers a handshake."""
     if is_running(node):
         return
-    for port in (node.tls_port, node.dist_port):
-        if not _port_free(port):
-            raise StackError(f"{node.node}: port {port} is already in use (another stack or service?)")
+    for port, kind in ((node.tls_port, "TLS"), (node.dist_port, "Erlang distribution")):
+        if not port_free(port):
+            raise StackError(f"{node.node}: {kind} port {port} is already in use (another stack or service?)")
     node.pid_file.unlink(missing_ok=True)
     server = str(RABBITMQ_BIN / "rabbitmq-server")
     out = node.log_base / "start.out"
-    with open(out, "ab") as fh:
-        proc = subprocess.run([server, "-detached"], env=node_env(node), cwd=node.path, stdout=fh, stderr=fh,
-                              timeout=60)
+    try:
+        with open(out, "ab") as fh:
+            proc = subprocess.run([server, "-detached"], env=node_env(node), cwd=node.path, stdout=fh,
+                                  stderr=fh, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"{node.node}: rabbitmq-server -detached did not return within 60 s; see {out}") from None
+    except OSError as exc:
+        raise StackError(f"cannot run {server}: {exc}") from None
     if proc.returncode != 0:
         raise StackError(f"{node.node}: rabbitmq-server -detached failed; see {out}")
     # `await_startup` right after -detached can fail (node not yet registered); `wait PIDFILE` waits.
@@ -167,7 +172,7 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
     wait_tls(node, deadline)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     """False when something listens on ``port`` (TIME_WAIT leftovers of a stopped node do not count)."""
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

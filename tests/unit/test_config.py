@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nebula_mq import config
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import load_settings
 
@@ -64,12 +65,12 @@ def test_env_overrides_file(tmp_path: Path) -> None:
     ("mutation", "key", "expected"),
     [
         (('steps = 20', 'steps = "many"'), "job.steps", "an integer"),
-        (('steps = 20', 'steps = 0'), "job", "steps >= 1"),
+        (('steps = 20', 'steps = 0'), "job.steps", "an integer >= 1"),
         (('scenario = "abnet"', 'scenario = "gan"'), "job.scenario", "one of"),
-        (('port = 5681', 'port = 99999'), "clusters.s.broker", "port in 1..65535"),
+        (('port = 5681', 'port = 99999'), "clusters.s.broker.port", "a port in 1..65535"),
         (('compress_from_step = 5', 'compress_from_stepp = 5'), "codec.compress_from_stepp", "one of"),
-        (('key_file = "k.pem"', ''), "clusters.s.broker", "key_file"),
-        (('id = "demo-1"', 'id = "Demo 1"'), "job", "id matching"),
+        (('key_file = "k.pem"', ''), "clusters.s.broker.key_file", "tls = true needs"),
+        (('id = "demo-1"', 'id = "Demo 1"'), "job.id", "a slug matching"),
     ],
 )
 def test_bad_values_name_file_key_and_expectation(
@@ -99,14 +100,45 @@ def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
     assert "missing" in str(info.value)
 
 
-def test_bad_env_override_is_reported(tmp_path: Path) -> None:
+def test_field_checks_echo_the_bad_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD), environ={"NEBULA__JOB__STEPS": "abc"})
+        load_settings(write(tmp_path, GOOD.replace('id = "demo-1"', 'id = "Demo 1"')), environ={})
+    assert info.value.got == "Demo 1"
+    assert str(info.value).endswith("got 'Demo 1'")
+
+
+def test_a_directory_or_unreadable_bytes_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path, environ={})
+    assert (info.value.source, info.value.key, info.value.got) == (str(tmp_path), "<file>", "a directory")
+    binary = tmp_path / "job.toml"
+    binary.write_bytes(b"\xff\xfe[job]")
+    with pytest.raises(ConfigError) as info:
+        load_settings(binary, environ={})
+    assert info.value.key == "<syntax>" and "UTF-8" in info.value.expected
+
+
+def test_bad_env_override_is_blamed_on_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={"NEBULA__JOB__STEPS": "abc"})
     assert info.value.key == "job.steps"
+    assert info.value.source == "environment variable NEBULA__JOB__STEPS"
+    assert str(path) not in str(info.value)
+    # A bad value in the file itself is still the file's, with an unrelated override set.
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD.replace("steps = 20", "steps = 0")), environ={"NEBULA__CODEC__FORWARD": "int8"})
+    assert info.value.source == str(path)
+
+
+def test_an_override_inside_a_table_that_fails_a_table_check_names_file_and_variable() -> None:
+    err = config.blame_env(ConfigError("job.toml", "abnet", "in_flight <= train batches"),
+                           config.env_overrides({"NEBULA__ABNET__IN_FLIGHT": "64"}))
+    assert err.source == "job.toml with NEBULA__ABNET__IN_FLIGHT set"
 
 
 def test_bad_codec_chain_fails_at_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, GOOD.replace('"fp16(svd(0.6))"', '"fp17(svd(0.6))"')), environ={})
-    assert info.value.key == "codec"
-    assert "forward" in info.value.expected and "fp17" in info.value.expected
+    assert info.value.key == "codec.forward"
+    assert info.value.got == "fp17(svd(0.6))" and "fp17" in info.value.expected
