@@ -45,10 +45,16 @@ case "$cmd" in
     test)
         setup
         set +e
-        "$VENV/bin/python" -m pytest "$@"
+        # The whole suite is bounded too (each test is, by pytest-timeout): a run that
+        # outlives NEBULA_TEST_TIMEOUT seconds is stopped (TERM, then KILL 30 s later).
+        limit=${NEBULA_TEST_TIMEOUT:-3000}
+        timeout --kill-after=30 "$limit" "$VENV/bin/python" -m pytest "$@"
         rc=$?
         # pytest exits 5 when no test was collected (e.g. a -k that matches nothing).
         if [ "$rc" -eq 5 ]; then echo "no tests collected"; rc=0; fi
+        if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+            echo "the test suite ran past its ${limit} s limit and was stopped" >&2
+        fi
         exit "$rc" ;;
     *)
         echo "usage: $0 {demo|test|setup} [args...]" >&2

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+import traceback
 from collections.abc import Iterator
 
 import pytest
 
-# Session fixture `stack`: two TLS RabbitMQ nodes joined by federation through the WAN relay.
-pytest_plugins = ["tests.fixtures.stack"]
+# Session fixtures: `stack` (two TLS RabbitMQ nodes joined by federation through the WAN relay)
+# and `real_corpus` (a small real es->en corpus, tokenized).
+pytest_plugins = ["tests.fixtures.stack", "tests.fixtures.corpus"]
 
 
 def _children(pid: int) -> set[int]:
@@ -50,3 +54,31 @@ def _kill_stray_children() -> Iterator[None]:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The process must exit once the summary is printed.
+
+    A non-daemon thread a test left running (a worker blocked on a peer that
+    died) would keep the interpreter alive for ever after the summary. Print
+    where each such thread is stuck and leave with pytest's own exit status.
+    """
+    stuck = [t for t in threading.enumerate()
+             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
+    if not stuck:
+        return
+    frames = sys._current_frames()
+    sys.stderr.write(f"\n{len(stuck)} non-daemon thread(s) still running after the session; exiting anyway:\n")
+    for t in stuck:
+        frame = frames.get(t.ident or -1)
+        sys.stderr.write(f"--- {t.name}\n" + ("".join(traceback.format_stack(frame)) if frame else "") + "\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(_exit_status[-1] if _exit_status else 1)

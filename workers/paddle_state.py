@@ -40,10 +40,9 @@ def state_arrays(prefix: str, layer: nn.Layer, optimizer: paddle.optimizer.Optim
     return out
 
 
-def load_state_arrays(prefix: str, layer: nn.Layer, optimizer: paddle.optimizer.Optimizer,
-                      arrays: Mapping[str, np.ndarray]) -> None:
+def load_params(prefix: str, layer: nn.Layer, arrays: Mapping[str, np.ndarray]) -> dict[str, paddle.Tensor]:
+    """Set ``layer``'s trainable parameters from a checkpoint; returns them by structured name."""
     params = _trainable(layer)
-    opt_state: dict[str, paddle.Tensor] = {}
     for name, p in params.items():
         key = f"{prefix}/param/{name}"
         if key not in arrays:
@@ -52,6 +51,14 @@ def load_state_arrays(prefix: str, layer: nn.Layer, optimizer: paddle.optimizer.
         if tuple(value.shape) != tuple(p.shape):
             raise CheckpointError(f"{key}: shape {value.shape} != model {tuple(p.shape)}")
         p.set_value(value)
+    return params
+
+
+def load_state_arrays(prefix: str, layer: nn.Layer, optimizer: paddle.optimizer.Optimizer,
+                      arrays: Mapping[str, np.ndarray]) -> None:
+    params = load_params(prefix, layer, arrays)
+    opt_state: dict[str, paddle.Tensor] = {}
+    for name, p in params.items():
         opt_prefix = f"{prefix}/opt/{name}/"
         for akey, avalue in arrays.items():
             if akey.startswith(opt_prefix):

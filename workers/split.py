@@ -24,6 +24,9 @@ __all__ = ["HeadSpec", "TailSpec", "run_head", "run_tail"]
 
 
 def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
+    from nebula_mq.models.cpu import configure_cpu
+
+    configure_cpu()  # MKL's fast path on AMD, this process's share of the cores
     return job if isinstance(job, Settings) else load_settings(job)
 
 

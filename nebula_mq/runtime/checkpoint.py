@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from nebula_mq.npyio import load_npz
+
 from nebula_mq.errors import CheckpointError
 
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -119,8 +121,7 @@ class CheckpointStore:
         try:
             with open(path / "meta.json") as fh:
                 body = json.load(fh)
-            with np.load(path / "arrays.npz", allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
+            arrays = load_npz(path / "arrays.npz")
         except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
             raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from None
         digest = state_digest(arrays)

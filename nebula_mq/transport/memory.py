@@ -66,6 +66,20 @@ class MemoryBroker:
         self.queues: dict[str, _Queue] = {}
         # (cluster, queue) -> declared arguments; a re-declare must repeat them.
         self.declared: dict[tuple[str, str], tuple[Any, ...]] = {}
+        # Set by shutdown(): every waiter wakes and every later call fails, as when
+        # a real broker goes away (a test whose worker died must not wait for ever).
+        self.down_reason: str | None = None
+
+    def shutdown(self, reason: str) -> None:
+        """Take the broker down: waiting consumers and producers raise TransportError."""
+        with self.cond:
+            self.down_reason = reason
+            self.cond.notify_all()
+
+    def check_up(self) -> None:
+        """Raise TransportError once the broker is down (callers hold ``cond``)."""
+        if self.down_reason is not None:
+            raise TransportError(f"in-memory broker is down: {self.down_reason}")
 
     def declare(self, cluster: str, name: str, max_bytes: int | None) -> None:
         with self.cond:
@@ -81,6 +95,7 @@ class MemoryBroker:
 
     def put(self, name: str, message: _Message) -> None:
         with self.cond:
+            self.check_up()
             queue = self.queues.get(name)
             if queue is None:
                 raise Unroutable(f"no queue {name!r}")
@@ -153,6 +168,7 @@ class MemoryConsumer(base.Consumer):
             while True:
                 if self._closed:
                     raise TransportError(f"consumer of {self.queue!r} is closed")
+                self._broker.check_up()
                 queue = self._broker.queues.get(self.queue)
                 if queue is not None and queue.ready and len(self._unacked) < self._prefetch:
                     message = queue.ready.popleft()

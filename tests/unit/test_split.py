@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,33 @@ def test_the_few_lines_api_runs_the_example_job_file(tmp_path: Path) -> None:
     assert codes == {"tail": 0, "head": 0}
     curve = losses(tmp_path, "tail-0")
     assert len(curve) == 40 and np.mean(curve[-8:]) < 0.5 * np.mean(curve[:8])
+
+
+def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(tmp_path: Path) -> None:
+    """Its peer would otherwise wait for ever for the next activation (issue 13, finding 1)."""
+    import mlp
+
+    from workers.split_head import SplitHeadWorker
+    from workers.split_tail import SplitTailWorker
+    from workers.split_common import HeadSpec
+
+    settings = settings_for(tmp_path, steps=50)
+    broker = MemoryBroker()
+    x, _ = mlp.dataset()
+
+    def inputs(mb: int) -> tuple[np.ndarray, np.ndarray]:
+        if mb == 4:
+            raise RuntimeError("the data loader broke at micro-batch 4")
+        ids = mlp.batch_ids(mb)
+        return ids, x[ids]
+
+    tail = SplitTailWorker(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
+                           MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+    head = SplitHeadWorker(settings, HeadSpec(model=mlp.bottom(), inputs=inputs),
+                           MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    before = set(threading.enumerate())
+    t0 = time.monotonic()
+    with pytest.raises(AssertionError, match="head-0 failed.*micro-batch 4"):
+        run_workers((tail, head), timeout=60)
+    assert time.monotonic() - t0 < 20
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
