@@ -43,6 +43,9 @@ class AbnetJob:
     data_dir: str = "run/data"
     split: str = "train"
     batch_size: int = 16
+    # "length": batches of similar source length (less padding); "random": plain shuffling;
+    # "auto": length on the corpus, random on the synthetic task (its sentences are all short).
+    batching: Literal["auto", "length", "random"] = "auto"
     # Synthetic task only: source length range and vocabulary come from the tiny preset.
     synthetic_len: int = 8
     # Micro-batches whose gradient is not back yet; bounds staleness and memory.
@@ -50,19 +53,30 @@ class AbnetJob:
     # Training samples used (0 = the whole split): a small set gives several epochs in a
     # short study, which is what delta compression feeds on.
     train_samples: int = 0
+    # Domains of the training split to train on (empty = all), e.g. ["gettext"].
+    domains: tuple[str, ...] = ()
+    # Train only on sentences of at most this many source tokens (0 = all). Applied on S,
+    # which picks the samples; T looks each one up by id.
+    max_source_tokens: int = 0
     # "delta": activations travel as the compressed change from the same sample's last
     # reconstruction (AQ-SGD); "none": as themselves (nebula_mq.codecs.feedback).
     forward_feedback: Literal["none", "delta"] = "none"
     # "residual": the decoder adds each sample's gradient compression error to its next
     # gradient (error feedback); "none": plain compressed gradients.
     backward_feedback: Literal["none", "residual"] = "none"
-    # Evaluation after training: the first N samples of eval_split (0 = none) are encoded on
+    # Evaluation after training: N samples drawn from eval_split (0 = none) are encoded on
     # S, sent as kind=eval activations, beam-decoded on T and scored against T's references.
     eval_samples: int = 0
     eval_split: str = "test"
+    # Domains the evaluation draws from (empty = every domain of eval_split).
+    eval_domains: tuple[str, ...] = ()
     eval_beam: int = 4
     eval_max_len: int = 64
     lr: float = 1e-3
+    # Linear warm-up of the learning rate over the first updates (0 = none). Without it,
+    # Adam at 1e-3 can push the encoder adapters to a constant output in a few dozen steps
+    # (every token the same vector: the decoder then ignores the source).
+    warmup_steps: int = 0
     checkpoint_every: int = 10
     src_cluster: str = "s"
     tgt_cluster: str = "t"
@@ -76,6 +90,10 @@ class AbnetJob:
             raise ValueError("batch_size >= 1")
         if self.train_samples < 0 or self.eval_samples < 0:
             raise ValueError("train_samples >= 0 and eval_samples >= 0")
+        if self.max_source_tokens < 0:
+            raise ValueError("max_source_tokens >= 0")
+        if self.warmup_steps < 0 or self.lr <= 0:
+            raise ValueError("warmup_steps >= 0 and lr > 0")
         if self.eval_beam < 1 or self.eval_max_len < 1:
             raise ValueError("eval_beam >= 1 and eval_max_len >= 1")
         if self.src_cluster == self.tgt_cluster:
@@ -86,14 +104,30 @@ class AbnetJob:
         return act, reply
 
 
+def warmup_lr(job: AbnetJob, step: int) -> float:
+    """The learning rate of the update that makes ``step + 1``: linear warm-up, then constant."""
+    if job.warmup_steps <= 0:
+        return job.lr
+    return job.lr * min(1.0, (step + 1) / job.warmup_steps)
+
+
 def load_job(settings: Settings) -> AbnetJob:
     return config.build(AbnetJob, dict(settings.abnet), settings.source or "<settings>", "abnet.")
 
 
 class TranslationData:
-    """One side's view of the training pairs, addressed by micro-batch index."""
+    """One side's view of the training pairs, addressed by micro-batch index.
 
-    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, seed: int) -> None:
+    Batches of an epoch: a seeded permutation of the samples; with ``by_length``
+    (on S, which holds the source lengths), each run of ``BUCKET_BATCHES`` batches
+    is sorted by source length before it is cut, and the batches are then
+    shuffled, so a batch holds sentences of similar length and pads little
+    (gettext strings are ~13 tokens, Bible verses ~36). T never needs the
+    order: each activation names its samples."""
+
+    BUCKET_BATCHES = 50
+
+    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int, seed: int, by_length: bool = False) -> None:
         self.arrays = arrays
         self.n = len(arrays["index"])
         if self.n < batch_size:
@@ -102,11 +136,38 @@ class TranslationData:
         self.seed = seed
         self.batches_per_epoch = self.n // batch_size  # drop_last: equal shapes per epoch
         self._row_of = {int(s): r for r, s in enumerate(arrays["index"])}
+        self._lengths = arrays["src_mask"].sum(axis=1) if by_length and "src_mask" in arrays else None
+        self._epoch: tuple[int, np.ndarray] | None = None  # (epoch, its batches [K, B])
+
+    def epoch_batches(self, epoch: int) -> np.ndarray:
+        """Rows of every batch of ``epoch``, [batches_per_epoch, batch_size]; deterministic."""
+        if self._epoch is not None and self._epoch[0] == epoch:
+            return self._epoch[1]
+        b = self.batch_size
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)[: self.batches_per_epoch * b]
+        if self._lengths is None:
+            batches = order.reshape(-1, b)
+        else:
+            run = b * self.BUCKET_BATCHES
+            runs = [order[i:i + run] for i in range(0, len(order), run)]
+            order = np.concatenate([r[np.argsort(self._lengths[r], kind="stable")] for r in runs])
+            batches = order.reshape(-1, b)
+            batches = batches[np.random.default_rng([self.seed, epoch, 1]).permutation(len(batches))]
+        self._epoch = (epoch, batches)
+        return batches
+
+    def evaluation_rows(self, n: int) -> np.ndarray:
+        """``n`` rows drawn (seeded) from the whole split, so every domain is scored, not the
+        first rows (the test split lists one domain after the other); ordered by source
+        length when the lengths are known, so each evaluation batch pads little."""
+        rows = np.sort(np.random.default_rng([self.seed, 99]).choice(self.n, min(n, self.n), replace=False))
+        if "src_mask" in self.arrays:
+            rows = rows[np.argsort(self.arrays["src_mask"][rows].sum(axis=1), kind="stable")]
+        return rows
 
     def rows(self, mb: int) -> np.ndarray:
         epoch, k = divmod(mb, self.batches_per_epoch)
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-        return order[k * self.batch_size : (k + 1) * self.batch_size]
+        return self.epoch_batches(epoch)[k]
 
     def source(self, mb: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(sample ids int64 [B], src ids int32 [B, S], src mask int8 [B, S]), trimmed."""
@@ -165,6 +226,8 @@ def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int,
     ``split`` defaults to the training split, which ``train_samples`` may shorten."""
     split = split or job.split
     limit = job.train_samples if split == job.split else 0
+    if side == "tgt" and job.max_source_tokens:
+        limit = 0  # S filters by length before it limits: T keeps every row S might send
     if job.data == "synthetic":
         arrays = synthetic_pairs(limit or SYNTHETIC_SAMPLES, vocab, job.synthetic_len, seed, side, split)
     else:
@@ -172,9 +235,25 @@ def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int,
         from nebula_mq.data.batches import load_arrays
 
         full = load_arrays(path)
+        domains = job.domains if split == job.split else job.eval_domains if split == job.eval_split else ()
+        if domains:
+            full = _only_domains(full, domains, path)
+        if split == job.split and job.max_source_tokens and side == "src":
+            full = {k: v[full["src_mask"].sum(axis=1) <= job.max_source_tokens] for k, v in full.items()}
         arrays = {k: v[:limit] if limit else v for k, v in full.items()
-                  if k == "index" or k.startswith(f"{side}_")}
-    return TranslationData(arrays, job.batch_size, seed)
+                  if k in ("index", "domain") or k.startswith(f"{side}_")}
+    by_length = job.batching == "length" or (job.batching == "auto" and job.data == "corpus")
+    return TranslationData(arrays, job.batch_size, seed, by_length=by_length)
+
+
+def _only_domains(arrays: dict[str, np.ndarray], domains: tuple[str, ...], path: Path) -> dict[str, np.ndarray]:
+    """The rows of the given domains (``[abnet] domains``); both sides select the same rows."""
+    if "domain" not in arrays:
+        raise DataError(f"{path} has no domain column: rebuild it with `nebula-mq data build`")
+    keep = np.isin(arrays["domain"], list(domains))
+    if not keep.any():
+        raise DataError(f"{path} has no rows of domains {list(domains)}; it has {sorted(set(arrays['domain']))}")
+    return {k: v[keep] for k, v in arrays.items()}
 
 
 def sample_lengths(mask: np.ndarray) -> np.ndarray:
@@ -193,11 +272,12 @@ def model_config(job: AbnetJob, seed: int) -> Any:
     return dataclasses.replace(cfg, seed=seed)
 
 
-def source_keep_ids(job: AbnetJob) -> np.ndarray | None:
-    """XLM-R ids the corpus uses (vocabulary pruning of the e5 embeddings); None for toy data."""
+def target_keep_ids(job: AbnetJob, train: TranslationData) -> np.ndarray | None:
+    """MiniLM ids the training targets use: the decoder's output vocabulary (it cannot
+    learn to produce a token it never saw). None for the synthetic task.
+
+    The source side is not pruned: text a user brings later must reach the encoder
+    as the pretrained tokenizer sees it, not as unknown tokens."""
     if job.data == "synthetic":
         return None
-    path = Path(job.data_dir) / "tokenized" / "src_used_token_ids.npy"
-    if not path.exists():
-        raise DataError(f"{path} missing: run `nebula-mq data build`")
-    return np.load(path)
+    return np.unique(train.arrays["tgt_ids"][train.arrays["tgt_mask"] > 0])

@@ -30,16 +30,20 @@ from nebula_mq.codecs import LZ4, LowRankState
 from nebula_mq.codecs.base import Codec
 from nebula_mq.codecs.feedback import DeltaCompression, SampleRows
 from nebula_mq.models.abnet import EncoderSide
-from nebula_mq.runtime.channel import Outbox
+from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side,
-                                  model_config, sample_lengths, source_keep_ids)
+from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side, model_config,
+                                  sample_lengths, warmup_lr)
 from workers.split_common import micro_batch_seed
 from workers.split_head import Forward, SplitHead, Tensors
 
 log = get_logger(__name__)
+
+# Token spread (see step_values) below which the encoder has collapsed; pretrained e5
+# starts near 0.37, a trained one stays there.
+COLLAPSED_SPREAD = 1e-3
 
 
 class AbnetEncoderWorker(SplitHead):
@@ -55,14 +59,18 @@ class AbnetEncoderWorker(SplitHead):
         super().__init__(settings, self.job.src_cluster, self.job.encoder_id, transport, flows=self.job.flows(),
                          in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
-        self.model = EncoderSide(self.cfg, source_keep_ids(self.job))
+        self.model = EncoderSide(self.cfg)
         self.optimizer = paddle.optimizer.AdamW(
             learning_rate=self.job.lr, parameters=self.model.trainable_parameters(), weight_decay=0.0)
         self.data = load_side(self.job, settings.job.seed, "src", self.cfg.encoder.vocab)
+        self._collapse_reported = False
         # AQ-SGD reference per sample; mirrored on T, part of the checkpoint.
         self.delta = DeltaCompression() if self.job.forward_feedback == "delta" else None
 
     # ------------------------------------------------------------------ specialisation
+
+    def learning_rate(self, step: int) -> float:
+        return warmup_lr(self.job, step)
 
     def extra_state(self) -> dict[str, np.ndarray]:
         return self.delta.cache.export("encoder/delta") if self.delta is not None else {}
@@ -92,6 +100,21 @@ class AbnetEncoderWorker(SplitHead):
             state = None
         return tensors, meta, state
 
+    def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
+        """The loss, and how much the encoder's output differs between tokens (the mean over
+        hidden units of the spread across the batch's real tokens). A collapsed encoder gives
+        every token the same vector, and the decoder can then only learn the target language."""
+        values = super().step_values(received, fwd)
+        mask = fwd.side["src_mask"].astype(bool)
+        tokens = fwd.activation.numpy()[mask]  # [N, H]
+        spread = float(tokens.std(axis=0).mean()) if len(tokens) > 1 else float("nan")
+        values["token_spread"] = spread
+        if spread < COLLAPSED_SPREAD and not self._collapse_reported:
+            self._collapse_reported = True
+            log.error("encoder_collapsed", token_spread=spread,
+                      hint="every token now has the same vector: lower [abnet] lr or raise warmup_steps")
+        return values
+
     def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
         self.model.backward(activation, grad)
 
@@ -100,13 +123,14 @@ class AbnetEncoderWorker(SplitHead):
             self.send_evaluation()
 
     def send_evaluation(self) -> None:
-        """Encode the first ``eval_samples`` of the eval split (no dropout, no gradient)
+        """Encode ``eval_samples`` sentences drawn from the eval split (no dropout, no gradient)
         and send them as kind=eval activations; T decodes them and scores BLEU.
 
         A separate producer id gives them their own dedupe stream. Re-sending after a
         restart is harmless: T's per-batch results are idempotent."""
         data = load_side(self.job, self.settings.job.seed, "src", self.cfg.encoder.vocab, self.job.eval_split)
-        n = min(self.job.eval_samples, data.n)
+        rows = data.evaluation_rows(self.job.eval_samples)
+        n = len(rows)
         size = self.job.batch_size
         batches = -(-n // size)
         codec = self.schedule.codec_for(self.total)
@@ -115,7 +139,7 @@ class AbnetEncoderWorker(SplitHead):
         self.model.eval()
         try:
             for k in range(batches):
-                sample_ids, ids, mask = data.source_rows(np.arange(k * size, min(n, (k + 1) * size)))
+                sample_ids, ids, mask = data.source_rows(rows[k * size:(k + 1) * size])
                 with paddle.no_grad():
                     activation = self.model(ids, mask).numpy()
                 outbox.send(step=self.total, micro_batch=k,

@@ -5,7 +5,8 @@ split; T holds the targets, so BLEU is computed here and nothing but
 activations crosses the WAN. Each batch's hypotheses go to their own file
 before the message is acked, so a restart (or a re-sent batch) just rewrites
 the same file; once every batch is there, the scores are written to
-``<run_dir>/eval/<worker>-<split>.json``.
+``<run_dir>/eval.json``: BLEU and chrF (sacrebleu, case-insensitive) per domain
+and over all, the number of sentences, and every hypothesis beside its reference.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from nebula_mq.data.corpus_io import read_jsonl
 from nebula_mq.errors import DataError, MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.study.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, bleu_by_domain
+from nebula_mq.study.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, evaluation_body
 from workers.abnet_common import AbnetJob, load_side
 
 log = get_logger(__name__)
@@ -54,7 +55,7 @@ class Evaluation:
         self.seed, self.vocab = seed, vocab
         self.split = job.eval_split
         self.parts_dir = run_dir / "eval" / worker_id / self.split
-        self.result_path = run_dir / "eval" / f"{worker_id}-{self.split}.json"
+        self.result_path = run_dir / "eval.json"
 
     @property
     def done(self) -> bool:
@@ -81,11 +82,12 @@ class Evaluation:
         refs, domains, detok = references(self.job, self.seed, self.vocab, self.split)
         if max(ids) >= len(refs):
             raise DataError(f"eval sample id {max(ids)} beyond the {len(refs)} references of {self.split}")
-        hyps = detok(hyp_ids)
+        order = np.argsort(ids, kind="stable")  # batches arrive sorted by length: report by sample id
+        ids = [ids[i] for i in order]
+        hyps = detok([hyp_ids[i] for i in order])
         ref_sel, dom_sel = [refs[i] for i in ids], [domains[i] for i in ids]
-        scores = bleu_by_domain(hyps, ref_sel, dom_sel)
-        body = {"split": self.split, "samples": len(ids), "bleu": scores["all"], "bleu_by_domain": scores,
-                "beam": self.job.eval_beam, "sample_ids": ids, "hypotheses": hyps, "references": ref_sel}
+        body = evaluation_body(self.split, ids, hyps, ref_sel, dom_sel, beam=self.job.eval_beam)
         _write_json(self.result_path, body)
-        log.info("evaluation", split=self.split, samples=len(ids), bleu=round(scores["all"], 2))
+        log.info("evaluation", split=self.split, samples=len(ids), bleu=round(body["bleu"], 2),
+                 chrf=round(body["chrf"], 2))
         return body

@@ -62,6 +62,20 @@ class StepEnd(Worker):
     """What ends every applied micro-batch, on either side of the split."""
 
     total: int
+    optimizer: paddle.optimizer.Optimizer
+
+    def learning_rate(self, step: int) -> float | None:
+        """The learning rate of the update that makes ``step + 1`` (None: as the optimizer was built).
+
+        A function of the step alone, so a resumed worker needs no scheduler state."""
+        return None
+
+    def step_optimizer(self) -> None:
+        lr = self.learning_rate(self.step)
+        if lr is not None:
+            self.optimizer.set_lr(lr)
+        self.optimizer.step()
+        self.optimizer.clear_grad()
 
     @abstractmethod
     def checkpoint(self) -> None: ...
@@ -208,10 +222,13 @@ class SplitHead(StepEnd):
         t0 = time.perf_counter()
         fwd = self.forward(mb)  # recompute (module docstring)
         self.backward(fwd.activation, received.tensors["grad"])
-        self.optimizer.step()
-        self.optimizer.clear_grad()
+        self.step_optimizer()
         self.hooks.on_compute(time.perf_counter() - t0)
-        self.finish_step(inbox, received, {"loss": float(received.meta.get("loss", float("nan")))})
+        self.finish_step(inbox, received, self.step_values(received, fwd))
+
+    def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
+        """What the history records for an applied step (the loss the tail computed)."""
+        return {"loss": float(received.meta.get("loss", float("nan")))}
 
 
 class SplitHeadWorker(SplitHead):

@@ -1,8 +1,8 @@
 """Model-ready arrays: tokenized splits in ``.npz`` files and deterministic batches.
 
 A tokenized split holds, for N rows, ``index`` (the row number in the split's
-JSON-lines file: a stable sample id the training loop keys on), and for each
-side ``<side>_ids`` / ``<side>_mask`` (int32, [N, L], right-padded, L the
+JSON-lines file: a stable sample id the training loop keys on), ``domain`` (its
+domain's name, e.g. gettext or bible), and for each side ``<side>_ids`` / ``<side>_mask`` (int32, [N, L], right-padded, L the
 longest row after truncation). Tokenizers are anything with the
 ``tokenizers.Tokenizer`` methods used here.
 """
@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nebula_mq.errors import DataError
+from nebula_mq.npyio import load_npz
 
 _PAD_TOKENS = ("<pad>", "[PAD]")
 
@@ -62,10 +63,15 @@ def tokenize_pairs(
     *,
     max_len_src: int = 128,
     max_len_tgt: int = 128,
+    domains: Sequence[str] | None = None,
 ) -> int:
-    """Tokenize aligned texts into ``out_path`` (.npz); return the number of rows."""
-    if len(src) != len(tgt):
-        raise DataError(f"{out_path}: {len(src)} source rows but {len(tgt)} target rows")
+    """Tokenize aligned texts into ``out_path`` (.npz); return the number of rows.
+
+    ``domains`` (one name per row, e.g. gettext/bible) is stored as ``domain``: both
+    sides may read it, as it says nothing about either side's text."""
+    if len(src) != len(tgt) or (domains is not None and len(domains) != len(src)):
+        raise DataError(f"{out_path}: {len(src)} source rows, {len(tgt)} target rows"
+                        + ("" if domains is None else f", {len(domains)} domains"))
     src_ids, src_mask = pad_and_truncate(encode_texts(src_tokenizer, src), max_len_src, pad_id_of(src_tokenizer))
     tgt_ids, tgt_mask = pad_and_truncate(encode_texts(tgt_tokenizer, tgt), max_len_tgt, pad_id_of(tgt_tokenizer))
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,6 +84,7 @@ def tokenize_pairs(
         src_mask=src_mask,
         tgt_ids=tgt_ids,
         tgt_mask=tgt_mask,
+        **({} if domains is None else {"domain": np.array(list(domains), dtype=np.str_)}),
     )
     os.replace(tmp, out_path)
     return len(src)
@@ -85,8 +92,7 @@ def tokenize_pairs(
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+        arrays = load_npz(path)
     except FileNotFoundError:
         raise DataError(f"{path}: tokenized split missing (run `nebula-mq data build`)") from None
     except (OSError, ValueError) as exc:

@@ -160,7 +160,8 @@ def _tokenize(out: Path, options: BuildOptions) -> dict[str, Any]:
         src, tgt = [r["src"] for r in rows], [r["tgt"] for r in rows]
         all_src.extend(src)
         path = out / "tokenized" / f"{split}.npz"
-        count = tokenize_pairs(src, tgt, src_tok, tgt_tok, path, max_len_src=options.max_len, max_len_tgt=options.max_len)
+        count = tokenize_pairs(src, tgt, src_tok, tgt_tok, path, max_len_src=options.max_len,
+                               max_len_tgt=options.max_len, domains=[r.get("domain", "all") for r in rows])
         files[split] = {"path": str(path.relative_to(out)), "sha256": sha256_file(path), "rows": count}
     used = used_token_ids(src_tok, all_src)
     used_path = out / "tokenized" / "src_used_token_ids.npy"

@@ -20,6 +20,8 @@ never trained against an output layer (the checkpoint has no MLM head).
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
@@ -34,13 +36,18 @@ from nebula_mq.models.bert import (Adapter, BertConfig, BertEncoder, Memory, cau
 from nebula_mq.models.pretrained import PrunedVocab, PretrainedWeights, load_e5_small, load_minilm
 
 
+# Frozen-part outputs an EncoderSide remembers: enough for a window of micro-batches in
+# flight (each is computed at send time and again at apply time).
+FROZEN_CACHE_ENTRIES = 16
+
+
 def _load_stack(side: str, cfg: StackConfig, keep_ids: np.ndarray | None) -> tuple[BertEncoder, PrunedVocab | None]:
     """Frozen BERT stack, pretrained (optionally vocabulary-pruned) or seeded random."""
     weights: PretrainedWeights | None = None
     if cfg.weights in ENCODER_WEIGHTS:
         weights = load_e5_small(ENCODER_WEIGHTS[cfg.weights], keep_ids=keep_ids, layers=cfg.layers)
     elif cfg.weights == "minilm":
-        weights = load_minilm(layers=cfg.layers)
+        weights = load_minilm(layers=cfg.layers, keep_ids=keep_ids)
     if weights is not None:
         check_shape(side, cfg, weights.shape)
         bert_cfg = BertConfig.from_shape(weights.shape)
@@ -54,19 +61,10 @@ def _load_stack(side: str, cfg: StackConfig, keep_ids: np.ndarray | None) -> tup
     return stack, (weights.vocab if weights is not None else None)
 
 
-def _insert(stack: BertEncoder, sites: tuple[str, ...], make: type[Adapter] | object) -> None:
-    for layer in stack.layers:
-        for site in sites:
+def _insert(stack: BertEncoder, cfg: StackConfig, make: type[Adapter] | object) -> None:
+    for layer in list(stack.layers)[cfg.first_adapted:]:
+        for site in cfg.adapter_sites:
             setattr(layer, f"after_{site}", make())  # type: ignore[operator]
-
-
-def log_softmax(logits: paddle.Tensor) -> paddle.Tensor:
-    """log-softmax over the last axis as x - logsumexp(x).
-
-    paddle 3.3's CPU ``F.log_softmax`` kernel takes ~50 s forward for a
-    [16, 32, 30522] tensor (measured); this form takes 0.2 s and agrees to 2e-6.
-    """
-    return logits - paddle.logsumexp(logits, axis=-1, keepdim=True)
 
 
 def _trainable(layer: nn.Layer) -> list[paddle.Tensor]:
@@ -83,16 +81,37 @@ class EncoderSide(nn.Layer):
         keep = None if src_keep_ids is None else np.asarray(src_keep_ids, dtype=np.int64)
         self.stack, self.vocab = _load_stack("encoder", cfg.encoder, keep)
         h = cfg.encoder.hidden
-        _insert(self.stack, cfg.encoder.adapter_sites,
+        _insert(self.stack, cfg.encoder,
                 lambda: EncoderAdapter(h, cfg.adapter_hidden, cfg.adapter_dropout, cfg.adapter_out_std))
+        # Output of the frozen layers below the lowest adapter, by input: the worker runs
+        # each micro-batch's forward twice (send, then recompute at apply time), and this
+        # part needs no autograd and never changes.
+        self._frozen_cache: collections.OrderedDict[bytes, paddle.Tensor] = collections.OrderedDict()
 
     def forward(self, src_ids: np.ndarray, src_mask: np.ndarray) -> paddle.Tensor:
         """src_ids [B, S] in the tokenizer's (unpruned) id space, src_mask [B, S] 1/0 -> enc_out [B, S, H]."""
         ids = np.asarray(src_ids, dtype=np.int64)
         if self.vocab is not None:
             ids = self.vocab.old_to_new(ids)
-        mask = paddle.to_tensor(np.asarray(src_mask, dtype=np.float32))
-        return self.stack(paddle.to_tensor(ids), padding_bias(mask))
+        mask = np.asarray(src_mask, dtype=np.float32)
+        bias = padding_bias(paddle.to_tensor(mask))
+        first = self.cfg.encoder.first_adapted
+        x = self._frozen_part(ids, mask, bias, first)  # [B, S, H], no autograd
+        return self.stack.run_layers(x, bias, start=first)
+
+    def _frozen_part(self, ids: np.ndarray, mask: np.ndarray, bias: paddle.Tensor, first: int) -> paddle.Tensor:
+        """Embeddings and layers ``< first`` (all frozen), remembered for the last few inputs."""
+        key = ids.shape[1].to_bytes(4, "little") + ids.tobytes() + mask.tobytes()
+        hit = self._frozen_cache.get(key)
+        if hit is not None:
+            self._frozen_cache.move_to_end(key)
+            return hit
+        with paddle.no_grad():
+            x = self.stack.run_layers(self.stack.embeddings(paddle.to_tensor(ids)), bias, stop=first)
+        self._frozen_cache[key] = x
+        while len(self._frozen_cache) > FROZEN_CACHE_ENTRIES:
+            self._frozen_cache.popitem(last=False)
+        return x
 
     def backward(self, enc_out: paddle.Tensor, grad: np.ndarray) -> None:
         """Back-propagate the gradient received from cluster T into the adapters."""
@@ -116,43 +135,99 @@ class LMHead(nn.Layer):
         self.ln = nn.LayerNorm(hidden, epsilon=1e-12)
         self.bias = self.create_parameter([word.shape[0]], is_bias=True)
 
-    def forward(self, h: paddle.Tensor) -> paddle.Tensor:
-        z = self.ln(F.gelu(self.transform(h)))  # [B, T, H]
+    def features(self, h: paddle.Tensor) -> paddle.Tensor:
+        return self.ln(F.gelu(self.transform(h)))  # [B, T, H]
+
+    def logits(self, z: paddle.Tensor) -> paddle.Tensor:
         return paddle.matmul(z, self._tied[0], transpose_y=True) + self.bias  # [B, T, V]
+
+    def forward(self, h: paddle.Tensor) -> paddle.Tensor:
+        return self.logits(self.features(h))
+
+    def token_logits(self, z: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+        """The logit of each label, [B, T], from the features alone: O(H) per token, not O(V)."""
+        rows = F.embedding(labels, self._tied[0])  # [B, T, H]
+        return (z * rows).sum(axis=-1) + paddle.gather(self.bias, labels.flatten()).reshape(labels.shape)
+
+    def mean_logits(self, z: paddle.Tensor) -> paddle.Tensor:
+        """The mean logit over the vocabulary, [B, T]: z . mean(W) + mean(b)."""
+        w_mean = self._tied[0].mean(axis=0)  # [H]; the tied matrix is frozen, so no gradient
+        return paddle.matmul(z, w_mean.unsqueeze(-1)).squeeze(-1) + self.bias.mean()
+
+
+def smoothed_cross_entropy(head: LMHead, z: paddle.Tensor, labels: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """Per-token (1 - eps) * NLL + eps * mean_v(-log p_v), [B, T].
+
+    paddle's fused ``cross_entropy`` gives the NLL fast; its label smoothing needs
+    float labels, and the obvious log-softmax route (logsumexp, then
+    ``take_along_axis``) is 10x slower on CPU, mostly in the scatter that
+    ``take_along_axis`` does in backward. The smoothing term needs no [B, T, V]
+    tensor besides the logits: -mean_v log p_v = logsumexp - mean_v(logit_v), and
+    logsumexp = NLL + logit_label, both label and mean logits computed from the
+    features (see :meth:`LMHead.token_logits`, :meth:`LMHead.mean_logits`).
+    """
+    logits = head.logits(z)  # [B, T, V]
+    nll = F.cross_entropy(logits, labels.unsqueeze(-1), reduction="none").squeeze(-1)  # [B, T]
+    if not eps:
+        return nll
+    smooth = nll + head.token_logits(z, labels) - head.mean_logits(z)
+    return (1.0 - eps) * nll + eps * smooth
 
 
 class DecoderSide(nn.Layer):
-    """Cluster T. Targets are [B, T] = BOS, tokens, EOS, then padding."""
+    """Cluster T. Targets are [B, T] = BOS, tokens, EOS, then padding, in the tokenizer's ids.
 
-    def __init__(self, cfg: ABNetConfig) -> None:
+    ``tgt_keep_ids``: the target tokens of the training corpus. The word embeddings,
+    and so the output layer tied to them, keep only those rows (plus the special
+    tokens): a decoder cannot learn to produce a token it never saw, and the output
+    layer's cost is proportional to its rows. Inputs are mapped into the kept rows
+    and outputs back, so callers always speak the tokenizer's ids.
+    """
+
+    def __init__(self, cfg: ABNetConfig, tgt_keep_ids: np.ndarray | list[int] | None = None) -> None:
         super().__init__()
         paddle.seed(cfg.seed + 1)
         self.cfg = cfg
-        self.stack, _ = _load_stack("decoder", cfg.decoder, None)
+        keep = None if tgt_keep_ids is None else np.asarray(tgt_keep_ids, dtype=np.int64)
+        self.stack, self.vocab = _load_stack("decoder", cfg.decoder, keep)
         d, e = cfg.decoder, cfg.encoder
-        _insert(self.stack, d.adapter_sites, lambda: CrossAttentionAdapter(
+        _insert(self.stack, d, lambda: CrossAttentionAdapter(
             d.hidden, e.hidden, d.heads, cfg.adapter_hidden, cfg.adapter_dropout, cfg.adapter_out_std))
         self.head = LMHead(self.stack.embeddings.word.weight, d.hidden)
+        self.pad_id, self.bos_id, self.eos_id = (int(i) for i in self.to_model(
+            np.array([cfg.tgt_pad_id, cfg.tgt_bos_id, cfg.tgt_eos_id])))
+
+    def to_model(self, ids: np.ndarray) -> np.ndarray:
+        """Tokenizer ids -> rows of the (possibly pruned) vocabulary, int64."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return ids if self.vocab is None else self.vocab.old_to_new(ids)
+
+    def to_tokenizer(self, rows: list[list[int]]) -> list[list[int]]:
+        """Rows of the vocabulary -> tokenizer ids (decoder outputs)."""
+        if self.vocab is None:
+            return rows
+        kept = self.vocab.kept_ids
+        return [[int(kept[r]) for r in row] for row in rows]
+
+    def hidden(self, enc_out: paddle.Tensor, enc_mask: paddle.Tensor, tgt_in: paddle.Tensor) -> paddle.Tensor:
+        """enc_out [B, S, He], enc_mask [B, S], tgt_in [B, T] (vocabulary rows) -> [B, T, H]."""
+        memory = Memory(enc_out, padding_bias(enc_mask))
+        tgt_mask = paddle.cast(tgt_in != self.pad_id, "float32")
+        return self.stack(tgt_in, causal_bias(tgt_mask), memory)
 
     def logits(self, enc_out: paddle.Tensor, enc_mask: paddle.Tensor, tgt_in: paddle.Tensor) -> paddle.Tensor:
-        """enc_out [B, S, He], enc_mask [B, S], tgt_in [B, T] -> logits [B, T, V]."""
-        memory = Memory(enc_out, padding_bias(enc_mask))
-        tgt_mask = paddle.cast(tgt_in != self.cfg.tgt_pad_id, "float32")
-        h = self.stack(tgt_in, causal_bias(tgt_mask), memory)  # [B, T, H]
-        return self.head(h)
+        """As :meth:`hidden`, then the LM head -> logits [B, T, V]."""
+        return self.head(self.hidden(enc_out, enc_mask, tgt_in))
 
     def loss(self, enc_out: paddle.Tensor, enc_mask: np.ndarray, tgt_ids: np.ndarray) -> paddle.Tensor:
         """Mean token cross entropy (label smoothing per config) over non-pad target tokens."""
-        tgt = np.asarray(tgt_ids, dtype=np.int64)
+        tgt = self.to_model(tgt_ids)
         if tgt.ndim != 2 or tgt.shape[1] < 2 or tgt.shape[0] != enc_out.shape[0]:
             raise ShapeMismatch(f"targets must be [B={enc_out.shape[0]}, T>=2], got {tgt.shape}")
         mask = paddle.to_tensor(np.asarray(enc_mask, dtype=np.float32))
-        logp = log_softmax(self.logits(enc_out, mask, paddle.to_tensor(tgt[:, :-1])))  # [B, T-1, V]
-        labels = paddle.to_tensor(tgt[:, 1:]).unsqueeze(-1)  # [B, T-1, 1]
-        nll = -paddle.take_along_axis(logp, labels, axis=-1).squeeze(-1)  # [B, T-1]
-        eps = self.cfg.label_smoothing
-        per_token = (1.0 - eps) * nll - eps * logp.mean(axis=-1) if eps else nll
-        keep = paddle.to_tensor((tgt[:, 1:] != self.cfg.tgt_pad_id).astype(np.float32))
+        z = self.head.features(self.hidden(enc_out, mask, paddle.to_tensor(tgt[:, :-1])))  # [B, T-1, H]
+        per_token = smoothed_cross_entropy(self.head, z, paddle.to_tensor(tgt[:, 1:]), self.cfg.label_smoothing)
+        keep = paddle.to_tensor((tgt[:, 1:] != self.pad_id).astype(np.float32))
         return (per_token * keep).sum() / paddle.clip(keep.sum(), min=1.0)
 
     def loss_and_grad(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray,
@@ -163,34 +238,27 @@ class DecoderSide(nn.Layer):
         loss.backward()
         return float(loss), enc_out.grad.numpy()
 
-    def next_token_scorer(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray) -> StepFn:
-        """A no-grad ``step(prefix, rows) -> log-probs [N, V]`` for the search functions."""
-        enc = paddle.to_tensor(np.asarray(enc_out_np, dtype=np.float32))
-        mask = paddle.to_tensor(np.asarray(enc_mask_np, dtype=np.float32))
-        never = [self.cfg.tgt_bos_id, self.cfg.tgt_pad_id]
+    def next_token_scorer(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, cached: bool = True) -> StepFn:
+        """A no-grad ``step(prefix, rows, parents) -> log-probs [N, V]`` for the search functions
+        (:mod:`nebula_mq.models.decoding`); ``cached=False`` re-runs whole prefixes."""
+        from nebula_mq.models.decoding import CachedScorer, PrefixScorer
 
-        def step(prefix: np.ndarray, rows: np.ndarray) -> np.ndarray:
-            idx = paddle.to_tensor(rows)
-            with paddle.no_grad():
-                logits = self.logits(paddle.gather(enc, idx), paddle.gather(mask, idx), paddle.to_tensor(prefix))
-                logp = log_softmax(logits[:, -1]).numpy()  # [N, V]
-            logp[:, never] = -np.inf  # BOS and padding are never generated
-            return logp
-
-        return step
+        return (CachedScorer if cached else PrefixScorer)(self, enc_out_np, enc_mask_np)
 
     def decode(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, beam: int = 4,
                max_len: int = 64, alpha: float = 1.0) -> list[list[int]]:
         """Translate from a received activation; beam=1 is greedy. Outputs exclude BOS/EOS."""
         was_training = self.training
         self.eval()
-        step, c, batch = self.next_token_scorer(enc_out_np, enc_mask_np), self.cfg, len(enc_out_np)
+        step, batch = self.next_token_scorer(enc_out_np, enc_mask_np), len(enc_out_np)
         try:
             if beam == 1:
-                return greedy_search(step, batch, c.tgt_bos_id, c.tgt_eos_id, max_len)
-            return beam_search(step, batch, c.tgt_bos_id, c.tgt_eos_id, max_len, beam, alpha)
+                rows = greedy_search(step, batch, self.bos_id, self.eos_id, max_len)
+            else:
+                rows = beam_search(step, batch, self.bos_id, self.eos_id, max_len, beam, alpha)
         finally:
             self.train(was_training)
+        return self.to_tokenizer(rows)
 
     def trainable_parameters(self) -> list[paddle.Tensor]:
         return _trainable(self)
@@ -199,10 +267,11 @@ class DecoderSide(nn.Layer):
 class ABNet(nn.Layer):
     """Both sides in one process: joint loss (the reference for the split) and translation."""
 
-    def __init__(self, cfg: ABNetConfig, src_keep_ids: np.ndarray | list[int] | None = None) -> None:
+    def __init__(self, cfg: ABNetConfig, src_keep_ids: np.ndarray | list[int] | None = None,
+                 tgt_keep_ids: np.ndarray | list[int] | None = None) -> None:
         super().__init__()
         self.encoder = EncoderSide(cfg, src_keep_ids)
-        self.decoder = DecoderSide(cfg)
+        self.decoder = DecoderSide(cfg, tgt_keep_ids)
 
     def loss(self, src_ids: np.ndarray, src_mask: np.ndarray, tgt_ids: np.ndarray) -> paddle.Tensor:
         return self.decoder.loss(self.encoder(src_ids, src_mask), src_mask, tgt_ids)

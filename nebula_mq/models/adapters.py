@@ -61,5 +61,5 @@ class CrossAttentionAdapter(Adapter):
     def forward(self, h: paddle.Tensor, memory: Memory | None) -> paddle.Tensor:
         if memory is None:
             raise ValueError("CrossAttentionAdapter needs the encoder memory")
-        h = h + self.dropout(self.cross.attend(self.ln(h), memory.states, memory.bias))  # [B, T, H]
+        h = h + self.dropout(self.cross.attend_kv(self.ln(h), *memory.keys_values(self.cross), memory.bias))  # [B, T, H]
         return self.ffn(h)

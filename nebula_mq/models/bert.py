@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
@@ -46,10 +46,46 @@ class BertConfig:
 
 @dataclass(frozen=True)
 class Memory:
-    """What a decoder adapter attends to: the encoder output and its key bias."""
+    """What a decoder adapter attends to: the encoder output and its key bias.
+
+    Each cross-attention projects the memory to keys and values once per Memory
+    (:meth:`keys_values`): once per forward pass in training, once per sentence
+    when decoding token by token.
+    """
 
     states: paddle.Tensor  # [B, S, H_enc]
     bias: paddle.Tensor  # [B, 1, 1, S] additive, 0 for real tokens, NEG_INF for padding
+    _projected: dict[int, tuple[paddle.Tensor, paddle.Tensor]] = field(default_factory=dict, compare=False, repr=False)
+
+    def keys_values(self, attention: MultiHeadAttention) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """``attention``'s keys and values of the memory [B, nh, S, hd], computed on first use."""
+        kv = self._projected.get(id(attention))
+        if kv is None:
+            kv = self._projected[id(attention)] = attention.keys_values(self.states)
+        return kv
+
+
+class LayerPast:
+    """Self-attention keys and values of the positions a decoder has already seen (one layer).
+
+    With a causal mask a new token changes nothing before it, so decoding one token
+    at a time against these is exact, and costs O(t) per token instead of O(t^2)."""
+
+    def __init__(self) -> None:
+        self.k: paddle.Tensor | None = None  # [N, nh, t, hd]
+        self.v: paddle.Tensor | None = None
+
+    def extend(self, k: paddle.Tensor, v: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = paddle.concat([self.k, k], axis=2), paddle.concat([self.v, v], axis=2)
+        return self.k, self.v
+
+    def reorder(self, index: paddle.Tensor) -> None:
+        """Row i now continues row ``index[i]`` (beam search)."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = paddle.gather(self.k, index), paddle.gather(self.v, index)
 
 
 def padding_bias(mask: paddle.Tensor) -> paddle.Tensor:
@@ -81,9 +117,10 @@ class Embeddings(nn.Layer):
         self.token_type = nn.Embedding(cfg.type_vocab, cfg.hidden)
         self.ln = nn.LayerNorm(cfg.hidden, epsilon=cfg.layer_norm_eps)
 
-    def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
+    def forward(self, ids: paddle.Tensor, start: int = 0) -> paddle.Tensor:
+        """ids [B, T] at positions start .. start + T - 1 -> [B, T, H]."""
         t = ids.shape[1]
-        pos = paddle.arange(t, dtype="int64").unsqueeze(0)  # [1, T]
+        pos = paddle.arange(start, start + t, dtype="int64").unsqueeze(0)  # [1, T]
         x = self.word(ids) + self.position(pos) + self.token_type(paddle.zeros_like(ids))  # [B, T, H]
         return self.ln(x)
 
@@ -106,15 +143,23 @@ class MultiHeadAttention(nn.Layer):
         b, t, _ = x.shape
         return x.reshape([b, t, self.heads, self.head_dim]).transpose([0, 2, 1, 3])  # [B, nh, T, hd]
 
-    def attend(self, x: paddle.Tensor, context: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+    def keys_values(self, context: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        """context [B, Tk, H_kv] -> keys and values [B, nh, Tk, hd] (what a decoding cache keeps)."""
+        return self._split(self.key(context)), self._split(self.value(context))
+
+    def attend_kv(self, x: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, bias: paddle.Tensor | None) -> paddle.Tensor:
+        """Queries from x [B, Tq, H] over given keys/values [B, nh, Tk, hd] -> [B, Tq, H]."""
         q = self._split(self.query(x))  # [B, nh, Tq, hd]
-        k = self._split(self.key(context))  # [B, nh, Tk, hd]
-        v = self._split(self.value(context))  # [B, nh, Tk, hd]
-        att = paddle.matmul(q, k, transpose_y=True) / math.sqrt(self.head_dim) + bias  # [B, nh, Tq, Tk]
+        att = paddle.matmul(q, k, transpose_y=True) / math.sqrt(self.head_dim)  # [B, nh, Tq, Tk]
+        if bias is not None:
+            att = att + bias
         att = F.softmax(att, axis=-1)
         y = paddle.matmul(att, v).transpose([0, 2, 1, 3])  # [B, Tq, nh, hd]
         b, t = y.shape[0], y.shape[1]
         return self.output(y.reshape([b, t, self.heads * self.head_dim]))  # [B, Tq, H]
+
+    def attend(self, x: paddle.Tensor, context: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
+        return self.attend_kv(x, *self.keys_values(context), bias)
 
 
 class AttentionSubLayer(MultiHeadAttention):
@@ -124,8 +169,11 @@ class AttentionSubLayer(MultiHeadAttention):
         super().__init__(cfg.hidden, cfg.heads)
         self.ln = nn.LayerNorm(cfg.hidden, epsilon=cfg.layer_norm_eps)
 
-    def forward(self, x: paddle.Tensor, bias: paddle.Tensor) -> paddle.Tensor:
-        return self.ln(x + self.attend(x, x, bias))  # [B, T, H]
+    def forward(self, x: paddle.Tensor, bias: paddle.Tensor | None, past: LayerPast | None = None) -> paddle.Tensor:
+        """[B, T, H] -> [B, T, H]; with ``past``, x holds only the new positions."""
+        if past is None:
+            return self.ln(x + self.attend(x, x, bias))  # type: ignore[arg-type]
+        return self.ln(x + self.attend_kv(x, *past.extend(*self.keys_values(x)), bias))
 
 
 class FeedForwardSubLayer(nn.Layer):
@@ -151,8 +199,9 @@ class BertLayer(nn.Layer):
         self.after_attention = after_attention
         self.after_ffn = after_ffn
 
-    def forward(self, x: paddle.Tensor, bias: paddle.Tensor, memory: Memory | None = None) -> paddle.Tensor:
-        h = self.attention(x, bias)  # [B, T, H]
+    def forward(self, x: paddle.Tensor, bias: paddle.Tensor | None, memory: Memory | None = None,
+                past: LayerPast | None = None) -> paddle.Tensor:
+        h = self.attention(x, bias, past)  # [B, T, H]
         if self.after_attention is not None:
             h = self.after_attention(h, memory)
         h = self.ffn(h)
@@ -171,9 +220,13 @@ class BertEncoder(nn.Layer):
         self.layers = nn.LayerList(layers if layers is not None else [BertLayer(cfg) for _ in range(cfg.layers)])
 
     def forward(self, ids: paddle.Tensor, bias: paddle.Tensor, memory: Memory | None = None) -> paddle.Tensor:
-        x = self.embeddings(ids)  # [B, T, H]
-        for layer in self.layers:
-            x = layer(x, bias, memory)
+        return self.run_layers(self.embeddings(ids), bias, memory)  # [B, T, H]
+
+    def run_layers(self, x: paddle.Tensor, bias: paddle.Tensor | None, memory: Memory | None = None,
+                   start: int = 0, stop: int | None = None, pasts: list[LayerPast] | None = None) -> paddle.Tensor:
+        """Layers ``start .. stop - 1`` on hidden states x [B, T, H] (``pasts``: one per layer run)."""
+        for i, layer in enumerate(self.layers[start:stop]):
+            x = layer(x, bias, memory, None if pasts is None else pasts[i])
         return x
 
 

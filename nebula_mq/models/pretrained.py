@@ -18,6 +18,8 @@ parameter naming of :mod:`nebula_mq.models.bert`. Linear weights are stored
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib.util
 import json
 import struct
@@ -247,8 +249,9 @@ def minilm_dir() -> Path:
     return path
 
 
-def load_minilm(layers: int | None = None) -> PretrainedWeights:
-    """all-MiniLM-L6-v2 (float32 BERT, 30,522 WordPiece vocab), optionally truncated."""
+def load_minilm(layers: int | None = None, keep_ids: np.ndarray | list[int] | None = None) -> PretrainedWeights:
+    """all-MiniLM-L6-v2 (float32 BERT, 30,522 WordPiece vocab), optionally truncated to
+    ``layers`` and vocabulary-pruned to ``keep_ids`` (plus the special tokens)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -286,4 +289,8 @@ def load_minilm(layers: int | None = None) -> PretrainedWeights:
     except (OSError, ValueError, KeyError) as exc:
         raise DataError(f"bad MiniLM config.json next to {path}: {exc}") from None
     special = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}
-    return PretrainedWeights(shape, t, special)
+    if keep_ids is None:
+        return PretrainedWeights(shape, t, special)
+    vocab = prune_vocab(keep_ids, special, shape.vocab)
+    t["embeddings.word"] = np.ascontiguousarray(t["embeddings.word"][vocab.kept_ids])
+    return PretrainedWeights(dataclasses.replace(shape, vocab=len(vocab.kept_ids)), t, special, vocab)

@@ -104,6 +104,8 @@ class RunData:
     bench: Mapping[str, Any]
     # Human-readable notes on files that exist but could not be read.
     problems: tuple[str, ...]
+    # eval.json: the job's evaluation (scores per domain, hypotheses, references); None if absent.
+    evaluation: Mapping[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------- single files
@@ -293,8 +295,10 @@ def load_run(run_dir: str | Path) -> RunData:
         doc = guarded(path, _read_json)
         if doc is not None:
             bench[stem] = doc
+    evaluation = guarded(root / "eval.json", _read_json) if (root / "eval.json").is_file() else None
     return RunData(run_dir=root, workers=workers, study=tuple(study), faults=faults,
-                   bench=bench, problems=tuple(problems))
+                   bench=bench, problems=tuple(problems),
+                   evaluation=evaluation if isinstance(evaluation, Mapping) else None)
 
 
 def _read_json(text: str, source: str) -> Any:

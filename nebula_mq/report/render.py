@@ -11,7 +11,6 @@ marks figures that failed to decode, so a broken image is visible as text.
 
 from __future__ import annotations
 
-import base64
 import html
 import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -19,6 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.report import derive, plots
+from nebula_mq.report.evaluation import evaluation_section
+from nebula_mq.report.html_parts import figure as _figure
+from nebula_mq.report.html_parts import num as _num
+from nebula_mq.report.html_parts import section as _section
+from nebula_mq.report.html_parts import table as _table
 from nebula_mq.report.parse import RunData, load_run
 from nebula_mq.report.style import CSS, SCRIPT
 
@@ -53,41 +57,6 @@ e = html.escape
 
 def _utc(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
-
-
-def _num(v: Any, digits: int = 4) -> str:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return e(str(v))
-    if float(v).is_integer() and abs(v) < 1e15:
-        return f"{int(v):,}"
-    return f"{v:.{digits}g}"
-
-
-def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], numeric: Collection[int] | None = None,
-           row_class: Sequence[str] | None = None) -> str:
-    """Cells are HTML already; ``numeric``: right-aligned column indexes (default: all but the first)."""
-    num = set(range(1, len(columns))) if numeric is None else set(numeric)
-    head = "".join(f'<th class="{"num" if i in num else ""}">{e(c)}</th>' for i, c in enumerate(columns))
-    body = []
-    for n, row in enumerate(rows):
-        cls = f' class="{row_class[n]}"' if row_class and row_class[n] else ""
-        cells = "".join(f'<td class="{"num" if i in num else ""}">{c}</td>' for i, c in enumerate(row))
-        body.append(f"<tr{cls}>{cells}</tr>")
-    if not body:
-        return '<p class="empty">No rows.</p>'
-    return f'<table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
-
-
-def _figure(png: bytes | None, alt: str, caption: str, empty: str) -> str:
-    if png is None:
-        return f'<p class="empty">{e(empty)}</p>'
-    data = base64.b64encode(png).decode("ascii")
-    return (f'<figure><img src="data:image/png;base64,{data}" alt="{e(alt)}">'
-            f"<figcaption>{caption}</figcaption></figure>")
-
-
-def _section(anchor: str, title: str, body: str) -> str:
-    return f'<section id="{anchor}"><h2>{e(title)}</h2>{body}</section>'
 
 
 # --------------------------------------------------------------------------- sections
@@ -299,6 +268,7 @@ def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: fl
             figures.get("training"), "training values per step, per worker",
             "Per-step values from history/*.jsonl; with many steps the faint trace is raw, the solid line an "
             "exponential moving average.", "No history/*.jsonl rows: no training curves.")),
+        ("evaluation", "Evaluation", evaluation_section(run.evaluation, figures.get("training"))),
         ("throughput", "Throughput", _throughput(run, figures)),
         ("link", "Link utilisation", _link(run, figures)),
         ("compression", "Compression", _compression(run, figures)),

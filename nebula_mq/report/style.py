@@ -31,6 +31,8 @@ tr.warn td { background:var(--warnbg); }
 tr.best td { font-weight:600; }
 figure { margin:6px 0 10px; }
 figure img { max-width:100%; height:auto; display:block; }
+.side-by-side { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:16px; align-items:start; }
+@media (max-width: 900px) { .side-by-side { grid-template-columns:1fr; } }
 figcaption { color:var(--muted); font-size:12px; margin-top:2px; }
 .cards { display:grid; grid-template-columns:repeat(auto-fill,minmax(118px,1fr)); gap:10px; margin:6px 0 14px; }
 .card { border:1px solid var(--line); border-radius:6px; padding:8px 10px; background:#fbfdff; }

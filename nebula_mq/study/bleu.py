@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from nebula_mq.errors import DataError
 
@@ -56,12 +56,39 @@ def _metric() -> object:
     return BLEU(lowercase=True)
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     if not references:
-        raise DataError("BLEU of an empty test set")
+        raise DataError("scores of an empty test set")
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    _check(hypotheses, references)
     return float(_metric().corpus_score(list(hypotheses), [list(references)]).score)  # type: ignore[attr-defined]
+
+
+def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """sacrebleu's chrF (character n-gram F-score), case-insensitive like our BLEU."""
+    from sacrebleu.metrics import CHRF
+
+    _check(hypotheses, references)
+    return float(CHRF(lowercase=True).corpus_score(list(hypotheses), [list(references)]).score)
+
+
+def scores_by_domain(hypotheses: Sequence[str], references: Sequence[str],
+                     domains: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{domain: {"bleu", "chrf", "sentences"}}`` for every domain plus ``all``."""
+    if not len(hypotheses) == len(references) == len(domains):
+        raise DataError("hypotheses, references and domains differ in length")
+    groups = {"all": list(range(len(references)))}
+    for name in sorted(set(domains)):
+        groups[name] = [i for i, d in enumerate(domains) if d == name]
+    out: dict[str, dict[str, float]] = {}
+    for name, idx in groups.items():
+        hyp, ref = [hypotheses[i] for i in idx], [references[i] for i in idx]
+        out[name] = {"bleu": corpus_bleu(hyp, ref), "chrf": corpus_chrf(hyp, ref), "sentences": float(len(idx))}
+    return out
 
 
 def bleu_by_domain(hypotheses: Sequence[str], references: Sequence[str],
@@ -74,6 +101,19 @@ def bleu_by_domain(hypotheses: Sequence[str], references: Sequence[str],
         idx = [i for i, d in enumerate(domains) if d == name]
         out[name] = corpus_bleu([hypotheses[i] for i in idx], [references[i] for i in idx])
     return out
+
+
+def evaluation_body(split: str, sample_ids: list[int], hypotheses: list[str], references: list[str],
+                    domains: list[str], beam: int) -> dict[str, Any]:
+    """What ``<run_dir>/eval.json`` holds: BLEU and chrF overall and per domain (``by_domain``),
+    the number of sentences, and every hypothesis beside its reference and domain."""
+    scores = scores_by_domain(hypotheses, references, domains)
+    return {
+        "split": split, "samples": len(sample_ids), "beam": beam,
+        "bleu": scores["all"]["bleu"], "chrf": scores["all"]["chrf"], "by_domain": scores,
+        "bleu_by_domain": {d: v["bleu"] for d, v in scores.items()},
+        "sample_ids": sample_ids, "domains": domains, "hypotheses": hypotheses, "references": references,
+    }
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,16 @@ class StudyConfig:
     eval_max_len: int = 16
     synthetic_len: int = 8
     checkpoint_every: int = 50
+    # Real-data mode (``--real``): what the rows train and evaluate on, and the warm-up.
+    domains: tuple[str, ...] = ()
+    eval_domains: tuple[str, ...] = ()
+    max_source_tokens: int = 0
+    warmup_steps: int = 0
 
     def abnet_section(self, row: StudyRow) -> dict[str, Any]:
-        return {
+        real = {"domains": list(self.domains), "eval_domains": list(self.eval_domains),
+                "max_source_tokens": self.max_source_tokens, "warmup_steps": self.warmup_steps}
+        return {**real,
             "preset": self.preset, "data": self.data, "data_dir": self.data_dir,
             "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
             "batch_size": self.batch_size, "in_flight": row.in_flight or self.in_flight, "lr": self.lr,
@@ -240,8 +247,8 @@ def run_row(row: StudyRow, cfg: StudyConfig, link: Link, run_dir: Path, timeout_
         forward_bytes_per_step=ce["wire"] / cfg.steps, backward_bytes_per_step=cd["wire"] / cfg.steps,
         wall_s=wall, losses=[h["loss"] for h in hist],
     )
-    evaluation = next((run_dir / "eval").glob(f"{side.WORKER_IDS['dec']}-*.json"), None)  # T's scores
-    if evaluation is not None:
+    evaluation = run_dir / "eval.json"  # T's scores
+    if evaluation.exists():
         body: Mapping[str, Any] = json.loads(evaluation.read_text())
         result.bleu = float(body["bleu"])
         result.bleu_by_domain = dict(body["bleu_by_domain"])

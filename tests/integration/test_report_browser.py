@@ -271,3 +271,33 @@ def test_run_dir_written_by_the_runtime_is_read_back_exactly(run_dir: Path) -> N
     raw, wire = dec.metrics.raw_bytes[("activations", "in")], dec.metrics.wire_bytes[("activations", "in")]
     assert raw == STEPS * 16 * 24 * 64 * 4 and 1.9 < raw / wire < 2.0
     assert run.faults[0].kind == "wan_cut" and len(run.study) == 3
+
+
+@needs_chromium
+def test_the_evaluation_shows_scores_per_domain_and_examples_beside_the_loss_curves(
+        run_dir: Path, tmp_path: Path) -> None:
+    from nebula_mq.study.bleu import evaluation_body
+
+    refs = ["Open the file", "Cannot read the disk", "Save changes", "In the beginning God created the heavens"]
+    hyps = ["open the file", "cannot read disk", "save the changes", "in the beginning god made the heaven"]
+    domains = ["gettext", "gettext", "gettext", "bible"]
+    body = evaluation_body("test", [11, 12, 13, 40], hyps, refs, domains, beam=4)
+    (run_dir / "eval.json").write_text(json.dumps(body))
+    out = tmp_path / "report"
+    cli = subprocess.run([sys.executable, "-m", "nebula_mq", "report", str(run_dir), "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    dom = chromium(f"--user-data-dir={tmp_path / 'profile-eval'}", "--virtual-time-budget=10000",
+                   "--dump-dom", (out / "report.html").as_uri()).stdout
+    section = re.search(r'<section id="evaluation">(.*?)</section>', dom, re.S)
+    assert section is not None
+    html = section.group(1)
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+    for domain in ("all", "gettext", "bible"):
+        row = body["by_domain"][domain]
+        assert f"{domain} {int(row['sentences'])} {row['bleu']:.2f} {row['chrf']:.2f}" in text
+    assert "cannot read disk" in text and "In the beginning God created the heavens" in text
+    # The loss curves sit beside the scores, and the figure decoded in the browser.
+    assert re.search(r'<img src="data:image/png;base64,[^"]+" alt="training values per step"[^>]*data-natural=', html)
+    figures = re.search(r'<html[^>]*data-figures="(\d+)/(\d+)"', dom)
+    assert figures is not None and figures.group(1) == figures.group(2) == "6"

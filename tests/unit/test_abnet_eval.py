@@ -51,7 +51,7 @@ def test_trained_pipeline_beam_decodes_eval_split_on_t(tmp_path: Path) -> None:
         settings = dataclasses.replace(base, abnet={**base.abnet, "lr": 3e-3, "eval_samples": 40, "eval_beam": 2,
                                                     "eval_max_len": 12})
         run_pair(settings, MemoryBroker())
-        return json.loads((where / "eval" / "dec-0-test.json").read_text())
+        return json.loads((where / "eval.json").read_text())
 
     trained, untrained = run(200, tmp_path / "trained"), run(1, tmp_path / "untrained")
     assert trained["samples"] == 40  # 3 batches of 16, the last one partial
