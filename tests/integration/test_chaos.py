@@ -57,29 +57,6 @@ def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> Non
     assert [f["kind"] for f in faults] == kinds
 
 
-ELECTRA_JOB = """
-[job]
-id = "{job_id}"
-scenario = "electra"
-seed = 7
-steps = {steps}
-run_dir = "{run_dir}"
-
-[transport]
-prefetch = 8
-
-[electra]
-generator_clusters = ["cluster-a"]
-disc_cluster = "cluster-b"
-n_sub = 2
-max_lead = 2
-checkpoint_every = 5
-heldout = 64
-gloo_base_port = {port}
-
-[electra.model]
-preset = "tiny"
-"""
 
 
 def test_chaos_kills_a_discriminator_rank_with_its_group_and_ends_bit_identical(  # type: ignore[no-untyped-def]
@@ -87,11 +64,11 @@ def test_chaos_kills_a_discriminator_rank_with_its_group_and_ends_bit_identical(
     """A gloo rank restarted alone waits for ever in the rendezvous: chaos kills the
     root and restarts the whole discriminator group with it."""
     from nebula_mq.chaos.schedule import Fault
-    from tests.fixtures.jobs import free_port_range
+    from tests.fixtures.jobs import ELECTRA_JOB, free_port_range
 
     config = tmp_path / "electra.toml"
     config.write_text(ELECTRA_JOB.format(job_id="chaos-electra", steps=25, run_dir=tmp_path / "run",
-                                         port=free_port_range(2)))
+                                         port=free_port_range(2), n_sub=2, gen_cluster="cluster-a"))
     logs: list[str] = []
     report = ChaosRunner(str(config), str(stack.run_dir), [Fault(8, "kill", "disc-root", 0.5)],
                          log=logs.append).run(300)

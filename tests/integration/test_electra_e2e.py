@@ -18,34 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, provision_job_files, start_worker,
-                                 step_of, wait_all)
+from tests.fixtures.jobs import (ELECTRA_JOB, column, final_checkpoint, free_port_range, provision_job_files,
+                                 start_worker, step_of, wait_all)
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
-JOB = """
-[job]
-id = "{job_id}"
-scenario = "electra"
-seed = 7
-steps = {steps}
-run_dir = "{run_dir}"
-
-[transport]
-prefetch = 8
-
-[electra]
-generator_clusters = ["{gen_cluster}"]
-disc_cluster = "cluster-b"
-n_sub = {n_sub}
-max_lead = 2
-checkpoint_every = 5
-heldout = 64
-gloo_base_port = {port}
-
-[electra.model]
-preset = "tiny"
-"""
 
 WORKERS = ("electra-root", "electra-sub", "electra-generator")
 
@@ -54,7 +31,7 @@ WORKERS = ("electra-root", "electra-sub", "electra-generator")
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
               gen_cluster: str = "cluster-a") -> dict[str, Path]:
     """Provision a job on the test stack; one job file per process (worker id -> path)."""
-    text = JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
+    text = ELECTRA_JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
                       port=free_port_range(n_sub), gen_cluster=gen_cluster)
     return provision_job_files(stack, tmp, name, text)
 

@@ -18,6 +18,7 @@ import pytest
 from nebula_mq.cli import main
 from nebula_mq.stack import Stack
 from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
+from nebula_mq.stack.node import port_free
 from tests.fixtures.stack import StackHandle, pick_base_port
 
 pytestmark = pytest.mark.broker
@@ -31,14 +32,7 @@ def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 def _bound(port: int) -> bool:
-    """True while a socket holds ``port`` (TIME_WAIT leftovers of closed connections do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
+    return not port_free(port)
 
 
 def _processes_mentioning(text: str) -> list[str]:
