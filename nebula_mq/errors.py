@@ -202,3 +202,9 @@ class WorkerError(NebulaError):
 
 class CheckpointError(WorkerError):
     reason = "checkpoint"
+
+
+class TrainingDiverged(WorkerError):
+    """Training reached a state it cannot learn from (e.g. a collapsed encoder)."""
+
+    reason = "diverged"

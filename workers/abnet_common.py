@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -77,6 +78,16 @@ class AbnetJob:
     # Adam at 1e-3 can push the encoder adapters to a constant output in a few dozen steps
     # (every token the same vector: the decoder then ignores the source).
     warmup_steps: int = 0
+    # After warm-up: "none" keeps lr; "cosine"/"linear" decay it to lr * min_lr_ratio at
+    # the job's last step. A constant 1e-3 learnt and then diverged in the 60-minute run.
+    lr_decay: Literal["none", "cosine", "linear"] = "none"
+    min_lr_ratio: float = 0.1
+    # Each side clips its adapters' gradients to this global norm before its step (0 = off).
+    # Each side clips its own: the two halves have separate optimizers, as in the paper.
+    grad_clip: float = 1.0
+    # What the encoder does when every token gets the same vector (see docs/QUALITY.md):
+    # "stop" fails the job before it overwrites good checkpoints; "warn" logs and goes on.
+    on_collapse: Literal["stop", "warn"] = "stop"
     checkpoint_every: int = 10
     src_cluster: str = "s"
     tgt_cluster: str = "t"
@@ -94,6 +105,8 @@ class AbnetJob:
             raise ValueError("max_source_tokens >= 0")
         if self.warmup_steps < 0 or self.lr <= 0:
             raise ValueError("warmup_steps >= 0 and lr > 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0 or self.grad_clip < 0:
+            raise ValueError("0 <= min_lr_ratio <= 1 and grad_clip >= 0")
         if self.eval_beam < 1 or self.eval_max_len < 1:
             raise ValueError("eval_beam >= 1 and eval_max_len >= 1")
         if self.src_cluster == self.tgt_cluster:
@@ -104,11 +117,26 @@ class AbnetJob:
         return act, reply
 
 
-def warmup_lr(job: AbnetJob, step: int) -> float:
-    """The learning rate of the update that makes ``step + 1``: linear warm-up, then constant."""
-    if job.warmup_steps <= 0:
+def learning_rate(job: AbnetJob, steps: int, step: int) -> float:
+    """The learning rate of the update that makes ``step + 1`` of ``steps``: linear warm-up,
+    then constant or decaying to ``lr * min_lr_ratio`` at the last step. A function of the
+    step alone, so a resumed worker needs no scheduler state."""
+    if step < job.warmup_steps:
+        return job.lr * (step + 1) / job.warmup_steps
+    if job.lr_decay == "none" or steps <= job.warmup_steps + 1:
         return job.lr
-    return job.lr * min(1.0, (step + 1) / job.warmup_steps)
+    progress = min(1.0, (step - job.warmup_steps) / (steps - job.warmup_steps - 1))
+    shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if job.lr_decay == "cosine" else 1.0 - progress
+    return job.lr * (job.min_lr_ratio + (1.0 - job.min_lr_ratio) * shape)
+
+
+def adapter_optimizer(job: AbnetJob, parameters: list[Any]) -> Any:
+    """One side's optimizer: AdamW without weight decay (adapters start near zero), its
+    gradients clipped to ``grad_clip`` global norm."""
+    import paddle  # here, not at the top: the launcher reads this module (plans) without paddle
+
+    clip = paddle.nn.ClipGradByGlobalNorm(job.grad_clip) if job.grad_clip > 0 else None
+    return paddle.optimizer.AdamW(learning_rate=job.lr, parameters=parameters, weight_decay=0.0, grad_clip=clip)
 
 
 def load_job(settings: Settings) -> AbnetJob:

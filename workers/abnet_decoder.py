@@ -28,8 +28,8 @@ from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, load_job, load_side, model_config, sample_lengths,
-                                  target_keep_ids, warmup_lr)
+from workers.abnet_common import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
+                                  sample_lengths, target_keep_ids)
 from workers.abnet_eval import Evaluation
 from workers.split_common import micro_batch_seed
 from workers.split_tail import SplitTail
@@ -52,8 +52,7 @@ class AbnetDecoderWorker(SplitTail):
         self.cfg = model_config(self.job, settings.job.seed)
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)
         self.model = DecoderSide(self.cfg, target_keep_ids(self.job, self.data))
-        self.optimizer = paddle.optimizer.AdamW(
-            learning_rate=self.job.lr, parameters=self.model.trainable_parameters(), weight_decay=0.0)
+        self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
         # Mirror of the encoder's AQ-SGD cache (created on demand: the sender decides).
         self.delta = DeltaCompression()
         # Per-sample residual of the gradient codec (error feedback), sender-side state.
@@ -64,7 +63,7 @@ class AbnetDecoderWorker(SplitTail):
     # ------------------------------------------------------------------ specialisation
 
     def learning_rate(self, step: int) -> float:
-        return warmup_lr(self.job, step)
+        return learning_rate(self.job, self.settings.job.steps, step)
 
     def extra_state(self) -> dict[str, np.ndarray]:
         arrays: dict[str, np.ndarray] = {}

@@ -29,13 +29,14 @@ import paddle
 from nebula_mq.codecs import LZ4, LowRankState
 from nebula_mq.codecs.base import Codec
 from nebula_mq.codecs.feedback import DeltaCompression, SampleRows
+from nebula_mq.errors import TrainingDiverged
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, eval_producer, load_job, load_side, model_config,
-                                  sample_lengths, warmup_lr)
+from workers.abnet_common import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
+                                  model_config, sample_lengths)
 from workers.split_common import micro_batch_seed
 from workers.split_head import Forward, SplitHead, Tensors
 
@@ -60,8 +61,7 @@ class AbnetEncoderWorker(SplitHead):
                          in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg)
-        self.optimizer = paddle.optimizer.AdamW(
-            learning_rate=self.job.lr, parameters=self.model.trainable_parameters(), weight_decay=0.0)
+        self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
         self.data = load_side(self.job, settings.job.seed, "src", self.cfg.encoder.vocab)
         self._collapse_reported = False
         # AQ-SGD reference per sample; mirrored on T, part of the checkpoint.
@@ -70,7 +70,7 @@ class AbnetEncoderWorker(SplitHead):
     # ------------------------------------------------------------------ specialisation
 
     def learning_rate(self, step: int) -> float:
-        return warmup_lr(self.job, step)
+        return learning_rate(self.job, self.settings.job.steps, step)
 
     def extra_state(self) -> dict[str, np.ndarray]:
         return self.delta.cache.export("encoder/delta") if self.delta is not None else {}
@@ -111,8 +111,12 @@ class AbnetEncoderWorker(SplitHead):
         values["token_spread"] = spread
         if spread < COLLAPSED_SPREAD and not self._collapse_reported:
             self._collapse_reported = True
-            log.error("encoder_collapsed", token_spread=spread,
-                      hint="every token now has the same vector: lower [abnet] lr or raise warmup_steps")
+            hint = "every token now has the same vector: lower [abnet] lr, or raise warmup_steps or grad_clip"
+            log.error("encoder_collapsed", token_spread=spread, step=self.step, hint=hint)
+            if self.job.on_collapse == "stop":
+                # Stop before the next checkpoint overwrites the last good one.
+                raise TrainingDiverged(f"the encoder collapsed at step {self.step} "
+                                       f"(token spread {spread:.2g}): {hint}")
         return values
 
     def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:

@@ -87,10 +87,8 @@ def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) ->
     """With one micro-batch in flight and no compression, splitting the model across
     two workers and a queue changes nothing: same losses as one process training
     the joint model on the same batches."""
-    import paddle
-
     from nebula_mq.models.abnet import ABNet
-    from workers.abnet_common import load_job, load_side, model_config
+    from workers.abnet_common import adapter_optimizer, load_job, load_side, model_config
 
     settings = tiny_settings(tmp_path, steps=8, in_flight=1, forward="none", backward="none")
     run_pair(settings, MemoryBroker())
@@ -99,10 +97,8 @@ def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) ->
     job = load_job(settings)
     cfg = model_config(job, settings.job.seed)
     model = ABNet(cfg)
-    enc_opt = paddle.optimizer.AdamW(learning_rate=job.lr, weight_decay=0.0,
-                                     parameters=model.encoder.trainable_parameters())
-    dec_opt = paddle.optimizer.AdamW(learning_rate=job.lr, weight_decay=0.0,
-                                     parameters=model.decoder.trainable_parameters())
+    enc_opt = adapter_optimizer(job, model.encoder.trainable_parameters())
+    dec_opt = adapter_optimizer(job, model.decoder.trainable_parameters())
     src = load_side(job, settings.job.seed, "src", cfg.encoder.vocab)
     tgt = load_side(job, settings.job.seed, "tgt", cfg.decoder.vocab)
     joint = []
@@ -113,6 +109,55 @@ def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) ->
         enc_opt.step(), dec_opt.step(), enc_opt.clear_grad(), dec_opt.clear_grad()
         joint.append(float(loss))
     np.testing.assert_allclose(pipelined, joint, rtol=1e-5)
+
+
+def test_learning_rate_warms_up_then_decays_to_its_floor() -> None:
+    from workers.abnet_common import AbnetJob, learning_rate
+
+    steps = 100
+    cosine = AbnetJob(lr=1e-3, warmup_steps=10, lr_decay="cosine", min_lr_ratio=0.1)
+    lrs = [learning_rate(cosine, steps, s) for s in range(steps)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a <= b for a, b in zip(lrs[:10], lrs[1:10]))  # warm-up rises
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))  # then decays
+    assert lrs[-1] == pytest.approx(1e-4)
+    assert lrs[55] == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + np.cos(np.pi * 45 / 89)))
+    linear = AbnetJob(lr=1e-3, warmup_steps=10, lr_decay="linear", min_lr_ratio=0.0)
+    assert learning_rate(linear, steps, 99) == 0.0
+    assert learning_rate(linear, steps, 54) == pytest.approx(1e-3 * (1 - 44 / 89))
+    assert learning_rate(AbnetJob(lr=1e-3, warmup_steps=10), steps, 99) == 1e-3  # "none" stays
+    assert learning_rate(AbnetJob(lr=1e-3), steps, 0) == 1e-3  # no warm-up
+    with pytest.raises(ValueError):
+        AbnetJob(min_lr_ratio=1.5).validate()
+
+
+@pytest.mark.parametrize("on_collapse", ["stop", "warn"])
+def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse: str) -> None:
+    """Every token the same vector: "stop" raises a typed error before the next checkpoint
+    can overwrite a good one; "warn" records the spread and goes on."""
+    import dataclasses
+    import types
+
+    import paddle
+
+    from nebula_mq.errors import TrainingDiverged
+    from workers.abnet_encoder import AbnetEncoderWorker
+    from workers.split_head import Forward
+
+    base = tiny_settings(tmp_path, steps=4)
+    settings = dataclasses.replace(base, abnet={**base.abnet, "on_collapse": on_collapse})
+    enc = AbnetEncoderWorker(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+    mask = np.ones((2, 5), dtype=np.float32)
+    reply = types.SimpleNamespace(meta={"loss": 2.5})
+    healthy = Forward(np.arange(2), paddle.randn([2, 5, 8]), {"src_mask": mask})
+    assert enc.step_values(reply, healthy)["token_spread"] > 0.5  # type: ignore[arg-type]
+    collapsed = Forward(np.arange(2), paddle.ones([2, 5, 8]), {"src_mask": mask})
+    if on_collapse == "stop":
+        with pytest.raises(TrainingDiverged, match="collapsed"):
+            enc.step_values(reply, collapsed)  # type: ignore[arg-type]
+    else:
+        values = enc.step_values(reply, collapsed)  # type: ignore[arg-type]
+        assert values["token_spread"] == 0.0 and values["loss"] == 2.5
 
 
 def feedback_settings(run_dir: Path, steps: int) -> Settings:

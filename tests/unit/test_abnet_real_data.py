@@ -117,7 +117,7 @@ def split_settings(real_corpus: Path, run_dir: Path, steps: int) -> Settings:
         codec=CodecSettings(forward="none", backward="none"),
         transport=TransportSettings(publish_patience_s=30.0),
         abnet={"preset": "small", **LAYERS, "data": "corpus", "data_dir": str(real_corpus), "batch_size": 8,
-               "in_flight": 1, "lr": 1e-3, "warmup_steps": 3, "checkpoint_every": 3},
+               "in_flight": 1, "lr": 1e-3, "warmup_steps": 3, "lr_decay": "cosine", "checkpoint_every": 3},
     )
 
 
@@ -138,22 +138,24 @@ def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactor
 def test_split_job_equals_the_joint_model_at_one_in_flight(trained_split_job: Settings) -> None:
     import paddle
 
-    from workers.abnet_common import load_job, load_side, warmup_lr
+    from workers.abnet_common import adapter_optimizer, learning_rate, load_job, load_side
 
     settings = trained_split_job
     job = load_job(settings)
     seed = settings.job.seed
     model = joint_model(job, seed)
     src_side, tgt_side = load_side(job, seed, "src", 250037), load_side(job, seed, "tgt", 30522)
-    opt = paddle.optimizer.AdamW(learning_rate=job.lr, parameters=model.trainable_parameters(), weight_decay=0.0)
+    # One optimizer per side, each clipping its own gradients, as the two workers do.
+    optimizers = [adapter_optimizer(job, half.trainable_parameters()) for half in (model.encoder, model.decoder)]
     expected = []
     for mb in range(settings.job.steps):
         ids, src, mask = src_side.source(mb)
         loss = model.loss(src, mask, tgt_side.targets(ids))
         loss.backward()
-        opt.set_lr(warmup_lr(job, mb))
-        opt.step()
-        opt.clear_grad()
+        for opt in optimizers:
+            opt.set_lr(learning_rate(job, settings.job.steps, mb))
+            opt.step()
+            opt.clear_grad()
         expected.append(float(loss))
     split = history(settings.run_dir, "dec-0", "loss")
     np.testing.assert_allclose(split, expected, rtol=2e-5)
