@@ -14,14 +14,11 @@ carry the same ids and bytes, and the encoder discards them as duplicates.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import paddle
 
-from nebula_mq.codecs.base import Codec
-from nebula_mq.codecs.feedback import DeltaCompression, ErrorFeedback, SampleRows
+from nebula_mq.codecs.flow import Samples
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Inbox, Received
@@ -43,6 +40,7 @@ class AbnetDecoderWorker(SplitTail):
 
     role = "abnet-decoder"
     state_prefix = "decoder"
+    activation_name = "enc_out"
 
     def __init__(self, settings: Settings, transport: Transport | None = None,
                  worker_id: str = "dec-0") -> None:
@@ -53,10 +51,6 @@ class AbnetDecoderWorker(SplitTail):
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)
         self.model = DecoderSide(self.cfg, target_keep_ids(self.job, self.data))
         self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
-        # Mirror of the encoder's AQ-SGD cache (created on demand: the sender decides).
-        self.delta = DeltaCompression()
-        # Per-sample residual of the gradient codec (error feedback), sender-side state.
-        self.feedback = ErrorFeedback() if self.job.backward_feedback == "residual" else None
         self.evaluation = Evaluation(self.job, settings.job.seed, self.cfg.decoder.vocab,
                                      settings.run_dir, worker_id)
 
@@ -65,18 +59,12 @@ class AbnetDecoderWorker(SplitTail):
     def learning_rate(self, step: int) -> float:
         return learning_rate(self.job, self.settings.job.steps, step)
 
-    def extra_state(self) -> dict[str, np.ndarray]:
-        arrays: dict[str, np.ndarray] = {}
-        if len(self.delta.cache):
-            arrays.update(self.delta.cache.export("decoder/delta"))
-        if self.feedback is not None:
-            arrays.update(self.feedback.residual.export("decoder/feedback"))
-        return arrays
+    def error_feedback(self) -> bool:
+        return self.job.backward_feedback == "residual"  # per-sample residual of the gradient codec
 
-    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        self.delta = DeltaCompression(SampleRows.restore(arrays, "decoder/delta"))
-        if self.feedback is not None:
-            self.feedback = ErrorFeedback(SampleRows.restore(arrays, "decoder/feedback"))
+    def samples(self, received: Received) -> Samples:
+        t = received.tensors
+        return Samples(t["sample_ids"], sample_lengths(t["src_mask"]))
 
     def more_to_do(self) -> bool:
         return not self.evaluation.done
@@ -101,17 +89,9 @@ class AbnetDecoderWorker(SplitTail):
     def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
         sample_ids, mask = received.tensors["sample_ids"], received.tensors["src_mask"]
         targets = self.data.targets(sample_ids)
-        enc_out = received.tensors["enc_out"]
-        if received.meta.get("delta"):  # AQ-SGD: the message holds the change (see feedback.py)
-            enc_out = self.delta.reconstruct(sample_ids, sample_lengths(mask), enc_out)
+        enc_out = self.activation(received)  # AQ-SGD: a delta is rebuilt on the mirror
         paddle.seed(micro_batch_seed(self.settings.job.seed, "tgt", mb))
         return self.model.loss_and_grad(enc_out, mask, targets)
-
-    def compensate(self, received: Received, grad: np.ndarray, codec: Codec) -> np.ndarray:
-        if self.feedback is None:
-            return grad
-        t = received.tensors
-        return self.feedback.compensate(t["sample_ids"], sample_lengths(t["src_mask"]), grad, codec)
 
 
 def main(settings: Settings) -> int:

@@ -20,15 +20,11 @@ asynchronous pipeline training); with ``in_flight = 1`` it is exact.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import numpy as np
 import paddle
 
-from nebula_mq.codecs import LZ4, LowRankState
-from nebula_mq.codecs.base import Codec
-from nebula_mq.codecs.feedback import DeltaCompression, SampleRows
+from nebula_mq.codecs import LZ4
+from nebula_mq.codecs.flow import Samples
 from nebula_mq.errors import TrainingDiverged
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Outbox, Received
@@ -38,7 +34,7 @@ from nebula_mq.transport.base import Transport
 from workers.abnet_common import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
                                   model_config, sample_lengths)
 from workers.split_common import micro_batch_seed
-from workers.split_head import Forward, SplitHead, Tensors
+from workers.split_head import Forward, SplitHead
 
 log = get_logger(__name__)
 
@@ -64,20 +60,17 @@ class AbnetEncoderWorker(SplitHead):
         self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
         self.data = load_side(self.job, settings.job.seed, "src", self.cfg.encoder.vocab)
         self._collapse_reported = False
-        # AQ-SGD reference per sample; mirrored on T, part of the checkpoint.
-        self.delta = DeltaCompression() if self.job.forward_feedback == "delta" else None
 
     # ------------------------------------------------------------------ specialisation
 
     def learning_rate(self, step: int) -> float:
         return learning_rate(self.job, self.settings.job.steps, step)
 
-    def extra_state(self) -> dict[str, np.ndarray]:
-        return self.delta.cache.export("encoder/delta") if self.delta is not None else {}
+    def delta_compression(self) -> bool:
+        return self.job.forward_feedback == "delta"  # AQ-SGD reference per sample, mirrored on T
 
-    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        if self.delta is not None:
-            self.delta = DeltaCompression(SampleRows.restore(arrays, "encoder/delta"))
+    def samples(self, fwd: Forward) -> Samples:
+        return Samples(fwd.sample_ids, sample_lengths(fwd.side["src_mask"]))
 
     def _forward(self, mb: int) -> tuple[np.ndarray, np.ndarray, paddle.Tensor]:
         sample_ids, ids, mask = self.data.source(mb)
@@ -87,18 +80,6 @@ class AbnetEncoderWorker(SplitHead):
     def forward(self, mb: int) -> Forward:
         sample_ids, mask, enc_out = self._forward(mb)
         return Forward(sample_ids, enc_out, {"src_mask": mask})
-
-    def message(self, mb: int, fwd: Forward, activation: np.ndarray,
-                codec: Codec) -> tuple[Tensors, dict[str, object], LowRankState | None]:
-        tensors, meta, state = super().message(mb, fwd, activation, codec)
-        if self.delta is not None:
-            # The cache update needs the receiver's exact decode, so no warm-start state
-            # (an rsvd encode would then differ between the local and the sent copy).
-            delta = self.delta.send(fwd.sample_ids, sample_lengths(fwd.side["src_mask"]), activation, codec)
-            tensors[self.activation_name] = (delta, codec)
-            meta["delta"] = True
-            state = None
-        return tensors, meta, state
 
     def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
         """The loss, and how much the encoder's output differs between tokens (the mean over
@@ -137,9 +118,8 @@ class AbnetEncoderWorker(SplitHead):
         n = len(rows)
         size = self.job.batch_size
         batches = -(-n // size)
-        codec = self.schedule.codec_for(self.total)
-        outbox = Outbox(self, self.act_flow, eval_producer(self.worker_id),
-                        allow_non_finite=self.settings.codec.allow_non_finite)
+        codec = self.outgoing.schedule.codec_for(self.total)
+        outbox = Outbox(self, self.act_flow, eval_producer(self.worker_id))
         self.model.eval()
         try:
             for k in range(batches):

@@ -26,8 +26,8 @@ import numpy as np
 import paddle
 
 from nebula_mq import topology
-from nebula_mq.codecs import LZ4, CompressionSchedule, LowRankState
-from nebula_mq.codecs.base import Codec
+from nebula_mq.codecs import CompressionSchedule
+from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import DataError, OutOfWindow, ShapeMismatch
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -40,9 +40,6 @@ from workers.paddle_state import load_state_arrays, state_arrays
 from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
-
-Tensors = dict[str, tuple[np.ndarray, Codec]]
-
 
 def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
     return [p for p in model.parameters() if not p.stop_gradient]
@@ -102,8 +99,12 @@ class SplitHead(StepEnd):
         super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
         self.act_flow, self.reply_flow = flows
         self.in_flight = in_flight
-        self.schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)
-        self.lowrank = LowRankState()  # warm start of rsvd: sender-side state
+        # Schedule, rsvd warm start, AQ-SGD reference, tensor roles: all of the activation
+        # flow's compression state, checkpointed with the head.
+        self.outgoing = FlowCompression(
+            CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step),
+            main=self.activation_name, role="activation", delta=self.delta_compression(),
+            allow_non_finite=settings.codec.allow_non_finite)
         self.dedupe = Deduplicator()
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
         self.total = settings.job.steps
@@ -116,13 +117,17 @@ class SplitHead(StepEnd):
     def forward(self, mb: int) -> Forward:
         """Micro-batch ``mb`` through the model; deterministic in ``mb`` (dropout seeded)."""
 
-    def message(self, mb: int, fwd: Forward, activation: np.ndarray,
-                codec: Codec) -> tuple[Tensors, dict[str, object], LowRankState | None]:
-        """Tensors, meta and codec state of the activation message."""
-        tensors: Tensors = {self.activation_name: (activation, codec)}
-        tensors.update({name: (array, LZ4()) for name, array in fwd.side.items()})
-        tensors["sample_ids"] = (fwd.sample_ids, LZ4())
-        return tensors, {}, self.lowrank
+    def delta_compression(self) -> bool:
+        """Send activations as deltas from each sample's last reconstruction (AQ-SGD)."""
+        return False
+
+    def samples(self, fwd: Forward) -> Samples | None:
+        """Which samples the activation holds, with their lengths (needed by delta compression)."""
+        return None
+
+    def message(self, mb: int, fwd: Forward, activation: np.ndarray) -> dict[str, np.ndarray]:
+        """The arrays of the activation message; the flow's compression encodes them."""
+        return {self.activation_name: activation, **fwd.side, "sample_ids": fwd.sample_ids}
 
     def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
         if tuple(grad.shape) != tuple(activation.shape):
@@ -150,11 +155,13 @@ class SplitHead(StepEnd):
         self.step = ck.step
         self.next_fwd = int(ck.meta["next_fwd"])
         self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        self.outgoing.restore(ck.arrays, self.state_prefix)
         self.restore_extra(ck.arrays, ck.meta)
         log.info("resumed", step=self.step, next_fwd=self.next_fwd)
 
     def checkpoint(self) -> None:
         arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
+        arrays.update(self.outgoing.state_arrays(self.state_prefix))
         arrays.update(self.extra_state())
         self.commit(arrays, {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
         self.write_history()
@@ -166,10 +173,8 @@ class SplitHead(StepEnd):
         self.transport.declare_flow(self.act_flow, "producer")
         reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
         self.restore()
-        allow = self.settings.codec.allow_non_finite
-        outbox = Outbox(self, self.act_flow, self.worker_id, allow_non_finite=allow)
-        inbox = Inbox(self, self.reply_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight,
-                      allow_non_finite=allow)
+        outbox = Outbox(self, self.act_flow, self.worker_id)
+        inbox = Inbox(self, self.reply_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight)
         # A peer may be ahead of our last checkpoint by less than checkpoint_every plus its
         # window; anything further cannot come from an honest peer and is dead-lettered.
         pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
@@ -213,8 +218,8 @@ class SplitHead(StepEnd):
             fwd = self.forward(mb)
         activation = fwd.activation.numpy()
         self.hooks.on_compute(time.perf_counter() - t0)
-        tensors, meta, state = self.message(mb, fwd, activation, self.schedule.codec_for(mb))
-        outbox.send(step=mb, micro_batch=mb, tensors=tensors, meta=meta, reply_to=reply_queue, state=state)
+        encoded, meta = self.outgoing.encode(mb, self.message(mb, fwd, activation), self.samples(fwd))
+        outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=reply_queue)
 
     def apply_gradient(self, inbox: Inbox, received: Received) -> None:
         mb = received.micro_batch

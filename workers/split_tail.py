@@ -25,7 +25,7 @@ import paddle
 
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
-from nebula_mq.codecs.base import Codec
+from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import DataError, MalformedMessage, OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -45,13 +45,21 @@ class SplitTail(StepEnd):
 
     role = "split-tail"
     state_prefix = "tail"  # names this side's arrays in the checkpoint
+    activation_name = "activation"  # tensor name of the activation in the message
 
     def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
                  flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
         super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
         self.act_flow, self.reply_flow = flows
         self.in_flight = in_flight
-        self.schedule = CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step)
+        # The activation flow's receiving end (the AQ-SGD mirror, when the head sends deltas)
+        # and the gradient flow's sending end (schedule, rsvd warm start, error feedback).
+        self.incoming = FlowCompression(CompressionSchedule.parse("none"), main=self.activation_name,
+                                        role="activation", sender=False)
+        self.outgoing = FlowCompression(
+            CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step),
+            main="grad", role="gradient", feedback=self.error_feedback(),
+            allow_non_finite=settings.codec.allow_non_finite)
         self.dedupe = Deduplicator()
         self.total = settings.job.steps
         self.model: paddle.nn.Layer
@@ -64,9 +72,17 @@ class SplitTail(StepEnd):
         """Loss of the received activation, backward into the tail (no optimizer step);
         returns (loss, d loss / d activation)."""
 
-    def compensate(self, received: Received, grad: np.ndarray, codec: Codec) -> np.ndarray:
-        """The gradient as sent (e.g. plus an error-feedback residual)."""
-        return grad
+    def error_feedback(self) -> bool:
+        """Carry each sample's gradient compression error into its next gradient."""
+        return False
+
+    def samples(self, received: Received) -> Samples | None:
+        """Which samples the activation holds, with their lengths (delta, error feedback)."""
+        return None
+
+    def activation(self, received: Received) -> np.ndarray:
+        """The received activation as the head meant it (a delta rebuilt on the mirror)."""
+        return self.incoming.decode(received.tensors, received.meta, self.samples(received))
 
     def handle_other(self, inbox: Inbox, received: Received) -> bool:
         """True when ``received`` is not a training activation and was dealt with here."""
@@ -91,11 +107,15 @@ class SplitTail(StepEnd):
         load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
         self.step = ck.step
         self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
+        self.incoming.restore(ck.arrays, self.state_prefix)
+        self.outgoing.restore(ck.arrays, self.state_prefix)
         self.restore_extra(ck.arrays, ck.meta)
         log.info("resumed", step=self.step)
 
     def checkpoint(self) -> None:
         arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
+        arrays.update(self.incoming.state_arrays(self.state_prefix))
+        arrays.update(self.outgoing.state_arrays(self.state_prefix))
         arrays.update(self.extra_state())
         self.commit(arrays, {"dedupe": self.dedupe.export_state()})
         self.write_history()
@@ -107,10 +127,8 @@ class SplitTail(StepEnd):
         self.transport.declare_flow(self.act_flow, "consumer")
         self.reply_queue = self.transport.declare_flow(self.reply_flow, "producer")
         self.restore()
-        allow = self.settings.codec.allow_non_finite
-        outbox = Outbox(self, self.reply_flow, self.worker_id, allow_non_finite=allow)
-        inbox = Inbox(self, self.act_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight,
-                      allow_non_finite=allow)
+        outbox = Outbox(self, self.reply_flow, self.worker_id)
+        inbox = Inbox(self, self.act_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight)
         pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
         try:
             while (self.step < self.total or self.more_to_do()) and not self.stop_requested.is_set():
@@ -145,11 +163,10 @@ class SplitTail(StepEnd):
         t0 = time.perf_counter()
         loss, grad = self.loss_and_grad(mb, received)
         self.step_optimizer()
-        codec = self.schedule.codec_for(mb)
-        grad = self.compensate(received, grad, codec)
         self.hooks.on_compute(time.perf_counter() - t0)
-        outbox.send(step=mb, micro_batch=mb, tensors={"grad": (grad, codec)},
-                    meta={"loss": loss}, correlation_id=received.message_id)
+        encoded, meta = self.outgoing.encode(mb, {"grad": grad}, self.samples(received))
+        outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
+                    correlation_id=received.message_id)
         self.finish_step(inbox, received, {"loss": loss})
 
 
@@ -167,7 +184,7 @@ class SplitTailWorker(SplitTail):
     def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
         targets = self.spec.targets(received.tensors["sample_ids"])
         parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
-        x = paddle.to_tensor(np.asarray(received.tensors["activation"], dtype=np.float32), stop_gradient=False)
+        x = paddle.to_tensor(np.asarray(self.activation(received), dtype=np.float32), stop_gradient=False)
         paddle.seed(micro_batch_seed(self.settings.job.seed, "tail", mb))
         loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
         if not isinstance(loss, paddle.Tensor) or loss.size != 1:

@@ -122,7 +122,8 @@ class DeltaCompression:
         return x_hat
 
     def send(self, ids: np.ndarray, lengths: np.ndarray, x: np.ndarray, codec: Codec) -> np.ndarray:
-        """Sender in one call: returns the delta to publish with ``codec`` and updates the cache."""
+        """Sender in one call: returns the delta to publish with ``codec`` and updates the cache.
+        (A worker encodes once instead: ``nebula_mq.codecs.flow.FlowCompression``.)"""
         d = self.delta(ids, lengths, x)
         self.reconstruct(ids, lengths, roundtrip(d, codec))
         return d
@@ -134,9 +135,18 @@ class ErrorFeedback:
     def __init__(self, residual: SampleRows | None = None) -> None:
         self.residual = residual if residual is not None else SampleRows()
 
-    def compensate(self, ids: np.ndarray, lengths: np.ndarray, g: np.ndarray, codec: Codec) -> np.ndarray:
-        """The gradient to send (``g`` plus the sample's residual); stores the new residual."""
+    def with_residual(self, ids: np.ndarray, lengths: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """What to encode for the gradient ``g`` [B, T, H]: ``g`` plus each sample's residual."""
         _check(ids, lengths, g)
-        g_comp = g.astype(np.float32, copy=False) + self.residual.gather(ids, lengths, g.shape[1], g.shape[2])
-        self.residual.scatter(ids, lengths, g_comp - roundtrip(g_comp, codec))
+        return g.astype(np.float32, copy=False) + self.residual.gather(ids, lengths, g.shape[1], g.shape[2])
+
+    def keep_residual(self, ids: np.ndarray, lengths: np.ndarray, g_comp: np.ndarray, sent: np.ndarray) -> None:
+        """After encoding ``g_comp``: remember what the codec dropped (``sent`` is its decode)."""
+        self.residual.scatter(ids, lengths, g_comp - sent)
+
+    def compensate(self, ids: np.ndarray, lengths: np.ndarray, g: np.ndarray, codec: Codec) -> np.ndarray:
+        """Sender in one call: the gradient to send; stores the new residual. (A worker encodes
+        once instead: ``nebula_mq.codecs.flow.FlowCompression``.)"""
+        g_comp = self.with_residual(ids, lengths, g)
+        self.keep_residual(ids, lengths, g_comp, roundtrip(g_comp, codec))
         return g_comp

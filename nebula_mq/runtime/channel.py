@@ -17,6 +17,7 @@ sends a message with the same id, which the receiver discards.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,14 @@ import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.codecs import Codec
+from nebula_mq.codecs.flow import EncodedTensors
 from nebula_mq.errors import NebulaError, NonFiniteTensor, UnknownJob, WireError
 from nebula_mq.runtime.hooks import MessageEvent
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.transport.base import Delivery
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors, unpack_tensors
+from nebula_mq.wire.envelope import TensorRecord
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
@@ -64,36 +67,34 @@ def _event(env: Envelope, raw: int, wire: int, redelivered: bool = False) -> Mes
 class Outbox:
     """Publishes envelopes of one flow from one producer."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, producer_id: str,
-                 *, allow_non_finite: bool = False) -> None:
+    def __init__(self, worker: Worker, flow: topology.Flow, producer_id: str) -> None:
         self.worker = worker
         self.flow = flow
         self.producer_id = producer_id
-        self.allow_non_finite = allow_non_finite
+        self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.queue = worker.transport.queue_for(flow)
         self.publisher = worker.transport.publisher()
 
-    def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]],
-             meta: Mapping[str, Any] | None = None, reply_to: str | None = None,
-             correlation_id: str | None = None, state: Any = None, queue: str | None = None) -> str:
+    def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]] | None = None,
+             encoded: EncodedTensors | None = None, meta: Mapping[str, Any] | None = None,
+             reply_to: str | None = None, correlation_id: str | None = None) -> str:
         """Encode, publish and wait for the broker's confirm; returns the message id.
 
-        ``state`` is the sender-owned codec state (rsvd warm start), given to
-        every tensor's codec. ``queue`` overrides the flow's queue (replies).
+        ``tensors`` are encoded here, each with its codec; ``encoded`` were encoded by
+        the flow's :class:`nebula_mq.codecs.flow.FlowCompression` (once, with its state).
         """
-        codecs = {name: codec for name, (_, codec) in tensors.items()}
-        records = pack_tensors({n: a for n, (a, _) in tensors.items()}, codecs,
-                               states={n: state for n in tensors} if state is not None else None,
-                               allow_non_finite=self.allow_non_finite)
+        records = list(pack_tensors({n: a for n, (a, _) in (tensors or {}).items()},
+                                    {n: c for n, (_, c) in (tensors or {}).items()},
+                                    allow_non_finite=self.allow_non_finite))
+        records += [TensorRecord(name, enc.shape, enc.dtype, spec, enc) for name, (spec, enc) in (encoded or {}).items()]
         env = Envelope(self.worker.settings.job.id, self.flow.name, step, micro_batch, micro_batch,
-                       self.producer_id, records, dict(meta or {}))
+                       self.producer_id, tuple(records), dict(meta or {}))
         auth = self.worker.auth
         body = encode_envelope(env, signer=auth.signer())
         if self.worker.settings.security.encrypt_payloads:
             body = auth.seal(body)
-        self.publisher.publish(queue or self.queue, body, env.message_id,
-                               correlation_id=correlation_id, reply_to=reply_to)
-        raw = sum(int(np.asarray(a).nbytes) for a, _ in tensors.values())
+        self.publisher.publish(self.queue, body, env.message_id, correlation_id=correlation_id, reply_to=reply_to)
+        raw = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in records)
         self.worker.hooks.on_published(_event(env, raw, len(body)))
         return env.message_id
 
@@ -104,8 +105,7 @@ class Outbox:
 class Inbox:
     """Trusted, deduplicated messages of one flow; see the module docstring."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator,
-                 *, held: int = 0, allow_non_finite: bool = False) -> None:
+    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator, *, held: int = 0) -> None:
         """``held``: deliveries the role keeps unacked on purpose (applied but not yet
         checkpointed, or waiting for their turn). The prefetch must exceed it, or the
         broker stops delivering while the role waits for the message that would let
@@ -113,7 +113,7 @@ class Inbox:
         self.worker = worker
         self.flow = flow
         self.dedupe = dedupe
-        self.allow_non_finite = allow_non_finite
+        self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.max_bytes = worker.settings.transport.max_message_bytes
         prefetch = worker.settings.transport.prefetch + held
         self.consumer = worker.transport.consume(worker.transport.queue_for(flow), prefetch)

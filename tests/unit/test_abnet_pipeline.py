@@ -83,6 +83,25 @@ def test_runs_are_bit_identical_and_resume_continues_exactly(tmp_path: Path) -> 
         assert dc.step == 12 and dc.digest == da.digest
 
 
+def test_a_resumed_rsvd_chain_ends_bit_identical(tmp_path: Path) -> None:
+    """The rsvd warm-start basis is part of the head's checkpoint: stopped and resumed,
+    the randomized low-rank chain encodes what an uninterrupted run encodes."""
+    a = tiny_settings(tmp_path / "a", steps=12, forward="fp16(rsvd(0.6))")
+    run_pair(a, MemoryBroker())
+    c = tiny_settings(tmp_path / "c", steps=12, forward="fp16(rsvd(0.6))")
+    broker = MemoryBroker()
+    enc, dec = run_pair(c, broker, stop_at=6)
+    assert enc.step == dec.step == 6
+    resumed = CheckpointStore(tmp_path / "c" / "checkpoints" / "enc-0").latest()
+    assert resumed is not None and "encoder/lowrank/enc_out" in resumed.arrays
+    run_pair(c, broker)
+    for worker in ("enc-0", "dec-0"):
+        dc = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
+        da = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
+        assert dc is not None and da is not None
+        assert dc.step == 12 and dc.digest == da.digest, worker
+
+
 def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) -> None:
     """With one micro-batch in flight and no compression, splitting the model across
     two workers and a queue changes nothing: same losses as one process training
@@ -206,7 +225,7 @@ def test_delta_compression_tracks_the_activation(tmp_path: Path) -> None:
     enc, dec = run_pair(settings, MemoryBroker())
     # Recompute the activations of the last epoch's batches with the final encoder,
     # as the messages of a next epoch would carry them.
-    mirror = dec.delta.cache  # type: ignore[attr-defined]
+    mirror = dec.incoming.mirror.cache  # type: ignore[attr-defined]
     assert isinstance(mirror, SampleRows)
     errs, plain = [], []
     for mb in range(15, 18):

@@ -12,7 +12,7 @@ from nebula_mq import topology
 from nebula_mq.codecs import FP16, Identity
 from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.worker import Worker
-from nebula_mq.settings import JobSettings, SecuritySettings, Settings, TransportSettings
+from nebula_mq.settings import CodecSettings, JobSettings, SecuritySettings, Settings, TransportSettings
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -28,8 +28,10 @@ class Bare(Worker):
         return 0
 
 
-def make(tmp: Path, broker: MemoryBroker, cluster: str, wid: str, encrypt: bool = False) -> Bare:
+def make(tmp: Path, broker: MemoryBroker, cluster: str, wid: str, encrypt: bool = False,
+         allow_non_finite: bool = False) -> Bare:
     settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp)),
+                        codec=CodecSettings(allow_non_finite=allow_non_finite),
                         transport=TransportSettings(publish_patience_s=5.0),
                         security=SecuritySettings(encrypt_payloads=encrypt))
     return Bare(settings, cluster, wid, MemoryTransport(broker, settings.transport, "chan", cluster))
@@ -128,6 +130,30 @@ def test_sealed_payloads_round_trip_and_hide_tensors(tmp_path: Path) -> None:
 def broker_bodies(broker: MemoryBroker, queue: str) -> list[bytes]:
     q = broker.queues[queue]  # peek without consuming
     return [m.body for m in q.ready]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_every_channel_follows_the_jobs_allow_non_finite(tmp_path: Path, allow: bool) -> None:
+    """``[codec] allow_non_finite`` reaches every Outbox and Inbox from the job's settings (Scenario
+    I's channels ignored it): NaN is refused at the sender unless the job allows it, then delivered."""
+    from nebula_mq.errors import NonFiniteTensor
+
+    broker = MemoryBroker()
+    sender = make(tmp_path, broker, "s", "enc-0", allow_non_finite=allow)
+    receiver = make(tmp_path, broker, "t", "dec-0", allow_non_finite=allow)
+    sender.transport.declare_flow(FLOW, "producer")
+    receiver.transport.declare_flow(FLOW, "consumer")
+    receiver.transport.declare_dead_letter_queue()
+    outbox, inbox = Outbox(sender, FLOW, "enc-0"), Inbox(receiver, FLOW, Deduplicator())
+    nan = np.array([np.nan, 1.0], np.float32)
+    if not allow:
+        with pytest.raises(NonFiniteTensor):
+            outbox.send(step=0, micro_batch=0, tensors={"x": (nan, Identity())})
+        return
+    outbox.send(step=0, micro_batch=0, tensors={"x": (nan, Identity())})
+    got = inbox.get(timeout=5.0)
+    assert got is not None and np.isnan(got.tensors["x"][0]) and got.tensors["x"][1] == 1.0
+    assert dead_letters(receiver) == []
 
 
 def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
