@@ -22,7 +22,6 @@ from nebula_mq import config, topology
 from nebula_mq.errors import DataError
 from nebula_mq.settings import Settings
 
-ACTIVATIONS_FLOW = "activations"
 EVAL_KIND = "eval"  # meta "kind" of evaluation activations (no gradient comes back)
 
 

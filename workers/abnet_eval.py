@@ -12,7 +12,6 @@ and over all, the number of sentences, and every hypothesis beside its reference
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from nebula_mq.errors import DataError, MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.study.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, evaluation_body
+from nebula_mq.atomic import write_json_atomic
 from workers.abnet_common import AbnetJob, load_side
 
 log = get_logger(__name__)
@@ -41,10 +41,7 @@ def references(job: AbnetJob, seed: int, vocab: int, split: str) -> tuple[list[s
 
 
 def _write_json(path: Path, body: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(body))
-    os.replace(tmp, path)
+    write_json_atomic(path, body)
 
 
 class Evaluation:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import numpy as np
 from nebula_mq import config
 from nebula_mq.errors import ConfigError, DataError
 from nebula_mq.settings import Settings
+from nebula_mq.atomic import write_json_atomic
 
 MAX_AUTO_N = 8
 
@@ -185,9 +185,6 @@ def resolve_n_sub(settings: Settings, job: ElectraJob, max_n: int = MAX_AUTO_N, 
             if i:  # the first step pays for lazy initialisation
                 t_g, t_d = t_g + t1 - t0, t_d + t2 - t1
     n = choose_n(t_g / repeats, t_d / repeats, max_n)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"n_sub": n, "gen_s_per_micro_batch": t_g / repeats,
-                               "disc_s_per_micro_batch": t_d / repeats}))
-    os.replace(tmp, path)
+    write_json_atomic(path, {"n_sub": n, "gen_s_per_micro_batch": t_g / repeats,
+                             "disc_s_per_micro_batch": t_d / repeats})
     return n

@@ -122,7 +122,7 @@ class ElectraRootWorker(DiscriminatorRank):
     def after_step(self, metrics: dict[str, float]) -> None:
         for outbox in self.sync_out:
             outbox.send(step=self.step, micro_batch=self.step - 1,
-                        tensors={"step": (np.array([self.step], np.int64), LZ4())}, meta=metrics)
+                        tensors={}, meta=metrics)  # the token is its step (envelope) and the metrics
 
 
 def main(settings: Settings, worker_index: int = 0) -> int:

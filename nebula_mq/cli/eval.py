@@ -11,12 +11,11 @@ its reference to ``<run_dir>/eval-<src name>.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import DataError
+from nebula_mq.atomic import write_json_atomic
 
 EPILOG = """example:
   nebula-mq eval config/abnet-corpus.toml --src news.es --ref news.en --out news.hyp
@@ -84,9 +83,7 @@ def _eval(args: argparse.Namespace) -> int:
     body = evaluation_body(name, list(range(len(hyps))), hyps, references, ["all"] * len(hyps), beam=args.beam)
     body["sources"] = sources
     scores_path = settings.run_dir / f"eval-{name}.json"
-    tmp = scores_path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(body, ensure_ascii=False))
-    os.replace(tmp, scores_path)
+    write_json_atomic(scores_path, body, ensure_ascii=False)
     print(f"BLEU {body['bleu']:.2f}  chrF {body['chrf']:.2f}  ({len(hyps)} sentences, case-insensitive)")
     print(f"hypotheses: {out}\nscores: {scores_path}")
     return 0

@@ -9,7 +9,6 @@ longest row after truncation). Tokenizers are anything with the
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ import numpy as np
 
 from nebula_mq.errors import DataError
 from nebula_mq.npyio import load_npz
+from nebula_mq.atomic import atomic_writer
 
 _PAD_TOKENS = ("<pad>", "[PAD]")
 
@@ -74,19 +74,17 @@ def tokenize_pairs(
                         + ("" if domains is None else f", {len(domains)} domains"))
     src_ids, src_mask = pad_and_truncate(encode_texts(src_tokenizer, src), max_len_src, pad_id_of(src_tokenizer))
     tgt_ids, tgt_mask = pad_and_truncate(encode_texts(tgt_tokenizer, tgt), max_len_tgt, pad_id_of(tgt_tokenizer))
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp.npz")
     # Compressed: rows are padded to the longest one, and padding compresses to nothing.
-    np.savez_compressed(
-        tmp,
-        index=np.arange(len(src), dtype=np.int64),
-        src_ids=src_ids,
-        src_mask=src_mask,
-        tgt_ids=tgt_ids,
-        tgt_mask=tgt_mask,
-        **({} if domains is None else {"domain": np.array(list(domains), dtype=np.str_)}),
-    )
-    os.replace(tmp, out_path)
+    with atomic_writer(out_path) as fh:
+        np.savez_compressed(
+            fh,
+            index=np.arange(len(src), dtype=np.int64),
+            src_ids=src_ids,
+            src_mask=src_mask,
+            tgt_ids=tgt_ids,
+            tgt_mask=tgt_mask,
+            **({} if domains is None else {"domain": np.array(list(domains), dtype=np.str_)}),
+        )
     return len(src)
 
 

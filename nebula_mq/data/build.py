@@ -26,6 +26,7 @@ from nebula_mq.data.multilingual import collect_texts, write_multilingual
 from nebula_mq.data.parallel import ParallelPair, bible_pairs, gettext_pairs, write_parallel
 from nebula_mq.data.splits import SPLITS, SplitFractions
 from nebula_mq.errors import DataError
+from nebula_mq.atomic import write_atomic
 
 log = structlog.get_logger(__name__)
 
@@ -216,6 +217,4 @@ def read_manifest(out: Path) -> dict[str, Any] | None:
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
-    tmp = out / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out / MANIFEST)
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

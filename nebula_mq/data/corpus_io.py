@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import structlog
 
 from nebula_mq.errors import DataError
+from nebula_mq.atomic import atomic_writer
 
 log = structlog.get_logger(__name__)
 
@@ -37,17 +37,14 @@ def sha256_file(path: Path) -> str:
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]], *, root: Path) -> FileRecord:
     """Write rows atomically (temp file + rename); the digest covers the exact bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     digest = hashlib.sha256()
     count = 0
-    with tmp.open("wb") as fh:
+    with atomic_writer(path) as fh:
         for row in rows:
             line = (json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
             digest.update(line)
             fh.write(line)
             count += 1
-    os.replace(tmp, path)
     return FileRecord(str(path.relative_to(root)), digest.hexdigest(), count)
 
 

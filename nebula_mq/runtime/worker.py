@@ -36,6 +36,7 @@ from nebula_mq.security.auth import MessageAuth
 from nebula_mq.security.keys import ensure_job_key, job_key_file
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Delivery, Transport
+from nebula_mq.atomic import write_json_atomic
 
 log = get_logger(__name__)
 
@@ -168,15 +169,12 @@ class Worker(ABC):
 
     def write_status(self, state: str, **extra: Any) -> None:
         path = status_dir(self.settings) / f"{self.worker_id}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
         body = {
             "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
             "job": self.settings.job.id, "pid": os.getpid(), "state": state,
             "step": self.step, "updated": time.time(), "values": self.values, **extra,
         }
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(body, sort_keys=True))
-        os.replace(tmp, path)
+        write_json_atomic(path, body, sort_keys=True)
 
     def write_history(self) -> Path:
         """Per-step values (loss curves) for reports, as JSON lines."""

@@ -27,7 +27,6 @@ import ipaddress
 import json
 import os
 import re
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nebula_mq.errors import CertificateError
+from nebula_mq.atomic import write_atomic
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
@@ -75,24 +75,12 @@ def _now() -> dt.datetime:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` with mode 0600 from the first byte on, then rename into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``data`` with mode 0600 from the first byte on, durably, then rename into place."""
+    write_atomic(path, data, mode=0o600, fsync=True)
 
 
 def _write_public(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_atomic(path, data, mode=0o644)
 
 
 def _new_key() -> ec.EllipticCurvePrivateKey:

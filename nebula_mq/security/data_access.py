@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from nebula_mq.errors import DataAccessDenied, SecurityError
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.certs import write_private
+from nebula_mq.atomic import write_json_atomic
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
@@ -107,10 +108,7 @@ class DataOwner:
             raise SecurityError(f"{self.key_file}: not an Ed25519 key")
         payload = _payload(self.owner, grants)
         doc = {"payload": json.loads(payload), "signature": key.sign(payload).hex()}
-        self.grants_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.grants_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, self.grants_file)
+        write_json_atomic(self.grants_file, doc, indent=1)
 
 
 def load_grants(root: str | os.PathLike[str], owner: str) -> list[Grant]:

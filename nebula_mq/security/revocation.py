@@ -119,6 +119,3 @@ def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str, serial: in
     write_crl(ca, out)
     return serial
 
-
-def is_revoked(ca: ClusterCA, cert: x509.Certificate) -> bool:
-    return cert.serial_number in revoked_serials(ca)

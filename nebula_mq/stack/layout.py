@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nebula_mq.errors import StackError
+from nebula_mq.atomic import write_json_atomic
 
 DEFAULT_CLUSTERS = ("cluster-a", "cluster-b")
 DEFAULT_BASE_PORT = 5681
@@ -113,12 +114,9 @@ class StackLayout:
                          f"{', '.join(self.clusters)}{did_you_mean(cluster, self.clusters)}")
 
     def save(self) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
         data = {"run_dir": self.run_dir, "base_port": self.base_port, "prefix": self.prefix,
                 "nodes": [asdict(n) for n in self.nodes]}
-        tmp = self.path / ".stack.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, self.path / "stack.json")
+        write_json_atomic(self.path / "stack.json", data, indent=2)
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike[str]) -> StackLayout | None:

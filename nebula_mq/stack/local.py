@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
@@ -34,8 +33,6 @@ from nebula_mq.stack.layout import (
 )
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -272,17 +269,6 @@ class Stack:
 
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}
-
-    def wait_until(self, predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2) -> T:
-        """Poll ``predicate()`` until truthy; returns its value or raises :class:`StackError`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise StackError(f"condition not met within {timeout}s")
-            time.sleep(interval)
 
 
 def _each_node(action: Callable[[NodeLayout], object], ns: Sequence[NodeLayout]) -> list[str]:

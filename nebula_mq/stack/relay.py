@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from nebula_mq.atomic import write_json_atomic
 
 CHUNK = 256 * 1024
 POLL_S = 0.05
@@ -146,9 +147,7 @@ class Relay:
                 "target": f"{self.target_host}:{self.target_port}", "shape": asdict(self.shape),
                 "connections": len(self._conns), "counters": asdict(self.counters),
                 "time": time.time()}
-        tmp = self.status_file.with_name(f".{self.status_file.name}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.status_file)
+        write_json_atomic(self.status_file, data)
 
     async def control_loop(self) -> None:
         last = 0.0

@@ -22,6 +22,7 @@ from typing import Any
 from nebula_mq.errors import StackError
 from nebula_mq.stack.layout import NodeLayout, StackLayout
 from nebula_mq.stack.relay import Shape
+from nebula_mq.atomic import write_json_atomic
 
 APPLY_TIMEOUT_S = 5.0
 
@@ -58,10 +59,7 @@ class Link:
         if shape.rate_mbit < 0 or shape.delay_ms < 0:
             raise StackError(f"{self.name}: rate and delay must be >= 0, got {shape}")
         shape = replace(shape, generation=shape.generation + 1)
-        self.control_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.control_file.with_name(f".{self.control_file.name}.tmp")
-        tmp.write_text(json.dumps(asdict(shape)))
-        os.replace(tmp, self.control_file)
+        write_json_atomic(self.control_file, asdict(shape))
         if wait and self.pid() is not None:
             deadline = time.monotonic() + APPLY_TIMEOUT_S
             while time.monotonic() < deadline:

@@ -32,12 +32,6 @@ def federated_copy_arguments() -> dict[str, Any]:
     return dict(_CLASSIC)
 
 
-def federated_downstream_arguments() -> dict[str, Any]:
-    """The receiving side's copy of a cross-cluster flow. Never capped: a nack
-    here makes the federation link resend in a hot loop over the WAN."""
-    return dict(_CLASSIC)
-
-
 def dead_letter_arguments() -> dict[str, Any]:
     """Uncapped: a condemned message must never be refused."""
     return dict(_CLASSIC)
