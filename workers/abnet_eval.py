@@ -21,7 +21,7 @@ from nebula_mq.data.corpus_io import read_jsonl
 from nebula_mq.errors import DataError, MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.study.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, evaluation_body
+from nebula_mq.evaluation.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, evaluation_body
 from nebula_mq.atomic import write_json_atomic
 from workers.abnet_common import AbnetJob, load_side
 

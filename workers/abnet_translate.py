@@ -20,10 +20,10 @@ from nebula_mq.codecs.feedback import roundtrip
 from nebula_mq.data.batches import encode_texts, pad_and_truncate
 from nebula_mq.errors import DataError
 from nebula_mq.models.abnet import DecoderSide, EncoderSide
-from nebula_mq.models.tokenizers import load_xlmr_tokenizer
+from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.settings import Settings
-from nebula_mq.study.bleu import WordPieceDetokenizer
+from nebula_mq.evaluation.bleu import WordPieceDetokenizer
 from workers.abnet_common import load_job, load_side, model_config, target_keep_ids
 from workers.paddle_state import load_params
 

@@ -95,7 +95,7 @@ def corpus_texts(task: str, group: str, data_dir: Path, limit: int) -> list[Any]
 
 
 def tokenize_corpus(examples: list[Any]) -> list[Any]:
-    from nebula_mq.models.tokenizers import load_xlmr_tokenizer
+    from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 
     tok = load_xlmr_tokenizer()
     if examples and isinstance(examples[0], tuple):

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.errors import ConfigError, NebulaError
 from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.settings import Settings
-from workers.electra_common import ElectraJob, disc_rank_id, generator_id, load_job
+from workers.electra_common import ElectraJob, disc_rank_id, generator_id
+from workers.electra_job import load_job
+from workers.processes import Plan, Process
 
 
 def generator_slots(job: ElectraJob) -> tuple[int | None, ...]:
@@ -62,10 +63,8 @@ def flow_named(all_flows: Sequence[topology.Flow], name: str) -> topology.Flow:
     return next(f for f in all_flows if f.name == name)
 
 
-def plan(settings: Settings) -> Any:
-    """The job's processes (``workers.plans.Plan``): root, subs 1..n-1, generator process(es)."""
-    from workers.plans import Plan, Process
-
+def plan(settings: Settings) -> Plan:
+    """The job's processes: root, subs 1..n-1, generator process(es)."""
     job = load_job(settings)
     subs = tuple(topology.sub_discriminator_flow(r) for r in range(1, job.n))
     # Each process may touch exactly its flows (least-privilege broker permissions).

@@ -30,22 +30,23 @@ from nebula_mq.models.electra_trainers import GeneratorTrainer
 from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq import topology
 from nebula_mq.errors import WorkerError
-from workers.electra_common import PADDLE_TURN, generator_id, generator_worker_id, load_job
+from workers.electra_common import PADDLE_TURN, generator_id, generator_worker_id
+from workers.electra_job import load_job
 from workers.electra_data import load_streams
 from workers.electra_flows import flow_named, flows
+from workers.base import RoleWorker
 
 log = get_logger(__name__)
 
 ROLE = "electra-generator"
 
 
-class ElectraGeneratorWorker(Worker):
+class ElectraGeneratorWorker(RoleWorker):
     role = ROLE
 
     def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:

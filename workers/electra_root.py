@@ -140,7 +140,8 @@ def evaluate(settings: Settings) -> dict[str, float]:
     from nebula_mq.errors import CheckpointError
     from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
     from nebula_mq.runtime.checkpoint import CheckpointStore
-    from workers.electra_common import PADDLE_TURN, generator_worker_id, load_job
+    from workers.electra_common import PADDLE_TURN, generator_worker_id
+    from workers.electra_job import load_job
     from workers.electra_data import load_streams
 
     job = load_job(settings)

@@ -39,13 +39,14 @@ from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
-from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.electra_common import PADDLE_TURN, disc_rank_id, load_job
+from workers.electra_common import PADDLE_TURN, disc_rank_id
+from workers.electra_job import load_job
 from workers.electra_data import load_data, pretrained_discriminator
 from workers.electra_flows import InboxGroup, flow_named, flows
+from workers.base import RoleWorker
 
 log = get_logger(__name__)
 
@@ -60,7 +61,7 @@ def concat_shares(shares: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-class DiscriminatorRank(Worker):
+class DiscriminatorRank(RoleWorker):
     """The rank loop; subclasses say where a step's shares come from."""
 
     def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:

@@ -32,12 +32,12 @@ from nebula_mq.errors import DataError, OutOfWindow, ShapeMismatch
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
-from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
 from workers.paddle_state import load_state_arrays, state_arrays
 from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
+from workers.base import RoleWorker
 
 log = get_logger(__name__)
 
@@ -55,7 +55,7 @@ class Forward:
     side: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
-class StepEnd(Worker):
+class StepEnd(RoleWorker):
     """What ends every applied micro-batch, on either side of the split."""
 
     total: int

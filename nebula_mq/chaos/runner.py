@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.chaos.schedule import Fault
-from nebula_mq.cli._launcher import JobProcesses
+from nebula_mq.launch import JobProcesses
 from nebula_mq.runtime.checkpoint import CheckpointStore
 
 COUNTERS = ("nebula_redeliveries_total", "nebula_duplicates_total", "nebula_dead_letters_total")
@@ -67,7 +67,7 @@ def _instance(config: str, stack_dir: str, suffix: str) -> JobProcesses:
 
 
 def _counters(job: JobProcesses, worker: str) -> dict[str, float]:
-    from nebula_mq.cli.status import read_metrics
+    from nebula_mq.runtime.metrics import read_metrics
 
     m = read_metrics(job.run_dir / "metrics" / f"{worker}.prom")
     return {k: m.get(k, 0.0) for k in COUNTERS}

@@ -19,7 +19,7 @@ def register(sub: Any) -> None:
 
 def _chaos(args: argparse.Namespace) -> int:
     from nebula_mq.chaos import ChaosRunner, default_schedule, format_report
-    from nebula_mq.cli._launcher import JobProcesses
+    from nebula_mq.launch import JobProcesses
     from nebula_mq.runtime.logs import configure_logging
 
     configure_logging("warning")

@@ -69,7 +69,7 @@ def _eval(args: argparse.Namespace) -> int:
     if len(sources) != len(references):
         raise DataError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}: "
                         "one reference per source sentence")
-    from nebula_mq.study.bleu import evaluation_body
+    from nebula_mq.evaluation.bleu import evaluation_body
     from workers.abnet_translate import Translator
 
     translator = Translator(settings)

@@ -48,7 +48,7 @@ def register(sub: Any) -> None:
 
 
 def run_job(config: str, stack_dir: str, timeout: float | None = None) -> int:
-    from nebula_mq.cli._launcher import JobProcesses
+    from nebula_mq.launch import JobProcesses
     from nebula_mq.runtime.logs import configure_logging, get_logger
 
     configure_logging("info")

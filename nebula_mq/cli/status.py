@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.runtime.metrics import read_metrics
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show each worker's step, queues, link and compression figures")
@@ -39,22 +41,6 @@ def _alive(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def read_metrics(path: Path) -> dict[str, float]:
-    """Sum of each sample name over its labels, plus ``name{flow=...}`` entries."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    if not path.exists():
-        return out
-    for family in text_string_to_metric_families(path.read_text()):
-        for sample in family.samples:
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-            if "flow" in sample.labels:
-                key = f"{sample.name}{{flow={sample.labels['flow']}}}"
-                out[key] = out.get(key, 0.0) + sample.value
-    return out
 
 
 def worker_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -120,11 +120,6 @@ class Codec(ABC):
         except (FloatingPointError, np.linalg.LinAlgError) as exc:
             raise CodecError(f"{self.spec}: cannot encode {x.dtype}{x.shape}: {exc}") from None
 
-    def decode(self, enc: Encoded) -> np.ndarray:
-        from nebula_mq.codecs.decoding import decode_tree  # decoding builds on this module
-
-        return decode_tree(enc)
-
     @property
     def spec(self) -> str:
         """Canonical string form, parseable by :func:`nebula_mq.codecs.parse_codec`."""

@@ -146,7 +146,7 @@ def _tokenize(out: Path, options: BuildOptions) -> dict[str, Any]:
     from nebula_mq.data.batches import tokenize_pairs, used_token_ids
 
     try:
-        from nebula_mq.models.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
+        from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
 
         src_tok, tgt_tok = load_xlmr_tokenizer(), load_minilm_tokenizer()
     except (ImportError, OSError, DataError) as exc:

@@ -40,7 +40,7 @@ def _sentences(limit: int) -> list[str]:
 
 def pretrained_activations(batch: int, seq: int, layers: int = 6, seed: int = 0) -> np.ndarray:
     """e5-small hidden states [batch, seq, 384] over packed real sentences."""
-    from nebula_mq.models.tokenizers import load_xlmr_tokenizer
+    from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 
     tok = load_xlmr_tokenizer()
     rng = np.random.default_rng(seed)

@@ -124,7 +124,7 @@ def evaluate_transfer(encoder: SentenceEncoder, probe: ProbeSet, *, epochs: int 
 
 def xlmr_token_ids(old_to_new: Callable[[np.ndarray], np.ndarray] | None = None) -> TokenIds:
     """XLM-R tokenisation (``<s> … </s>``), optionally mapped into a pruned vocabulary."""
-    from nebula_mq.models.tokenizers import load_xlmr_tokenizer
+    from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 
     tok = load_xlmr_tokenizer()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 

@@ -95,3 +95,19 @@ class MetricsHook(Hook):
         if self.textfile is not None:
             self.textfile.parent.mkdir(parents=True, exist_ok=True)
             write_to_textfile(str(self.textfile), self.registry)
+
+
+def read_metrics(path: Path) -> dict[str, float]:
+    """Sum of each sample name over its labels, plus ``name{flow=...}`` entries."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    if not path.exists():
+        return out
+    for family in text_string_to_metric_families(path.read_text()):
+        for sample in family.samples:
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+            if "flow" in sample.labels:
+                key = f"{sample.name}{{flow={sample.labels['flow']}}}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out

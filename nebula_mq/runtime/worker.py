@@ -14,7 +14,6 @@ checkpoint is still unacked on the broker.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -31,11 +30,9 @@ from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.metrics import MetricsHook
 from nebula_mq.runtime.signals import StopFlag, install_stop_handlers
-from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.auth import MessageAuth
-from nebula_mq.security.keys import ensure_job_key, job_key_file
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Delivery, Transport
+from nebula_mq.wire.auth import EnvelopeAuth
 from nebula_mq.atomic import write_json_atomic
 
 log = get_logger(__name__)
@@ -52,28 +49,6 @@ def make_transport(settings: Settings, cluster: str) -> Transport:
 
     broker = settings.clusters[cluster].broker
     return RabbitTransport(broker, settings.transport, settings.job.id, cluster)
-
-
-def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
-    """The job's HMAC key ring (``<run_dir>/keys/job.key``), audited per job.
-
-    ``nebula-mq run`` creates the key before starting workers; a worker started
-    alone creates it when missing (local runs share the run dir). Across real
-    clusters the same key file must be installed on both sides beforehand.
-    """
-    path = job_key_file(settings.run_dir)
-    if not path.exists():
-        # Two sides started at once in one run dir must not each write a key: the
-        # creation is serialised by a lock and every process then reads the file.
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not path.exists():
-                log.warning("job_key_created", path=str(path))
-                ensure_job_key(path, settings.job.id)
-    audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
-    return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
-                                   window_s=settings.security.replay_window_s)
 
 
 def status_dir(settings: Settings) -> Path:
@@ -93,7 +68,11 @@ class Worker(ABC):
         transport: Transport | None = None,
         hooks: Sequence[Hook] = (),
         checkpoint_every: int = 10,
+        *,
+        auth: EnvelopeAuth,
     ) -> None:
+        """``auth`` signs, verifies and seals this worker's envelopes (the roles build it
+        from the job's key: ``nebula_mq.security.auth.load_message_auth``)."""
         self.settings = settings
         self.cluster = cluster
         # Unique within the job; names the checkpoint dir, status and metrics files.
@@ -108,7 +87,7 @@ class Worker(ABC):
                                    port=int(port) if port else None)
         self.hooks = Hooks([self.metrics, *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
-        self.auth = load_message_auth(settings, worker_id)
+        self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
         self._pending_acks: list[Delivery] = []
         self.step = 0

@@ -56,6 +56,7 @@ the first 28 bytes being the AES-GCM associated data.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import os
@@ -67,6 +68,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Union
 
+import structlog
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -74,7 +76,10 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from nebula_mq.errors import AuthenticationFailed, ReplayedMessage, WireError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.keys import JobKey, KeyRing, job_key_file
+from nebula_mq.security.keys import JobKey, KeyRing, ensure_job_key, job_key_file
+from nebula_mq.settings import Settings
+
+log = structlog.get_logger(__name__)
 
 TAG_VERSION = 1
 _TAG_HEAD = struct.Struct("<BB8sQ")
@@ -232,3 +237,25 @@ def signer_for(ring_or_path: KeyRing | str | os.PathLike[str]) -> Any:
     """Shortcut: a signer for the current key of a ring (or of the ring in a key file)."""
     ring = ring_or_path if isinstance(ring_or_path, KeyRing) else KeyRing.load(Path(ring_or_path))
     return MessageAuth(ring).signer()
+
+
+def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
+    """The job's HMAC key ring (``<run_dir>/keys/job.key``), audited per job, for one worker.
+
+    ``nebula-mq run`` creates the key before starting workers; a worker started
+    alone creates it when missing (local runs share the run dir). Across real
+    clusters the same key file must be installed on both sides beforehand.
+    """
+    path = job_key_file(settings.run_dir)
+    if not path.exists():
+        # Two sides started at once in one run dir must not each write a key: the
+        # creation is serialised by a lock and every process then reads the file.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():
+                log.warning("job_key_created", path=str(path))
+                ensure_job_key(path, settings.job.id)
+    audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
+    return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
+                                   window_s=settings.security.replay_window_s)

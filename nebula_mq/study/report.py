@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.study.bleu import paired_bootstrap
+from nebula_mq.evaluation.bleu import paired_bootstrap
 from nebula_mq.study.rows import BASELINE, SEQUENTIAL_BASELINE
 from nebula_mq.study.runner import RowResult
 

@@ -32,7 +32,7 @@ from nebula_mq.codecs import parse_codec
 from nebula_mq.runtime import metrics as metrics_module
 from nebula_mq.runtime import worker as worker_module
 from nebula_mq.runtime.channel import Inbox, Outbox
-from nebula_mq.runtime.worker import Worker
+from workers.base import RoleWorker
 from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -55,7 +55,7 @@ class VirtualClock:
         return self.now
 
 
-class Role(Worker):
+class Role(RoleWorker):
     """A role whose loop the test drives step by step (both sides in one thread)."""
 
     def run(self) -> int:  # pragma: no cover - the test drives the steps itself
@@ -276,7 +276,7 @@ def test_run_dir_written_by_the_runtime_is_read_back_exactly(run_dir: Path) -> N
 @needs_chromium
 def test_the_evaluation_shows_scores_per_domain_and_examples_beside_the_loss_curves(
         run_dir: Path, tmp_path: Path) -> None:
-    from nebula_mq.study.bleu import evaluation_body
+    from nebula_mq.evaluation.bleu import evaluation_body
 
     refs = ["Open the file", "Cannot read the disk", "Save changes", "In the beginning God created the heavens"]
     hyps = ["open the file", "cannot read disk", "save the changes", "in the beginning god made the heaven"]

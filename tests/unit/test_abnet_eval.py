@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from nebula_mq.errors import DataError
-from nebula_mq.study.bleu import (SymbolDetokenizer, WordPieceDetokenizer, bleu_by_domain, corpus_bleu,
+from nebula_mq.evaluation.bleu import (SymbolDetokenizer, WordPieceDetokenizer, bleu_by_domain, corpus_bleu,
                                   paired_bootstrap)
 
 
 def test_wordpiece_detokenizer_restores_words_and_lowercases() -> None:
-    from nebula_mq.models.tokenizers import load_minilm_tokenizer
+    from nebula_mq.data.tokenizers import load_minilm_tokenizer
 
     text = "The Lord's well-known Words, said unto Nehemiah: go!"
     ids = load_minilm_tokenizer().encode(text).ids

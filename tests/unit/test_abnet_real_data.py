@@ -95,7 +95,7 @@ def test_joint_model_memorises_real_pairs_uses_the_source_and_keeps_tokens_apart
 def test_unseen_words_reach_the_encoder_as_the_pretrained_tokenizer_sees_them(real_corpus: Path) -> None:
     import paddle
 
-    from nebula_mq.models.tokenizers import load_xlmr_tokenizer
+    from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 
     model = joint_model(corpus_job(real_corpus), seed=0)
     assert model.encoder.vocab is None  # the full e5 vocabulary: nothing is mapped to <unk>

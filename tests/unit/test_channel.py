@@ -11,7 +11,7 @@ import pytest
 from nebula_mq import topology
 from nebula_mq.codecs import FP16, Identity
 from nebula_mq.runtime.channel import Inbox, Outbox
-from nebula_mq.runtime.worker import Worker
+from workers.base import RoleWorker
 from nebula_mq.settings import CodecSettings, JobSettings, SecuritySettings, Settings, TransportSettings
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.dedup import Deduplicator
@@ -21,7 +21,7 @@ from nebula_mq.wire import Envelope, encode_envelope, pack_tensors
 FLOW = topology.Flow("activations", "s", "t")
 
 
-class Bare(Worker):
+class Bare(RoleWorker):
     role = "test"
 
     def run(self) -> int:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nebula_mq.data.batches import iter_batches, load_arrays, pad_and_truncate, tokenize_pairs, used_token_ids
 from nebula_mq.errors import DataError
-from nebula_mq.models.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
+from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
 
 SRC = ["Abrir archivo", "Guardar como", "No se puede conectar al servidor remoto", "Salir", "Y dijo Dios: Sea la luz"]
 TGT = ["Open file", "Save As", "Cannot connect to the remote server", "Quit", "God said, Let there be light"]

@@ -23,7 +23,7 @@ from nebula_mq.topology import flow_exchange, queue_name
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.threads import history, run_workers
 from tests.unit.test_electra_workers import TWO_GENERATORS, settings_for
-from workers.electra_common import load_job
+from workers.electra_job import load_job
 
 pytestmark = pytest.mark.paddle
 

@@ -13,7 +13,7 @@ from nebula_mq.models.electra import XLMR_SPECIALS, electra_config  # noqa: E402
 from nebula_mq.models.electra_trainers import (DiscriminatorTrainer, GeneratorTrainer,  # noqa: E402
                                                e5_discriminator_init)
 from nebula_mq.models.pretrained import load_e5_small  # noqa: E402
-from nebula_mq.models.tokenizers import load_xlmr_tokenizer  # noqa: E402
+from nebula_mq.data.tokenizers import load_xlmr_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.paddle
 

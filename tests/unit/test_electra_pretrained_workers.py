@@ -22,7 +22,7 @@ from nebula_mq.runtime.checkpoint import CheckpointStore  # noqa: E402
 from nebula_mq.settings import JobSettings, Settings, TransportSettings  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
-from workers.electra_common import load_job  # noqa: E402
+from workers.electra_job import load_job  # noqa: E402
 from workers.electra_data import load_data  # noqa: E402
 
 pytestmark = pytest.mark.paddle

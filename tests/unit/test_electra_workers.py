@@ -21,7 +21,8 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.threads import history, run_workers
-from workers.electra_common import choose_n, load_job
+from workers.electra_common import choose_n
+from workers.electra_job import load_job
 from workers.electra_flows import flows
 
 pytestmark = pytest.mark.paddle

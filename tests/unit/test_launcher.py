@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nebula_mq.cli._launcher import JobProcesses
+from nebula_mq.launch import JobProcesses
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -172,7 +172,7 @@ def test_small_preset_starts_from_the_pretrained_encoder() -> None:
     from nebula_mq.models.abnet_config import small
     from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, padding_bias
     from nebula_mq.models.pretrained import load_e5_small
-    from nebula_mq.models.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
+    from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
 
     cfg = dataclasses.replace(small(encoder_layers=2, decoder_layers=1), adapter_dropout=0.0)
     ids = np.array([load_xlmr_tokenizer().encode("No se pudo abrir el archivo").ids])

@@ -10,7 +10,7 @@ paddle = pytest.importorskip("paddle")
 from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, mean_pool, padding_bias  # noqa: E402
 from nebula_mq.models.pretrained import load_e5_small, load_minilm  # noqa: E402
 from nebula_mq.models.reference import sentence_embedding  # noqa: E402
-from nebula_mq.models.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer  # noqa: E402
+from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.paddle
 

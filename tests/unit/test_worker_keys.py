@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from nebula_mq.runtime.worker import load_message_auth
+from nebula_mq.security.auth import load_message_auth
 from nebula_mq.settings import JobSettings, Settings
 
 

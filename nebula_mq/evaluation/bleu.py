@@ -31,7 +31,7 @@ class WordPieceDetokenizer:
     with word-internal apostrophes and hyphens re-attached."""
 
     def __init__(self) -> None:
-        from nebula_mq.models.tokenizers import load_minilm_tokenizer
+        from nebula_mq.data.tokenizers import load_minilm_tokenizer
 
         self.tokenizer = load_minilm_tokenizer()
 

@@ -1,0 +1,1 @@
+"""Scoring translations: sacrebleu BLEU and chrF per domain, detokenizers, paired bootstrap."""
