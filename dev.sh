@@ -44,6 +44,11 @@ case "$cmd" in
         exec "$VENV/bin/nebula-mq" demo "$@" ;;
     test)
         setup
+        # The layers and types first: seconds, and a broken contract fails the run.
+        echo "lint-imports (pyproject.toml [tool.importlinter]) ..."
+        "$VENV/bin/lint-imports" --no-cache || exit 1
+        echo "mypy (pyproject.toml [tool.mypy]) ..."
+        "$VENV/bin/mypy" || exit 1
         set +e
         # The whole suite is bounded too (each test is, by pytest-timeout): a run that
         # outlives NEBULA_TEST_TIMEOUT seconds is stopped (TERM, then KILL 30 s later).

@@ -235,7 +235,7 @@ def synthetic_pairs(n: int, vocab: int, max_len: int, seed: int, side: str,
         tokens = rng.integers(3, vocab, size=length)
         src[i, :length] = tokens
         tgt[i, : length + 2] = [1, *perm[tokens - 3], 2]
-    out = {"index": np.arange(n, dtype=np.int64)}
+    out: dict[str, np.ndarray] = {"index": np.arange(n, dtype=np.int64)}
     if side == "src":
         out.update(src_ids=src, src_mask=(src != 0).astype(np.int8))
     else:

@@ -41,6 +41,7 @@ class AbnetDecoderWorker(SplitTail):
     role = "abnet-decoder"
     state_prefix = "decoder"
     activation_name = "enc_out"
+    model: DecoderSide
 
     def __init__(self, settings: Settings, transport: Transport | None = None,
                  worker_id: str = "dec-0") -> None:

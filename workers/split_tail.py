@@ -190,6 +190,7 @@ class SplitTailWorker(SplitTail):
         if not isinstance(loss, paddle.Tensor) or loss.size != 1:
             raise DataError("the tail loss must return a scalar tensor")
         loss.backward()
+        assert x.grad is not None  # x requires a gradient and the loss depends on it
         return float(loss), x.grad.numpy()
 
 

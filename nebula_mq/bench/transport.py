@@ -101,7 +101,8 @@ class BenchConfig:
 class BenchJob(Protocol):
     """A provisioned job (``tests.fixtures.stack.JobHandle`` is one)."""
 
-    job_id: str
+    @property
+    def job_id(self) -> str: ...
 
     def settings(self, cluster: str, identity: str) -> BrokerSettings: ...
 
@@ -580,7 +581,8 @@ def run(args: argparse.Namespace) -> int:
             stack.up()
         stack.provision_job(jobs[0], throughput_flows(cfg), IDENTITIES)
         stack.provision_job(jobs[1], (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
-        result = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg), "job_ids": list(jobs)}
+        result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
+                                  "job_ids": list(jobs)}
         t0 = time.monotonic()
         result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
         result["wall_s"] = time.monotonic() - t0

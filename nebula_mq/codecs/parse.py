@@ -65,7 +65,7 @@ class _Parser:
     def expr(self) -> Codec:
         tok = self._peek()
         name = self._take("name") if tok and tok[0] == "name" else None
-        if name is None:
+        if name is None or tok is None:
             raise self._fail("a codec name")
         args: list[Any] = []
         kwargs: dict[str, Any] = {}

@@ -74,6 +74,7 @@ def tokenize_pairs(
                         + ("" if domains is None else f", {len(domains)} domains"))
     src_ids, src_mask = pad_and_truncate(encode_texts(src_tokenizer, src), max_len_src, pad_id_of(src_tokenizer))
     tgt_ids, tgt_mask = pad_and_truncate(encode_texts(tgt_tokenizer, tgt), max_len_tgt, pad_id_of(tgt_tokenizer))
+    extra: dict[str, Any] = {} if domains is None else {"domain": np.array(list(domains), dtype=np.str_)}
     # Compressed: rows are padded to the longest one, and padding compresses to nothing.
     with atomic_writer(out_path) as fh:
         np.savez_compressed(
@@ -83,7 +84,7 @@ def tokenize_pairs(
             src_mask=src_mask,
             tgt_ids=tgt_ids,
             tgt_mask=tgt_mask,
-            **({} if domains is None else {"domain": np.array(list(domains), dtype=np.str_)}),
+            **extra,
         )
     return len(src)
 

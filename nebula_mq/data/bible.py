@@ -179,7 +179,7 @@ def read_module(root: Path, module: str, *, spanish: bool) -> dict[VerseKey, str
         raise DataError(f"{path}: cannot open SWORD module {module}: {exc}") from None
     # pysword decompresses a whole book for every verse it returns; caching the last
     # few decompressed blocks makes a full read take seconds instead of a minute.
-    bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)  # type: ignore[method-assign]
+    bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
     raws = list(_iter_raw(bible))
     # How words are cased inside chapters decides how a chapter's all-caps opening is undone.
     casing = word_casing(strip_markup(raw)[1] for key, raw in raws if key[2] != 1)

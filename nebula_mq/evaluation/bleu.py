@@ -50,7 +50,7 @@ class SymbolDetokenizer:
         return [" ".join(f"w{int(i)}" for i in row if int(i) >= self.first_word) for row in ids]
 
 
-def _metric() -> object:
+def _metric() -> Any:
     from sacrebleu.metrics import BLEU
 
     return BLEU(lowercase=True)
@@ -65,7 +65,7 @@ def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     _check(hypotheses, references)
-    return float(_metric().corpus_score(list(hypotheses), [list(references)]).score)  # type: ignore[attr-defined]
+    return float(_metric().corpus_score(list(hypotheses), [list(references)]).score)
 
 
 def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -136,5 +136,6 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
     test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": _metric()},
                       references=[list(references)], test_type="bs", n_samples=samples)
     _, results = test()
-    base, sys_ = results["BLEU"][0], results["BLEU"][1]
+    base: Any = results["BLEU"][0]
+    sys_: Any = results["BLEU"][1]
     return PairedResult(float(base.score), float(sys_.score), float(sys_.p_value), float(sys_.ci))

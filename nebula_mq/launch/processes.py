@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from signal import Signals
 import subprocess
 import sys
 import time
@@ -115,12 +116,12 @@ class JobProcesses:
             self.start(member)
         return members
 
-    def signal(self, worker_id: str, sig: signal.Signals) -> None:
+    def signal(self, worker_id: str, sig: Signals) -> None:
         child = self.children[worker_id]
         if child.poll() is None:
             child.send_signal(sig)
 
-    def signal_all(self, sig: signal.Signals) -> None:
+    def signal_all(self, sig: Signals) -> None:
         for worker_id in self.children:
             self.signal(worker_id, sig)
 

@@ -236,6 +236,7 @@ class DecoderSide(nn.Layer):
         enc_out = paddle.to_tensor(np.asarray(enc_out_np, dtype=np.float32), stop_gradient=False)
         loss = self.loss(enc_out, enc_mask_np, tgt_ids_np)
         loss.backward()
+        assert enc_out.grad is not None  # enc_out requires a gradient and the loss depends on it
         return float(loss), enc_out.grad.numpy()
 
     def next_token_scorer(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, cached: bool = True) -> StepFn:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.models.pretrained import TransformerShape
@@ -106,7 +107,7 @@ def full() -> ABNetConfig:
 PRESETS = {"tiny": tiny, "small": small, "full": full}
 
 
-def preset(name: str, **overrides: object) -> ABNetConfig:
+def preset(name: str, **overrides: Any) -> ABNetConfig:
     """A named preset with top-level fields replaced, e.g. ``preset("small", seed=3)``."""
     if name not in PRESETS:
         raise ConfigError("abnet", "preset", f"one of {sorted(PRESETS)}", name)

@@ -45,7 +45,7 @@ def pretrained_activations(batch: int, seq: int, layers: int = 6, seed: int = 0)
     tok = load_xlmr_tokenizer()
     rng = np.random.default_rng(seed)
     sentences = _sentences(4000)
-    rng.shuffle(sentences)  # type: ignore[arg-type]
+    rng.shuffle(sentences)
     stream = [i for enc in tok.encode_batch(sentences) for i in enc.ids]
     need = batch * seq
     if len(stream) < need:

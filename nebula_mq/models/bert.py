@@ -225,7 +225,7 @@ class BertEncoder(nn.Layer):
     def run_layers(self, x: paddle.Tensor, bias: paddle.Tensor | None, memory: Memory | None = None,
                    start: int = 0, stop: int | None = None, pasts: list[LayerPast] | None = None) -> paddle.Tensor:
         """Layers ``start .. stop - 1`` on hidden states x [B, T, H] (``pasts``: one per layer run)."""
-        for i, layer in enumerate(self.layers[start:stop]):
+        for i, layer in enumerate(list(self.layers)[start:stop]):
             x = layer(x, bias, memory, None if pasts is None else pasts[i])
         return x
 

@@ -120,7 +120,7 @@ class ElectraConfig:
         missing = [name for name, old in XLMR_SPECIALS.items() if old not in new_of]
         if missing:
             raise DataError(f"pruned vocabulary lacks special tokens {missing}; keep XLMR_SPECIALS ids")
-        ids = {f"{name}_id": new_of[old] for name, old in XLMR_SPECIALS.items()}
+        ids: dict[str, Any] = {f"{name}_id": new_of[old] for name, old in XLMR_SPECIALS.items()}
         return dataclasses.replace(self, vocab_size=len(kept), **ids)
 
 

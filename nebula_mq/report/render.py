@@ -152,7 +152,7 @@ def _compression(run: RunData, figures: Mapping[str, bytes | None]) -> str:
     if run.study:
         extra = sorted({k for r in run.study for k in r} - set(STUDY_COLUMNS))
         cols = [*STUDY_COLUMNS, *extra]
-        best = max((r.get("bleu") for r in run.study if isinstance(r.get("bleu"), (int, float))), default=None)
+        best = max((float(r["bleu"]) for r in run.study if isinstance(r.get("bleu"), (int, float))), default=None)
         rows = [[f"<code>{e(str(r.get('chain')))}</code>", *(_num(r[c]) if c in r else "–" for c in cols[1:])]
                 for r in run.study]
         classes = ["best" if best is not None and r.get("bleu") == best else "" for r in run.study]

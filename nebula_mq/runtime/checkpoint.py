@@ -91,10 +91,12 @@ class CheckpointStore:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         digest = state_digest(arrays)
-        body = {"step": step, "digest": digest, "meta": dict(meta or {})}
+        saved_meta = dict(meta or {})
+        body = {"step": step, "digest": digest, "meta": saved_meta}
         try:
             with open(tmp / "arrays.npz", "wb") as fh:
-                np.savez(fh, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+                contiguous: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+                np.savez(fh, **contiguous)
                 fh.flush()
                 os.fsync(fh.fileno())
             with open(tmp / "meta.json", "w") as fh:
@@ -114,7 +116,7 @@ class CheckpointStore:
             os.replace(tmp, final)
         _fsync_dir(self.root)
         self._prune()
-        return Checkpoint(step, dict(arrays), body["meta"], digest, final)
+        return Checkpoint(step, dict(arrays), saved_meta, digest, final)
 
     def load(self, step: int) -> Checkpoint:
         path = self.root / f"step-{step:09d}"

@@ -21,7 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,11 +96,15 @@ class _ChainedFile:
     error = msg
 
 
-def _no_reserved(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _no_reserved(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     clash = _RESERVED & set(event)
     if clash:
         raise AuditError(f"audit fields {sorted(clash)} are reserved for the chain")
     return event
+
+
+def _as_kwargs(_logger: Any, _name: str, event: Any) -> tuple[tuple[()], Any]:
+    return (), event
 
 
 class AuditLog:
@@ -118,7 +122,7 @@ class AuditLog:
                 _no_reserved,
                 structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
                 # The logger takes the event dict as keyword arguments (no renderer).
-                lambda _l, _n, ev: ((), ev),
+                _as_kwargs,
             ],
         )
 

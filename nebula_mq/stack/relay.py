@@ -117,8 +117,8 @@ class Relay:
 
     def apply(self, shape: Shape) -> None:
         self.shape = shape
-        for b in self._buckets.values():
-            b.set_rate(self._bps())
+        for bucket in self._buckets.values():
+            bucket.set_rate(self._bps())
         if shape.cut:
             for a, b in list(self._conns):
                 a.transport.abort()

@@ -107,7 +107,7 @@ class OwnStack:
 
 def run_rows(rows: Sequence[StudyRow], cfg: StudyConfig, link: Link, work: Path,
              on_row: Callable[[RowResult], None] | None = None) -> list[RowResult]:
-    out = []
+    out: list[RowResult] = []
     for row in rows:
         result = run_row(row, cfg, link, work / f"{len(out):02d}-{row.slug}")
         out.append(result)

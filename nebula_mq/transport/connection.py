@@ -30,6 +30,9 @@ from nebula_mq.settings import BrokerSettings
 from .backoff import Backoff
 from .pika_errors import PIKA_ERRORS, translate
 
+# What a connection attempt may raise: ours (TLS, refused) and pika's.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (TransportError, *PIKA_ERRORS)
+
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
@@ -187,7 +190,7 @@ class IoThread:
             try:
                 conn = open_connection(self._broker, self.name)
                 self._on_connect(conn)
-            except (TransportError, *PIKA_ERRORS) as exc:
+            except _CONNECT_ERRORS as exc:
                 err = translate(exc, f"{self.name}: connect")
                 _close_quietly(conn)
                 if not self._started.is_set():

@@ -61,7 +61,8 @@ class RabbitDelivery(base.Delivery):
             self._settled = False
 
     def _live(self) -> bool:  # I/O thread only
-        return self._channel is self._consumer._channel and self._channel.is_open
+        channel = self._channel
+        return channel is self._consumer._channel and channel is not None and bool(channel.is_open)
 
     def ack(self) -> bool:
         self._claim()

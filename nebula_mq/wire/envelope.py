@@ -189,9 +189,10 @@ def _decode(data: bytes | bytearray | memoryview, max_bytes: int, max_decoded_by
 
 
 def _field(h: Mapping[str, Any], key: str, kind: type) -> Any:
-    value = h.get(key)
-    if type(value) is not kind:
-        raise MalformedMessage(f"envelope field {key!r} must be {kind.__name__}, got {type(value).__name__}")
+    raw = h.get(key)
+    if type(raw) is not kind:
+        raise MalformedMessage(f"envelope field {key!r} must be {kind.__name__}, got {type(raw).__name__}")
+    value: Any = raw  # of type ``kind`` now
     if kind is str and not 0 < len(value) <= 256:
         raise MalformedMessage(f"envelope field {key!r} must be 1..256 characters")
     if kind is int and not 0 <= value < 2**63:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula_mq.codecs.base import MAX_NDIM, WIRE_DTYPES, Encoded
+from nebula_mq.codecs.base import MAX_NDIM, WIRE_DTYPES, Encoded, Part
 from nebula_mq.codecs.checks import little_endian
 from nebula_mq.errors import MalformedMessage
 
@@ -40,7 +40,7 @@ class PayloadWriter:
         # asarray, not ascontiguousarray: that one turns a 0-d part into shape (1,).
         arr = little_endian(np.asarray(arr, order="C"))  # the wire is little-endian
         offset = self.size
-        self.chunks.append(memoryview(arr.reshape(-1).view(np.uint8)))
+        self.chunks.append(memoryview(arr.reshape(-1).view(np.uint8)))  # type: ignore[arg-type]
         self.size += arr.nbytes
         if pad(self.size):
             self.chunks.append(memoryview(bytes(pad(self.size))))
@@ -121,7 +121,7 @@ def tree_from_wire(raw: Any, reader: PayloadReader, depth: int = 0) -> Encoded:
         raise MalformedMessage(f"codec id {codec_id!r} out of range")
     if not isinstance(parts, (list, tuple)) or len(parts) > MAX_PARTS:
         raise MalformedMessage("codec node parts must be a short list")
-    out = []
+    out: list[Part] = []
     for part in parts:
         if isinstance(part, (list, tuple)) and len(part) == 5:
             out.append(tree_from_wire(part, reader, depth + 1))
