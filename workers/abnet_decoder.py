@@ -19,6 +19,7 @@ import numpy as np
 import paddle
 
 from nebula_mq.codecs.flow import Samples
+from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Inbox, Received
@@ -26,7 +27,7 @@ from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.abnet_common import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
-                                  sample_lengths, target_keep_ids)
+                                  target_keep_ids)
 from workers.abnet_eval import Evaluation
 from workers.split_common import micro_batch_seed
 from workers.split_tail import SplitTail

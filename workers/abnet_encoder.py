@@ -25,6 +25,7 @@ import paddle
 
 from nebula_mq.codecs import LZ4
 from nebula_mq.codecs.flow import Samples
+from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import TrainingDiverged
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Outbox, Received
@@ -32,7 +33,7 @@ from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.abnet_common import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
-                                  model_config, sample_lengths)
+                                  model_config)
 from workers.split_common import micro_batch_seed
 from workers.split_head import Forward, SplitHead
 

@@ -1,0 +1,116 @@
+"""The transport benchmark's jobs: its configuration, flows, identities and message bodies."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nebula_mq import topology
+from nebula_mq.settings import BrokerSettings
+from nebula_mq.topology import Flow
+
+A, B = "cluster-a", "cluster-b"
+PRODUCER, CONSUMER = "bench-producer", "bench-consumer"
+# Certificate identities the job provisions: the producer lives on A, the consumer on B
+# (local-flow runs consume on A with the producer's identity).
+IDENTITIES = {A: (PRODUCER,), B: (CONSUMER,)}
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    sizes_mib: tuple[int, ...] = (1, 4, 8, 16)
+    rates_mbit: tuple[float, ...] = (60.0, 170.0)
+    # One-way delay the relay adds on the shaped link (each direction).
+    delay_ms: float = 20.0
+    # Each goodput run moves this many seconds of link time, but at least min_messages.
+    seconds_per_run: float = 10.0
+    min_messages: int = 6
+    repeats: int = 3
+    # Payload moved per size by the unshaped throughput runs.
+    unshaped_mib: int = 128
+    # Unshaped runs use at most these sizes (a subset of sizes_mib keeps them short).
+    unshaped_sizes_mib: tuple[int, ...] = (1, 4, 16)
+    small_bytes: int = 1024
+    small_messages: int = 3000
+    # Publisher threads (one connection each) per run.
+    publishers: int = 4
+    small_publishers: int = 8
+    cut_s: float = 30.0
+    recovery_message_kib: int = 1024
+    # The recovery producer publishes at this pace (msgs/s) when not held back.
+    recovery_pace: float = 4.0
+    # Cap of the recovery flow's bounded upstream queue: the cut overfills it.
+    recovery_cap_mib: int = 48
+    recovery_rate_mbit: float = 60.0
+    # Publishing before the cut, so the flow is in steady state when the WAN drops.
+    warmup_s: float = 3.0
+    # Give up on a run whose messages have not all arrived after this long.
+    timeout_s: float = 180.0
+
+    @classmethod
+    def quick(cls) -> BenchConfig:
+        return cls(sizes_mib=(1, 4), rates_mbit=(170.0,), seconds_per_run=2.0, min_messages=4, repeats=1,
+                   unshaped_mib=16, unshaped_sizes_mib=(4,), small_messages=400, cut_s=5.0,
+                   recovery_message_kib=256, recovery_pace=8.0, recovery_cap_mib=4, warmup_s=1.0,
+                   timeout_s=60.0)
+
+    def goodput_messages(self, rate_mbit: float, size_mib: int) -> int:
+        return max(self.min_messages, math.ceil(rate_mbit * 1e6 / 8 * self.seconds_per_run / (size_mib * MIB)))
+
+
+class BenchJob(Protocol):
+    """A provisioned job (``tests.fixtures.stack.JobHandle`` is one)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    def settings(self, cluster: str, identity: str) -> BrokerSettings: ...
+
+
+@dataclass(frozen=True)
+class StackJob:
+    stack: Any  # nebula_mq.stack.Stack
+    job_id: str
+
+    def settings(self, cluster: str, identity: str) -> BrokerSettings:
+        return self.stack.broker_settings(cluster, identity, vhost=topology.vhost(self.job_id))
+
+
+def goodput_flow(rate: float, size_mib: int, repeat: int) -> Flow:
+    return Flow(f"g{rate:g}-{size_mib}m-{repeat}".replace(".", "p"), A, B)
+
+
+# The recovery run has a job of its own: the cap of a cross-cluster flow is a per-job
+# policy set at provisioning (``Stack.provision_job(max_queue_bytes=)``), and only
+# that flow wants a small one.
+RECOVERY_FLOW = Flow("recovery", A, B)
+
+
+def throughput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
+    """The flows of the goodput and unshaped runs: provision their job with these."""
+    out = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
+    for s in [*cfg.unshaped_sizes_mib, "small"]:
+        out += [Flow(f"lo-{s}", A, A), Flow(f"wan-{s}", A, B)]
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def tensor_bodies(job_id: str, flow: str, payload_bytes: int, count: int) -> list[tuple[str, bytes]]:
+    """``count`` encoded envelopes of one fp32 tensor of ``payload_bytes`` each: (message id, body)."""
+    import numpy as np
+
+    from nebula_mq.codecs import parse_codec
+    from nebula_mq.wire import Envelope, encode_envelope, pack_tensors
+
+    cols = 1024 if payload_bytes >= 4096 else payload_bytes // 4
+    x = np.random.default_rng(0).standard_normal((payload_bytes // 4 // cols, cols), dtype=np.float32)
+    records = pack_tensors({"x": x}, parse_codec("none"))  # encoded once, shared by every envelope
+    out = []
+    for i in range(count):
+        env = Envelope(job_id, flow, step=0, micro_batch=i, seq=i, producer=PRODUCER, tensors=records)
+        out.append((env.message_id, encode_envelope(env)))
+    return out

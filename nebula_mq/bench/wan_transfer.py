@@ -1,0 +1,174 @@
+"""The transport benchmark's measurements: confirmed transfers by a pool of publishers, the
+WAN-cut recovery run, and ``run_bench``, which runs them all (see ``nebula_mq.bench.transport``)."""
+
+from __future__ import annotations
+
+import math
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nebula_mq.bench.wan_jobs import B, CONSUMER, MIB, PRODUCER, BenchJob, tensor_bodies
+from nebula_mq.errors import NebulaError, TransportError
+from nebula_mq.settings import TransportSettings
+from nebula_mq.topology import Flow
+
+
+@dataclass(frozen=True)
+class Transfer:
+    messages: int
+    payload_bytes: int  # per message
+    # First publish -> last distinct message consumed (and acked) at the application.
+    elapsed_s: float
+    # First arrival -> last arrival: the link's steady state, without pipeline fill.
+    steady_s: float
+    duplicates: int
+    missing: int
+
+    @property
+    def mbit(self) -> float:
+        return self.messages * self.payload_bytes * 8 / self.elapsed_s / 1e6
+
+    @property
+    def steady_mbit(self) -> float:
+        if self.messages < 2 or self.steady_s <= 0:
+            return float("nan")
+        return (self.messages - 1) * self.payload_bytes * 8 / self.steady_s / 1e6
+
+
+class Ends:
+    """Producer and consumer transports of one flow, declared, with a probe round trip done."""
+
+    def __init__(self, job: BenchJob, flow: Flow, settings: TransportSettings, prefetch: int) -> None:
+        from nebula_mq.transport.rabbit import RabbitTransport
+
+        consumer_identity = CONSUMER if flow.dst_cluster == B else PRODUCER
+        self.producer = RabbitTransport(job.settings(flow.src_cluster, PRODUCER), settings, job.job_id,
+                                        flow.src_cluster)
+        self.consumer_side = RabbitTransport(job.settings(flow.dst_cluster, consumer_identity), settings,
+                                             job.job_id, flow.dst_cluster)
+        try:
+            self.queue = self.producer.declare_flow(flow, "producer")
+            self.consumer_side.declare_flow(flow, "consumer")
+            self.consumer = self.consumer_side.consume(self.queue, prefetch)
+            with self.producer.publisher() as pub:  # the federation link runs before the clock starts
+                pub.publish(self.queue, b"probe", f"{job.job_id}/{flow.name}/probe")
+            d = self.consumer.get(timeout=60)
+            if d is None:
+                raise TransportError(f"{self.queue}: probe message did not arrive within 60 s")
+            d.ack()
+        except NebulaError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.producer.close()
+        self.consumer_side.close()
+
+
+class PublisherPool:
+    """``threads`` publisher threads (one connection each) draining ``bodies`` in order.
+
+    With ``pace`` (msgs/s) they share one schedule; a publish that waited on a full
+    queue does not make the next ones burst to catch up.
+    """
+
+    def __init__(self, ends: Ends, bodies: Sequence[tuple[str, bytes]], threads: int, pace: float = 0.0,
+                 on_confirmed: Callable[[str, float, float], None] | None = None) -> None:
+        self._work: queue_mod.SimpleQueue[tuple[str, bytes]] = queue_mod.SimpleQueue()
+        for item in bodies:
+            self._work.put(item)
+        self._queue = ends.queue
+        self._pace = pace
+        self._on_confirmed = on_confirmed
+        self._lock = threading.Lock()
+        self._next_due = time.monotonic()
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.publishers = [ends.producer.publisher() for _ in range(threads)]
+        self._threads = [threading.Thread(target=self._loop, args=(p,), daemon=True) for p in self.publishers]
+
+    def start(self) -> PublisherPool:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _loop(self, pub: Any) -> None:
+        try:
+            while not self.stop.is_set():
+                if self._pace:
+                    with self._lock:
+                        self._next_due = due = max(self._next_due + 1 / self._pace, time.monotonic())
+                    time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    mid, body = self._work.get_nowait()
+                except queue_mod.Empty:
+                    return
+                started = time.monotonic()
+                pub.publish(self._queue, body, mid)
+                if self._on_confirmed:
+                    self._on_confirmed(mid, started, time.monotonic())
+        except NebulaError as exc:  # reported by join()
+            self.errors.append(exc)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if self.errors:
+            raise TransportError(f"publisher failed: {self.errors[0]}")
+        if any(t.is_alive() for t in self._threads):
+            raise TransportError(f"publishers still busy after {timeout} s")
+
+    def finished(self) -> bool:
+        return not any(t.is_alive() for t in self._threads)
+
+    def stats(self) -> dict[str, float]:
+        out = {"waits_full": 0.0, "waits_unroutable": 0.0, "waits_disconnected": 0.0, "waited_s": 0.0}
+        for p in self.publishers:
+            for k in out:
+                out[k] += getattr(p.stats, k)
+        return out
+
+
+def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishers: int,
+             timeout_s: float) -> Transfer:
+    """Publish ``count`` envelopes on ``flow`` and consume them on its destination cluster."""
+    from nebula_mq.wire import decode_envelope
+
+    bodies = tensor_bodies(job.job_id, flow.name, payload_bytes, count)
+    wanted = {mid for mid, _ in bodies}
+    prefetch = max(4, min(256, math.ceil(32 * MIB / max(payload_bytes, 1))))
+    ends = Ends(job, flow, TransportSettings(), prefetch)
+    seen: set[str] = set()
+    duplicates, first_arrival, last_arrival = 0, None, 0.0
+    try:
+        pool = PublisherPool(ends, bodies, publishers)  # connections open before the clock starts
+        t0 = time.monotonic()
+        pool.start()
+        deadline = t0 + timeout_s
+        while len(seen) < count and time.monotonic() < deadline:
+            d = ends.consumer.get(timeout=1.0)
+            if d is None:
+                continue
+            env = decode_envelope(d.body, max_bytes=payload_bytes + MIB)  # checksum: the bytes are intact
+            if env.message_id != d.message_id or d.message_id not in wanted:
+                raise TransportError(f"{flow.name}: unexpected message {d.message_id!r}")
+            if d.message_id in seen:
+                duplicates += 1
+            else:
+                seen.add(d.message_id)
+                last_arrival = time.monotonic()
+                first_arrival = first_arrival or last_arrival
+            d.ack()
+        pool.join(timeout=10)
+    finally:
+        ends.close()
+    return Transfer(count, payload_bytes, last_arrival - t0, last_arrival - (first_arrival or t0),
+                    duplicates, count - len(seen))
+
+
+# --------------------------------------------------------------------------- recovery after a cut
