@@ -87,11 +87,9 @@ class JobProcesses:
     def worker_env(self) -> dict[str, str]:
         """Each worker's share of the cores (unless the user set it): the workers of a
         local run would otherwise each start a thread per core and oversubscribe them."""
-        cores = max(1, len(os.sched_getaffinity(0)))
-        share = str(max(1, cores // max(1, len(self.plan.processes))))
-        threads = {name: share for name in ("NEBULA_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                            "MKL_NUM_THREADS")}
-        return {**threads, **self.env}
+        from nebula_mq.models.cpu import thread_share_env
+
+        return {**thread_share_env(len(self.plan.processes)), **self.env}
 
     def start_all(self) -> None:
         for proc in self.plan.processes:

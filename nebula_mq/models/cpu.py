@@ -53,6 +53,14 @@ def select_mkl_code_path() -> None:
         os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")
 
 
+def thread_share_env(processes: int) -> dict[str, str]:
+    """Environment giving each of ``processes`` workers on this machine its share of the
+    cores: set before the worker starts (MKL and OpenMP read it once, at load time)."""
+    cores = max(1, len(os.sched_getaffinity(0)))
+    share = str(max(1, cores // max(1, processes)))
+    return {name: share for name in (THREADS_ENV, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def configure_cpu(threads: int | None = None) -> int:
     """Select MKL's AVX2 path on AMD and set paddle's math threads; returns the thread count."""
     select_mkl_code_path()

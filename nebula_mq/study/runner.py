@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import WorkerError
+from nebula_mq.models.cpu import thread_share_env
 from nebula_mq.settings import TransportSettings
 from nebula_mq.study import side
 from nebula_mq.study.rows import StudyRow
@@ -152,10 +153,13 @@ class StackLink(Link):
         path = spec.write(run_dir / "study-spec.json")
         procs: dict[str, subprocess.Popen[bytes]] = {}
         logs = {k: run_dir / f"study-{k}.log" for k in side.SIDES}
+        # Each side its share of the cores, as `nebula-mq run` gives its workers (the user's
+        # own settings win); two sides with a thread per core each would oversubscribe.
+        env = {**thread_share_env(len(side.SIDES)), **os.environ}
         for k in ("dec", "enc"):
             with logs[k].open("wb") as out:
                 procs[k] = subprocess.Popen([sys.executable, "-m", "nebula_mq.study.side", str(path), k],
-                                            stdout=out, stderr=subprocess.STDOUT)
+                                            stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         try:
             while True:  # a side that fails stops the row (the other would wait for it forever)

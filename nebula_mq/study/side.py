@@ -116,7 +116,10 @@ def main(argv: list[str]) -> int:
     from nebula_mq.runtime.logs import configure_logging
     from nebula_mq.stack import Stack
 
+    from nebula_mq.models.cpu import configure_cpu
+
     configure_logging("warning", json=True)  # the parent keeps stderr as the side's log
+    configure_cpu()  # MKL's fast path and this side's share of the cores (NEBULA_THREADS)
     spec_path, side = Path(argv[0]), argv[1]
     spec = RowSpec.read(spec_path)
     if spec.stack_dir is None:
