@@ -42,12 +42,28 @@ def examples(body: Mapping[str, Any], per_domain: int = EXAMPLES_PER_DOMAIN) -> 
     return out
 
 
+def copy_source_bleu(body: Mapping[str, Any], sources: Mapping[int, str]) -> dict[str, float]:
+    """BLEU per domain of returning each source sentence unchanged: the floor a model must
+    clear (software messages share names, numbers and markup with their translations).
+    Empty when a sentence's source is missing (T alone never holds sources)."""
+    from nebula_mq.evaluation.bleu import bleu_by_domain
+
+    ids: Sequence[int] = body.get("sample_ids") or []
+    if not ids or any(int(i) not in sources for i in ids):
+        return {}
+    return bleu_by_domain([sources[int(i)] for i in ids], list(body.get("references") or []),
+                          list(body.get("domains") or ["all"] * len(ids)))
+
+
 def summary_text(body: Mapping[str, Any], sources: Mapping[int, str] | None = None) -> str:
-    """Plain-text scores and examples, for the end of ``nebula-mq run``."""
+    """Plain-text scores and examples, for the end of ``nebula-mq run``; with the sources,
+    the copy-source floor per domain beside the scores."""
+    floor = copy_source_bleu(body, sources) if sources else {}
     lines = [f"evaluation: {body.get('split', '?')} split, {body.get('samples', 0)} sentences, "
              f"beam {body.get('beam', '?')} (case-insensitive sacrebleu)",
-             f"  {'domain':<10} {'sentences':>9} {'BLEU':>6} {'chrF':>6}"]
-    lines += [f"  {d:<10} {n:>9} {b:>6.2f} {c:>6.2f}" for d, n, b, c in domain_rows(body)]
+             f"  {'domain':<10} {'sentences':>9} {'BLEU':>6} {'chrF':>6}" + (f" {'copy-source BLEU':>17}" if floor else "")]
+    lines += [f"  {d:<10} {n:>9} {b:>6.2f} {c:>6.2f}" + (f" {floor[d]:>17.2f}" if d in floor else "")
+              for d, n, b, c in domain_rows(body)]
     lines.append("examples:")
     for ex in examples(body):
         source = ex["source"] or (sources or {}).get(int(ex["sample_id"]))

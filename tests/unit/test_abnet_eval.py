@@ -41,6 +41,28 @@ def test_bleu_per_domain_and_paired_bootstrap() -> None:
         corpus_bleu(["a"], ["a", "b"])
 
 
+def test_the_run_summary_shows_the_copy_source_floor_per_domain_when_it_has_the_sources() -> None:
+    from nebula_mq.evaluation.bleu import evaluation_body
+    from nebula_mq.report.evaluation import copy_source_bleu, summary_text
+
+    refs = ["could not open the file", "Save the file as a new document", "and god said let there be light",
+            "the lord is my shepherd"]
+    # Software messages keep names and markup, sometimes whole strings: copying scores above zero.
+    srcs = {10: "no se pudo abrir el file", 11: "save the file as a new document", 12: "y dijo dios",
+            13: "jehova es mi pastor"}
+    body = evaluation_body("test", [10, 11, 12, 13], ["could not open the file", "save the file", "and god said",
+                                                     "the lord"], refs, ["gettext", "gettext", "bible", "bible"], beam=4)
+    floor = copy_source_bleu(body, srcs)
+    assert set(floor) == {"all", "bible", "gettext"}
+    assert floor["bible"] == pytest.approx(bleu_by_domain(["y dijo dios", "jehova es mi pastor"], refs[2:],
+                                                          ["bible"] * 2)["bible"])
+    assert 0 < floor["gettext"] < 100 and floor["bible"] < floor["gettext"]
+    text = summary_text(body, srcs)
+    assert "copy-source BLEU" in text and f"{floor['gettext']:.2f}" in text
+    # T's own view (no sources) shows no floor rather than a wrong one.
+    assert copy_source_bleu(body, {10: "x"}) == {} and "copy-source" not in summary_text(body)
+
+
 @pytest.mark.paddle
 def test_trained_pipeline_beam_decodes_eval_split_on_t(tmp_path: Path) -> None:
     from nebula_mq.transport.memory import MemoryBroker
