@@ -66,7 +66,8 @@ def test_the_run_summary_shows_the_copy_source_floor_per_domain_when_it_has_the_
 @pytest.mark.paddle
 def test_trained_pipeline_beam_decodes_eval_split_on_t(tmp_path: Path) -> None:
     from nebula_mq.transport.memory import MemoryBroker
-    from tests.unit.test_abnet_pipeline import run_pair, tiny_settings
+    from tests.fixtures.pairs import abnet_settings as tiny_settings
+    from tests.fixtures.pairs import run_abnet_pair as run_pair
 
     def run(steps: int, where: Path) -> dict[str, object]:
         base = tiny_settings(where, steps=steps)

@@ -11,33 +11,13 @@ import numpy as np
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.worker import Worker
-from nebula_mq.settings import JobSettings, Settings, CodecSettings, TransportSettings
+from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.threads import history, run_workers
+from tests.fixtures.pairs import abnet_settings as tiny_settings
+from tests.fixtures.pairs import run_abnet_pair as run_pair
+from tests.fixtures.threads import history
 
 pytestmark = pytest.mark.paddle
-
-
-def tiny_settings(run_dir: Path, steps: int, in_flight: int = 3, forward: str = "fp16(svd(0.6))",
-                  backward: str = "int8") -> Settings:
-    return Settings(
-        job=JobSettings(id="unit-abnet", scenario="abnet", seed=3, steps=steps, run_dir=str(run_dir)),
-        codec=CodecSettings(forward=forward, backward=backward),
-        transport=TransportSettings(publish_patience_s=30.0),
-        abnet={"preset": "tiny", "batch_size": 16, "in_flight": in_flight, "lr": 1e-2,
-               "checkpoint_every": 5},
-    )
-
-
-def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
-    from workers.abnet_decoder import AbnetDecoderWorker
-    from workers.abnet_encoder import AbnetEncoderWorker
-
-    enc = AbnetEncoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "s"))
-    dec = AbnetDecoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    run_workers((dec, enc), stop_at)  # the decoder declares its queues first
-    return enc, dec
 
 
 def losses(run_dir: Path, worker: str) -> list[float]:

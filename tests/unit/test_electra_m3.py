@@ -22,7 +22,8 @@ from nebula_mq.settings import Settings
 from nebula_mq.topology import flow_exchange, queue_name
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.threads import history, run_workers
-from tests.unit.test_electra_workers import TWO_GENERATORS, settings_for
+from tests.fixtures.pairs import TWO_GENERATORS
+from tests.fixtures.pairs import electra_settings as settings_for
 from workers.electra_job import load_job
 
 pytestmark = pytest.mark.paddle
@@ -82,7 +83,7 @@ def test_generators_in_their_own_processes_on_their_own_clusters_feed_one_discri
 def test_a_process_per_generator_computes_what_one_process_hosting_both_computes(tmp_path: Path) -> None:
     """Same seeds, same micro-batches, same concatenation order at the root: the
     layout changes where generators run, not a single bit of what is trained."""
-    from tests.unit.test_electra_workers import run_pair
+    from tests.fixtures.pairs import run_electra_pair as run_pair
 
     run_pair(settings_for(tmp_path / "one", steps=8, model=M3["model"]), MemoryBroker())
     run_m3(m3_settings(tmp_path / "three", steps=8), MemoryBroker())
@@ -114,7 +115,7 @@ def test_stop_and_resume_of_every_process_ends_bit_identical(tmp_path: Path) -> 
 def test_hot_start_from_one_generator_process_into_a_process_per_generator(tmp_path: Path) -> None:
     """Train inside one cluster with both generators in one process, resume with each
     generator on its own cluster (the paper's inside-then-across, with M3)."""
-    from tests.unit.test_electra_workers import run_pair
+    from tests.fixtures.pairs import run_electra_pair as run_pair
 
     run_pair(settings_for(tmp_path / "inside", steps=6, model=M3["model"], generator_clusters=["cluster-b"]),
              MemoryBroker())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,40 +16,16 @@ from hypothesis import strategies as st
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.worker import Worker
-from nebula_mq.settings import JobSettings, Settings, TransportSettings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.threads import history, run_workers
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import TWO_GENERATORS
+from tests.fixtures.pairs import electra_settings as settings_for
+from tests.fixtures.pairs import run_electra_pair as run_pair
+from tests.fixtures.threads import history
 from workers.electra_common import choose_n
 from workers.electra_job import load_job
 from workers.electra_flows import flows
 
 pytestmark = pytest.mark.paddle
-
-TWO_GENERATORS = {"generators": [
-    {"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 2e-3, "group": "north", "task": "mlm"},
-    {"size": {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64}, "lr": 2e-3, "group": "south", "task": "trtd",
-     "seed": 2}]}
-
-
-def settings_for(run_dir: Path, steps: int, **electra: Any) -> Settings:
-    section = {"model": {"preset": "tiny"}, "generator_clusters": ["cluster-a"], "disc_cluster": "cluster-b",
-               "n_sub": 1, "max_lead": 2, "checkpoint_every": 5, "heldout": 32, **electra}
-    return Settings(job=JobSettings(id="unit-electra", scenario="electra", seed=5, steps=steps, run_dir=str(run_dir)),
-                    transport=TransportSettings(publish_patience_s=30.0), electra=section)
-
-
-def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
-    from workers.electra_generator import ElectraGeneratorWorker
-    from workers.electra_root import ElectraRootWorker
-
-    job = load_job(settings)
-    root = ElectraRootWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, job.disc_cluster))
-    gen = ElectraGeneratorWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id,
-                                                           job.cluster_of(0)))
-    run_workers((root, gen), stop_at)
-    return gen, root
-
 
 def test_generator_and_discriminator_train_and_end_at_the_same_step(tmp_path: Path) -> None:
     gen, root = run_pair(settings_for(tmp_path, steps=40), MemoryBroker())

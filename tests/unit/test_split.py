@@ -13,40 +13,16 @@ import pytest
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.worker import Worker
-from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings, load_settings
+from nebula_mq.settings import JobSettings, Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.pairs import SPLIT_EXAMPLE as EXAMPLE
+from tests.fixtures.pairs import run_split_pair as run_pair
+from tests.fixtures.pairs import split_settings as settings_for
 from tests.fixtures.threads import history, run_workers
 
 pytestmark = pytest.mark.paddle
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "split_mlp"
 sys.path.insert(0, str(EXAMPLE))  # the example's `mlp` module, as its scripts import it
-
-
-def settings_for(run_dir: Path, steps: int, in_flight: int = 2, forward: str = "fp16",
-                 backward: str = "int8") -> Settings:
-    return Settings(
-        job=JobSettings(id="unit-split", scenario="split", seed=7, steps=steps, run_dir=str(run_dir)),
-        codec=CodecSettings(forward=forward, backward=backward),
-        transport=TransportSettings(publish_patience_s=30.0),
-        split={"in_flight": in_flight, "lr": 0.003, "checkpoint_every": 5},
-    )
-
-
-def run_pair(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Worker, Worker]:
-    """Head and tail of the example, each in a thread, built as mlp.build_head/build_tail do."""
-    import mlp
-
-    from workers.split_head import SplitHeadWorker
-    from workers.split_tail import SplitTailWorker
-
-    tail = SplitTailWorker(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
-                           MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]
-                           MemoryTransport(broker, settings.transport, settings.job.id, "s"))
-    run_workers((tail, head), stop_at)
-    return head, tail
 
 
 def losses(run_dir: Path, worker: str) -> list[float]:
