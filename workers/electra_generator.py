@@ -35,11 +35,11 @@ from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq import topology
 from nebula_mq.errors import WorkerError
+from workers.base import RoleWorker
 from workers.electra_common import PADDLE_TURN, generator_id, generator_worker_id
-from workers.electra_job import load_job
 from workers.electra_data import load_streams
 from workers.electra_flows import flow_named, flows
-from workers.base import RoleWorker
+from workers.electra_job import load_job
 
 log = get_logger(__name__)
 

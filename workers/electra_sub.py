@@ -42,11 +42,11 @@ from nebula_mq.runtime.ordering import InOrderBuffer
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
+from workers.base import RoleWorker
 from workers.electra_common import PADDLE_TURN, disc_rank_id
-from workers.electra_job import load_job
 from workers.electra_data import load_data, pretrained_discriminator
 from workers.electra_flows import InboxGroup, flow_named, flows
-from workers.base import RoleWorker
+from workers.electra_job import load_job
 
 log = get_logger(__name__)
 

@@ -35,11 +35,12 @@ from nebula_mq.runtime.ordering import InOrderBuffer
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
+from workers.base import RoleWorker
 from workers.paddle_state import load_state_arrays, state_arrays
 from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
-from workers.base import RoleWorker
 
 log = get_logger(__name__)
+
 
 def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
     return [p for p in model.parameters() if not p.stop_gradient]

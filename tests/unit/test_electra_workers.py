@@ -22,8 +22,8 @@ from tests.fixtures.pairs import electra_settings as settings_for
 from tests.fixtures.pairs import run_electra_pair as run_pair
 from tests.fixtures.threads import history
 from workers.electra_common import choose_n
-from workers.electra_job import load_job
 from workers.electra_flows import flows
+from workers.electra_job import load_job
 
 pytestmark = pytest.mark.paddle
 
