@@ -37,14 +37,19 @@ def make(tmp: Path, broker: MemoryBroker, cluster: str, wid: str, encrypt: bool 
     return Bare(settings, cluster, wid, MemoryTransport(broker, settings.transport, "chan", cluster))
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> tuple[Bare, Bare, MemoryBroker]:
+def connected(tmp: Path, **options: bool) -> tuple[Bare, Bare, MemoryBroker]:
+    """A sender on S and a receiver on T with FLOW declared between them (``options``: make's)."""
     broker = MemoryBroker()
-    sender, receiver = make(tmp_path, broker, "s", "enc-0"), make(tmp_path, broker, "t", "dec-0")
+    sender, receiver = make(tmp, broker, "s", "enc-0", **options), make(tmp, broker, "t", "dec-0", **options)
     sender.transport.declare_flow(FLOW, "producer")
     receiver.transport.declare_flow(FLOW, "consumer")
     receiver.transport.declare_dead_letter_queue()
     return sender, receiver, broker
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Bare, Bare, MemoryBroker]:
+    return connected(tmp_path)
 
 
 def dead_letters(receiver: Bare) -> list[str]:
@@ -111,12 +116,7 @@ def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Bar
 
 
 def test_sealed_payloads_round_trip_and_hide_tensors(tmp_path: Path) -> None:
-    broker = MemoryBroker()
-    sender = make(tmp_path, broker, "s", "enc-0", encrypt=True)
-    receiver = make(tmp_path, broker, "t", "dec-0", encrypt=True)
-    sender.transport.declare_flow(FLOW, "producer")
-    receiver.transport.declare_flow(FLOW, "consumer")
-    receiver.transport.declare_dead_letter_queue()
+    sender, receiver, broker = connected(tmp_path, encrypt=True)
     secret = np.full((4, 4), 1234.5, np.float32)
     Outbox(sender, FLOW, "enc-0").send(step=0, micro_batch=0, tensors={"x": (secret, Identity())})
     queued = broker_bodies(broker, sender.transport.queue_for(FLOW))
@@ -138,12 +138,7 @@ def test_every_channel_follows_the_jobs_allow_non_finite(tmp_path: Path, allow: 
     I's channels ignored it): NaN is refused at the sender unless the job allows it, then delivered."""
     from nebula_mq.errors import NonFiniteTensor
 
-    broker = MemoryBroker()
-    sender = make(tmp_path, broker, "s", "enc-0", allow_non_finite=allow)
-    receiver = make(tmp_path, broker, "t", "dec-0", allow_non_finite=allow)
-    sender.transport.declare_flow(FLOW, "producer")
-    receiver.transport.declare_flow(FLOW, "consumer")
-    receiver.transport.declare_dead_letter_queue()
+    sender, receiver, _ = connected(tmp_path, allow_non_finite=allow)
     outbox, inbox = Outbox(sender, FLOW, "enc-0"), Inbox(receiver, FLOW, Deduplicator())
     nan = np.array([np.nan, 1.0], np.float32)
     if not allow:
