@@ -22,7 +22,8 @@ from nebula_mq.codecs.flow import Samples
 from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
-from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.runtime.channel import Received
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -71,13 +72,13 @@ class AbnetDecoderWorker(SplitTail):
     def more_to_do(self) -> bool:
         return not self.evaluation.done
 
-    def handle_other(self, inbox: Inbox, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         if received.meta.get("kind") != EVAL_KIND:
             return False
         self.evaluate(inbox, received)
         return True
 
-    def evaluate(self, inbox: Inbox, received: Received) -> None:
+    def evaluate(self, inbox: OrderedInbox, received: Received) -> None:
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         try:
@@ -86,7 +87,7 @@ class AbnetDecoderWorker(SplitTail):
         except MalformedMessage as exc:
             inbox.reject(received, exc)
             return
-        received.delivery.ack()
+        inbox.settle_unordered(received)
 
     def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
         sample_ids, mask = received.tensors["sample_ids"], received.tensors["src_mask"]

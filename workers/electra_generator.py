@@ -28,6 +28,7 @@ from pathlib import Path
 from nebula_mq.codecs import LZ4
 from nebula_mq.models.electra_trainers import GeneratorTrainer
 from nebula_mq.runtime.channel import Inbox, Outbox
+from nebula_mq.runtime.ordered import FlowWindow
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
@@ -113,7 +114,9 @@ class ElectraGeneratorWorker(RoleWorker):
         self.transport.declare_flow(self.sync_flow, "consumer")
         self.restore()
         outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
-        inbox = Inbox(self, self.sync_flow, self.dedupe, held=self.checkpoint_every + self.job.max_lead + 2)
+        # One sync token a step, up to max_lead steps (and the one in flight, and the last) ahead.
+        window = FlowWindow(ahead=self.job.max_lead + 2, unacked=self.checkpoint_every)
+        inbox = Inbox(self, self.sync_flow, self.dedupe, held=window.held)
         try:
             while self.step < self.total and not self.stop_requested.is_set():
                 while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():

@@ -22,14 +22,14 @@ import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.codecs import LZ4
-from nebula_mq.errors import MalformedMessage
+from nebula_mq.errors import MalformedMessage, OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.electra_flows import InboxGroup, flow_named, results_flows, sync_flows
-from workers.electra_sub import DiscriminatorRank, take_in_order
+from workers.electra_sub import DiscriminatorRank
 
 log = get_logger(__name__)
 
@@ -58,14 +58,13 @@ class ElectraRootWorker(DiscriminatorRank):
             self.transport.declare_flow(flow, "producer")
 
     def open_inbox(self) -> InboxGroup:
-        n, lead = self.world, self.job.max_lead
-        self.buffers: list[InOrderBuffer[Received]] = [InOrderBuffer(self.step * n, window=(lead + 3) * n)
+        n, window = self.world, self.window(self.world)  # one message per rank and step, per generator
+        self.buffers: list[InOrderBuffer[Received]] = [InOrderBuffer(self.step * n, window=window.window)
                                                        for _ in range(self.k_gen)]
         self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
         self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
         per_flow = self.k_gen // len(self.results_flows)  # generators publishing on each
-        held = (self.checkpoint_every + lead + 3) * n * per_flow
-        return InboxGroup([Inbox(self, f, self.dedupe, held=held) for f in self.results_flows])
+        return InboxGroup([Inbox(self, f, self.dedupe, held=window.held * per_flow) for f in self.results_flows])
 
     def close_channels(self) -> None:
         for outbox in (*getattr(self, "sync_out", []), *getattr(self, "sub_out", [])):
@@ -123,6 +122,17 @@ class ElectraRootWorker(DiscriminatorRank):
         for outbox in self.sync_out:
             outbox.send(step=self.step, micro_batch=self.step - 1,
                         tensors={}, meta=metrics)  # the token is its step (envelope) and the metrics
+
+
+def take_in_order(inbox: InboxGroup, buffer: InOrderBuffer[Received], received: Received) -> None:
+    """Push a delivery into ``buffer``: repeats are acked and dropped, impossible indices condemned."""
+    if buffer.is_duplicate(received.micro_batch):
+        inbox.discard_duplicate(received)
+        return
+    try:
+        buffer.push(received.micro_batch, received)
+    except OutOfWindow as exc:
+        inbox.reject(received, exc)
 
 
 def main(settings: Settings, worker_index: int = 0) -> int:

@@ -33,12 +33,12 @@ from typing import Any
 import numpy as np
 
 from nebula_mq import topology
-from nebula_mq.errors import CheckpointError, OutOfWindow, WorkerError
+from nebula_mq.errors import CheckpointError, WorkerError
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
-from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
@@ -152,13 +152,19 @@ class DiscriminatorRank(RoleWorker):
         """First sequence number of the consumed stream at ``step`` (hot start)."""
         raise NotImplementedError
 
+    def window(self, per_step: int) -> FlowWindow:
+        """A stream with ``per_step`` messages a step: the generator runs up to ``max_lead``
+        steps ahead, plus the step in flight and the sync token on its way (3); up to
+        ``checkpoint_every`` applied steps wait for the next checkpoint."""
+        return FlowWindow(ahead=(self.job.max_lead + 3) * per_step, unacked=self.checkpoint_every * per_step)
+
     def declare(self) -> None:
         raise NotImplementedError
 
-    def open_inbox(self) -> Inbox | InboxGroup:
+    def open_inbox(self) -> OrderedInbox | InboxGroup:
         raise NotImplementedError
 
-    def next_shares(self, inbox: Inbox | InboxGroup) -> list[Received] | None:
+    def next_shares(self, inbox: OrderedInbox | InboxGroup) -> list[Received] | None:
         """This rank's K messages of ``self.step`` in generator order; None on a stop request."""
         raise NotImplementedError
 
@@ -189,7 +195,7 @@ class DiscriminatorRank(RoleWorker):
             self.close_channels()
         return 0
 
-    def train(self, inbox: Inbox | InboxGroup, shares: list[Received]) -> bool:
+    def train(self, inbox: OrderedInbox | InboxGroup, shares: list[Received]) -> bool:
         """One group step; returns whether any rank asked to stop."""
         bind_context(step=self.step)
         t0 = time.perf_counter()
@@ -205,17 +211,6 @@ class DiscriminatorRank(RoleWorker):
         self.record_step({**values, "lr": metrics["lr"]})
         self.after_step(values)
         return bool(summed[-1] > 0)
-
-
-def take_in_order(inbox: Inbox | InboxGroup, buffer: InOrderBuffer[Received], received: Received) -> None:
-    """Push a delivery into ``buffer``: repeats are acked and dropped, impossible indices condemned."""
-    if buffer.is_duplicate(received.micro_batch):
-        inbox.discard_duplicate(received)
-        return
-    try:
-        buffer.push(received.micro_batch, received)
-    except OutOfWindow as exc:
-        inbox.reject(received, exc)
 
 
 class ElectraSubWorker(DiscriminatorRank):
@@ -236,25 +231,20 @@ class ElectraSubWorker(DiscriminatorRank):
     def declare(self) -> None:
         self.transport.declare_flow(self.flow, "consumer")
 
-    def open_inbox(self) -> Inbox:
-        self.buffer: InOrderBuffer[Received] = InOrderBuffer(self.step * self.k_gen,
-                                                             window=(self.job.max_lead + 3) * self.k_gen)
-        return Inbox(self, self.flow, self.dedupe,
-                     held=(self.checkpoint_every + self.job.max_lead + 3) * self.k_gen)
+    def open_inbox(self) -> OrderedInbox:
+        return OrderedInbox(self, self.flow, self.dedupe, self.step * self.k_gen, self.window(self.k_gen))
 
-    def next_shares(self, inbox: Inbox | InboxGroup) -> list[Received] | None:
+    def next_shares(self, inbox: OrderedInbox | InboxGroup) -> list[Received] | None:
         # Once shares are in flight the other ranks wait for this one in the
         # all-reduce, so a stop request is honoured at the step boundary (train()).
+        assert isinstance(inbox, OrderedInbox)
         while len(self.ready) < self.k_gen:
-            t0 = time.perf_counter()
-            received = inbox.get(0.5)
-            self.hooks.on_wait(time.perf_counter() - t0)
+            received = inbox.next(0.5)
             if received is None:
                 if self.stop_requested.is_set() and self.group is None:
                     return None
                 continue
-            take_in_order(inbox, self.buffer, received)
-            self.ready += [r.item for r in self.buffer.pop_ready()]
+            self.ready += inbox.take(received)
         shares, self.ready = self.ready[: self.k_gen], self.ready[self.k_gen:]
         return shares
 

@@ -28,10 +28,10 @@ import paddle
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
-from nebula_mq.errors import DataError, OutOfWindow, ShapeMismatch
-from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.errors import DataError, ShapeMismatch
+from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
@@ -75,10 +75,18 @@ class StepEnd(RoleWorker):
         self.optimizer.step()
         self.optimizer.clear_grad()
 
+    in_flight: int
+
     @abstractmethod
     def checkpoint(self) -> None: ...
 
-    def finish_step(self, inbox: Inbox, received: Received, values: Mapping[str, float]) -> None:
+    def window(self) -> FlowWindow:
+        """Both sides: the peer runs up to ``in_flight`` micro-batches ahead, plus what it may
+        send before our checkpoint catches up; up to ``checkpoint_every`` applied messages
+        wait for the next checkpoint. Anything further cannot come from an honest peer."""
+        return FlowWindow(ahead=self.in_flight + self.checkpoint_every, unacked=self.checkpoint_every)
+
+    def finish_step(self, inbox: OrderedInbox, received: Received, values: Mapping[str, float]) -> None:
         """Count the step, remember the message (acked with the next checkpoint), log it,
         and checkpoint on schedule and at the last step."""
         self.step += 1
@@ -175,10 +183,7 @@ class SplitHead(StepEnd):
         reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
         self.restore()
         outbox = Outbox(self, self.act_flow, self.worker_id)
-        inbox = Inbox(self, self.reply_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight)
-        # A peer may be ahead of our last checkpoint by less than checkpoint_every plus its
-        # window; anything further cannot come from an honest peer and is dead-lettered.
-        pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
+        inbox = OrderedInbox(self, self.reply_flow, self.dedupe, self.step, self.window())
         try:
             while self.step < self.total:
                 while (self.next_fwd < min(self.total, self.step + self.in_flight)
@@ -187,21 +192,8 @@ class SplitHead(StepEnd):
                     self.next_fwd += 1
                 if self.stop_requested.is_set():
                     break
-                t0 = time.perf_counter()
-                received = inbox.get(timeout=0.5)
-                self.hooks.on_wait(time.perf_counter() - t0)
-                if received is None:
-                    continue
-                if pending.is_duplicate(received.micro_batch):
-                    inbox.discard_duplicate(received)
-                    continue
-                try:
-                    pending.push(received.micro_batch, received)
-                except OutOfWindow as exc:
-                    inbox.reject(received, exc)
-                    continue
-                for ready in pending.pop_ready():
-                    self.apply_gradient(inbox, ready.item)
+                for ready in inbox.ready(timeout=0.5):
+                    self.apply_gradient(inbox, ready)
             # Normal end or SIGTERM: what was applied is checkpointed and acked.
             if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
                 self.checkpoint()
@@ -222,7 +214,7 @@ class SplitHead(StepEnd):
         encoded, meta = self.outgoing.encode(mb, self.message(mb, fwd, activation), self.samples(fwd))
         outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=reply_queue)
 
-    def apply_gradient(self, inbox: Inbox, received: Received) -> None:
+    def apply_gradient(self, inbox: OrderedInbox, received: Received) -> None:
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()

@@ -26,10 +26,10 @@ import paddle
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
-from nebula_mq.errors import DataError, MalformedMessage, OutOfWindow
-from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.errors import DataError, MalformedMessage
+from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
@@ -84,7 +84,7 @@ class SplitTail(StepEnd):
         """The received activation as the head meant it (a delta rebuilt on the mirror)."""
         return self.incoming.decode(received.tensors, received.meta, self.samples(received))
 
-    def handle_other(self, inbox: Inbox, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         """True when ``received`` is not a training activation and was dealt with here."""
         return False
 
@@ -128,28 +128,14 @@ class SplitTail(StepEnd):
         self.reply_queue = self.transport.declare_flow(self.reply_flow, "producer")
         self.restore()
         outbox = Outbox(self, self.reply_flow, self.worker_id)
-        inbox = Inbox(self, self.act_flow, self.dedupe, held=2 * self.checkpoint_every + self.in_flight)
-        pending: InOrderBuffer[Received] = InOrderBuffer(self.step, window=self.in_flight + self.checkpoint_every)
+        inbox = OrderedInbox(self, self.act_flow, self.dedupe, self.step, self.window())
         try:
             while (self.step < self.total or self.more_to_do()) and not self.stop_requested.is_set():
-                t0 = time.perf_counter()
-                received = inbox.get(timeout=0.5)
-                self.hooks.on_wait(time.perf_counter() - t0)
+                received = inbox.next(timeout=0.5)
                 if received is None or self.handle_other(inbox, received):
                     continue
-                if pending.is_duplicate(received.micro_batch):
-                    inbox.discard_duplicate(received)
-                    continue
-                try:
-                    if received.delivery.reply_to != self.reply_queue:
-                        raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
-                                               f"this job's reply queue {self.reply_queue!r}")
-                    pending.push(received.micro_batch, received)
-                except (OutOfWindow, MalformedMessage) as exc:
-                    inbox.reject(received, exc)
-                    continue
-                for ready in pending.pop_ready():
-                    self.train_on(inbox, outbox, ready.item)
+                for ready in inbox.take(received, admit=self.check_reply_to):
+                    self.train_on(inbox, outbox, ready)
             if self.step > 0 and not self.has_checkpoint_at_step():
                 self.checkpoint()
         finally:
@@ -157,7 +143,13 @@ class SplitTail(StepEnd):
             inbox.close()
         return 0
 
-    def train_on(self, inbox: Inbox, outbox: Outbox, received: Received) -> None:
+    def check_reply_to(self, received: Received) -> None:
+        """An activation must ask for its reply on this job's reply queue (no reply elsewhere)."""
+        if received.delivery.reply_to != self.reply_queue:
+            raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
+                                   f"this job's reply queue {self.reply_queue!r}")
+
+    def train_on(self, inbox: OrderedInbox, outbox: Outbox, received: Received) -> None:
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()

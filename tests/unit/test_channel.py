@@ -10,6 +10,7 @@ import pytest
 
 from nebula_mq import topology
 from nebula_mq.codecs import FP16, Identity
+from nebula_mq.errors import OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox
 from workers.base import RoleWorker
 from nebula_mq.settings import CodecSettings, JobSettings, SecuritySettings, Settings, TransportSettings
@@ -149,6 +150,39 @@ def test_every_channel_follows_the_jobs_allow_non_finite(tmp_path: Path, allow: 
     got = inbox.get(timeout=5.0)
     assert got is not None and np.isnan(got.tensors["x"][0]) and got.tensors["x"][1] == 1.0
     assert dead_letters(receiver) == []
+
+
+def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the_impossible(
+        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+    """Early arrivals wait for their turn, repeats are never handed out again, an index the peer
+    could not have sent yet and a message the role refuses are dead-lettered with their reasons."""
+    from nebula_mq.errors import MalformedMessage
+    from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+
+    sender, receiver, _ = pair
+    window = FlowWindow(ahead=4, unacked=2)
+    assert (window.window, window.held) == (4, 6)  # one formula for the window and the prefetch reserve
+    outbox = Outbox(sender, FLOW, "enc-0")
+    inbox = OrderedInbox(receiver, FLOW, Deduplicator(), 0, window)
+    x = np.ones(2, np.float32)
+    for mb in (2, 0, 9, 1, 0):  # 9 is beyond [0, 4); 0 comes twice
+        outbox.send(step=mb, micro_batch=mb, tensors={"x": (x, Identity())})
+    got: list[int] = []
+    for _ in range(50):
+        for received in inbox.ready(0.05):
+            got.append(received.micro_batch)
+            inbox.applied(received)
+        if len(got) == 3:
+            break
+    assert got == [0, 1, 2] and inbox.ready(0.2) == []
+
+    def refuse(received: object) -> None:
+        raise MalformedMessage("not for this role")
+
+    outbox.send(step=3, micro_batch=3, tensors={"x": (x, Identity())})
+    received = inbox.next(5.0)
+    assert received is not None and inbox.take(received, admit=refuse) == []
+    assert sorted(dead_letters(receiver)) == sorted([OutOfWindow.reason, MalformedMessage.reason])
 
 
 def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
