@@ -125,9 +125,12 @@ def upstream_name(cluster: str) -> str:
     return f"{PREFIX}-upstream-{_check(cluster, 'cluster name')}"
 
 
-def message_id(job_id: str, flow: str, step: int, micro_batch: int, seq: int) -> str:
-    """Identity of a message; consumers discard redeliveries that repeat one."""
-    return f"{job_id}/{flow}/{step}/{micro_batch}/{seq}"
+def message_id(job_id: str, flow: str, producer: str, seq: int) -> str:
+    """Identity of a message: its place in its producer's stream on the flow. Consumers
+    discard redeliveries that repeat one; a recomputed message has the same id. (Two
+    producers may share a flow, so the producer is part of it; step and micro-batch
+    are fields of the envelope, not of its identity.)"""
+    return f"{job_id}/{flow}/{producer}/{seq}"
 
 
 # --------------------------------------------------------------------------- the scenarios' flows

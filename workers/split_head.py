@@ -28,7 +28,7 @@ import paddle
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
-from nebula_mq.errors import DataError, ShapeMismatch
+from nebula_mq.errors import DataError, MalformedMessage, ShapeMismatch
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
@@ -192,7 +192,8 @@ class SplitHead(StepEnd):
                     self.next_fwd += 1
                 if self.stop_requested.is_set():
                     break
-                for ready in inbox.ready(timeout=0.5):
+                received = inbox.next(timeout=0.5)
+                for ready in inbox.take(received, admit=self.check_correlation) if received else ():
                     self.apply_gradient(inbox, ready)
             # Normal end or SIGTERM: what was applied is checkpointed and acked.
             if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
@@ -213,6 +214,14 @@ class SplitHead(StepEnd):
         self.hooks.on_compute(time.perf_counter() - t0)
         encoded, meta = self.outgoing.encode(mb, self.message(mb, fwd, activation), self.samples(fwd))
         outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=reply_queue)
+
+    def check_correlation(self, received: Received) -> None:
+        """A reply answers one request: its correlation id is the id of the activation of
+        the same micro-batch (aio-pika's RPC pattern); anything else is not ours to apply."""
+        asked = topology.message_id(self.settings.job.id, self.act_flow.name, self.worker_id, received.micro_batch)
+        if received.delivery.correlation_id != asked:
+            raise MalformedMessage(f"reply for micro-batch {received.micro_batch} correlates with "
+                                   f"{received.delivery.correlation_id!r}, not {asked!r}")
 
     def apply_gradient(self, inbox: OrderedInbox, received: Received) -> None:
         mb = received.micro_batch

@@ -10,9 +10,9 @@ wrong flow). Every envelope is signed with the job's HMAC key and, when the
 job asks for it, sealed with AES-GCM (``nebula_mq.security.auth``). The role never sees a
 message it cannot trust, and the consumer keeps going.
 
-Message identity is ``(job, flow, step, micro_batch, seq)``; ``seq`` is the
-micro-batch index, so a worker that recomputes a micro-batch after a restart
-sends a message with the same id, which the receiver discards.
+Message identity is ``job/flow/producer/seq`` (``topology.message_id``); ``seq``
+is the micro-batch index, so a worker that recomputes a micro-batch after a
+restart sends a message with the same id, which the receiver discards.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Envelope:
 
     @property
     def message_id(self) -> str:
-        return topology.message_id(self.job_id, self.flow, self.step, self.micro_batch, self.seq)
+        return topology.message_id(self.job_id, self.flow, self.producer, self.seq)
 
     def signing_bytes(self) -> bytes | memoryview:
         """The exact bytes the checksum and the auth tag cover."""

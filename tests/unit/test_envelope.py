@@ -36,7 +36,7 @@ def test_roundtrip_fields_tensors_and_message_id() -> None:
     got = decode_envelope(encode_envelope(env), max_bytes=MAX)
     assert (got.job_id, got.flow, got.step, got.micro_batch, got.seq, got.producer) == ("job-a", "fwd", 5, 2, 9, "enc-0")
     assert got.meta == {"loss": 0.25, "sync": "tok", "n": 3, "ok": True}
-    assert got.message_id == topology.message_id("job-a", "fwd", 5, 2, 9)
+    assert got.message_id == topology.message_id("job-a", "fwd", "enc-0", 9)
     assert [t.codec for t in got.tensors] == ["fp16(svd(0.5))", "lz4"]
     want, out = unpack_tensors(env), unpack_tensors(got)
     assert np.array_equal(out["ids"], want["ids"]) and np.array_equal(out["hidden"], want["hidden"])

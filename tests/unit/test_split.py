@@ -169,3 +169,32 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
         run_workers((tail, head), timeout=60)
     assert time.monotonic() - t0 < 20
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path: Path) -> None:
+    """Request/reply by correlation id (aio-pika's RPC pattern): a gradient is applied only when its
+    correlation id is the id of the activation the head sent for that micro-batch."""
+    import types
+
+    import mlp
+
+    from nebula_mq import topology
+    from nebula_mq.errors import MalformedMessage
+    from nebula_mq.runtime.channel import Received
+    from nebula_mq.transport.memory import MemoryTransport
+    from nebula_mq.wire import Envelope
+    from workers.split_head import SplitHeadWorker
+
+    settings = settings_for(tmp_path, steps=4)
+    head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]
+                           MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+
+    def reply(mb: int, correlation_id: str | None) -> Received:
+        env = Envelope(settings.job.id, head.reply_flow.name, mb, mb, mb, "tail-0", ())
+        return Received(env, {}, types.SimpleNamespace(correlation_id=correlation_id))  # type: ignore[arg-type]
+
+    asked = topology.message_id(settings.job.id, head.act_flow.name, "head-0", 3)
+    head.check_correlation(reply(3, asked))  # the answer to micro-batch 3's activation
+    for wrong in (None, topology.message_id(settings.job.id, head.act_flow.name, "head-0", 2)):
+        with pytest.raises(MalformedMessage, match="correlates"):
+            head.check_correlation(reply(3, wrong))
