@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
                           settings.job.scenario)
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // 2)
     configure_cpu(threads)
-    from workers.abnet_bench import MATMUL_SHAPE, measure_compute
+    from workers.abnet.bench import MATMUL_SHAPE, measure_compute
 
     repeats = 3 if args.quick else args.steps
     rows, batch = measure_compute(settings, repeats)

@@ -153,8 +153,8 @@ def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
     """Rate of the root's steps after ``warmup`` (timestamps of its history rows)."""
     rows = [json.loads(line) for line in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
     from nebula_mq.settings import load_settings
-    from workers.electra_common import model_config
-    from workers.electra_job import load_job
+    from workers.electra.common import model_config
+    from workers.electra.job import load_job
 
     settings = load_settings(run_dir.parent / f"{run_dir.name}.toml", environ={})
     job = load_job(settings)

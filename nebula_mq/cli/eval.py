@@ -2,7 +2,7 @@
 
 S's half encodes with S's latest checkpoint, the activation goes through the
 job's forward codec as over the WAN, T's half beam-decodes with T's latest
-checkpoint (``workers.abnet_translate``). Scores are sacrebleu's BLEU and chrF,
+checkpoint (``workers.abnet.translate``). Scores are sacrebleu's BLEU and chrF,
 case-insensitive as in the paper. The hypotheses go to ``--out`` (default
 ``<run_dir>/eval/<src name>.hyp``) and the scores with every hypothesis beside
 its reference to ``<run_dir>/eval-<src name>.json``.
@@ -70,7 +70,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise DataError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(references)}: "
                         "one reference per source sentence")
     from nebula_mq.evaluation.bleu import evaluation_body
-    from workers.abnet_translate import Translator
+    from workers.abnet.translate import Translator
 
     translator = Translator(settings)
     print(f"translating {len(sources)} sentences (encoder step {translator.sides.steps[0]}, "

@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.data.probe import DEFAULT_DOMAINS, build_probe_set
     from nebula_mq.settings import load_settings
-    from workers.electra_probe import probe_run
+    from workers.electra.probe import probe_run
 
     settings = load_settings(args.config)
     domains = tuple(d for d in args.domains.split(",") if d) or DEFAULT_DOMAINS

@@ -97,10 +97,10 @@ def settings(spec: RowSpec, clusters: Mapping[str, ClusterSettings]) -> Settings
 
 def make_worker(side: str, s: Settings, transport: Any = None) -> Any:
     if side == "enc":
-        from workers.abnet_encoder import AbnetEncoderWorker
+        from workers.abnet.encoder import AbnetEncoderWorker
 
         return AbnetEncoderWorker(s, transport)
-    from workers.abnet_decoder import AbnetDecoderWorker
+    from workers.abnet.decoder import AbnetDecoderWorker
 
     return AbnetDecoderWorker(s, transport)
 

@@ -87,7 +87,7 @@ def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) ->
     two workers and a queue changes nothing: same losses as one process training
     the joint model on the same batches."""
     from nebula_mq.models.abnet import ABNet
-    from workers.abnet_common import adapter_optimizer, load_job, load_side, model_config
+    from workers.abnet.job import adapter_optimizer, load_job, load_side, model_config
 
     settings = tiny_settings(tmp_path, steps=8, in_flight=1, forward="none", backward="none")
     run_pair(settings, MemoryBroker())
@@ -111,7 +111,7 @@ def test_uncompressed_lockstep_pipeline_equals_joint_training(tmp_path: Path) ->
 
 
 def test_learning_rate_warms_up_then_decays_to_its_floor() -> None:
-    from workers.abnet_common import AbnetJob, learning_rate
+    from workers.abnet.job import AbnetJob, learning_rate
 
     steps = 100
     cosine = AbnetJob(lr=1e-3, warmup_steps=10, lr_decay="cosine", min_lr_ratio=0.1)
@@ -140,8 +140,8 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
     import paddle
 
     from nebula_mq.errors import TrainingDiverged
-    from workers.abnet_encoder import AbnetEncoderWorker
-    from workers.split_head import Forward
+    from workers.abnet.encoder import AbnetEncoderWorker
+    from workers.split.head import Forward
 
     base = tiny_settings(tmp_path, steps=4)
     settings = dataclasses.replace(base, abnet={**base.abnet, "on_collapse": on_collapse})

@@ -35,14 +35,14 @@ MAX_STEPS, FITTED = 400, 0.01  # full-batch steps to memorise 32 pairs: until th
 
 
 def corpus_job(data_dir: Path, **over: object) -> object:
-    from workers.abnet_common import AbnetJob
+    from workers.abnet.job import AbnetJob
 
     return AbnetJob(**{"preset": "small", **LAYERS, "data": "corpus", "data_dir": str(data_dir), **over})  # type: ignore[arg-type]
 
 
 def joint_model(job: object, seed: int) -> object:
     from nebula_mq.models.abnet import ABNet
-    from workers.abnet_common import load_side, model_config, target_keep_ids
+    from workers.abnet.job import load_side, model_config, target_keep_ids
 
     cfg = model_config(job, seed)  # type: ignore[arg-type]
     train_tgt = load_side(job, seed, "tgt", cfg.decoder.vocab)  # type: ignore[arg-type]
@@ -52,7 +52,7 @@ def joint_model(job: object, seed: int) -> object:
 def test_joint_model_memorises_real_pairs_uses_the_source_and_keeps_tokens_apart(real_corpus: Path) -> None:
     import paddle
 
-    from workers.abnet_common import load_side
+    from workers.abnet.job import load_side
 
     job = corpus_job(real_corpus, batch_size=32, train_samples=0)
     src_side, tgt_side = load_side(job, 0, "src", 250037), load_side(job, 0, "tgt", 30522)  # type: ignore[arg-type]
@@ -124,8 +124,8 @@ def split_settings(real_corpus: Path, run_dir: Path, steps: int) -> Settings:
 @pytest.fixture(scope="module")
 def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Six steps of the real split job (encoder and decoder workers, in-memory broker)."""
-    from workers.abnet_decoder import AbnetDecoderWorker
-    from workers.abnet_encoder import AbnetEncoderWorker
+    from workers.abnet.decoder import AbnetDecoderWorker
+    from workers.abnet.encoder import AbnetEncoderWorker
 
     settings = split_settings(real_corpus, tmp_path_factory.mktemp("split-real"), steps=6)
     broker = MemoryBroker()
@@ -138,7 +138,7 @@ def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactor
 def test_split_job_equals_the_joint_model_at_one_in_flight(trained_split_job: Settings) -> None:
     import paddle
 
-    from workers.abnet_common import adapter_optimizer, learning_rate, load_job, load_side
+    from workers.abnet.job import adapter_optimizer, learning_rate, load_job, load_side
 
     settings = trained_split_job
     job = load_job(settings)

@@ -24,7 +24,7 @@ from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.threads import history, run_workers
 from tests.fixtures.pairs import TWO_GENERATORS
 from tests.fixtures.pairs import electra_settings as settings_for
-from workers.electra_job import load_job
+from workers.electra.job import load_job
 
 pytestmark = pytest.mark.paddle
 
@@ -37,8 +37,8 @@ def m3_settings(run_dir: Path, steps: int, **electra: Any) -> Settings:
 
 def run_m3(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> list[Worker]:
     """Root, gen-0 and gen-1, each with a transport on its own cluster."""
-    from workers.electra_generator import ElectraGeneratorWorker
-    from workers.electra_root import ElectraRootWorker
+    from workers.electra.generator import ElectraGeneratorWorker
+    from workers.electra.root import ElectraRootWorker
 
     job = load_job(settings)
 
@@ -73,7 +73,7 @@ def test_generators_in_their_own_processes_on_their_own_clusters_feed_one_discri
     # Each process checkpoints only the generator it hosts.
     assert {k.split("/")[0] for k in model_arrays(tmp_path, "gen-0")} == {"g0"}
     assert {k.split("/")[0] for k in model_arrays(tmp_path, "gen-1")} == {"g1"}
-    from workers.electra_root import evaluate
+    from workers.electra.root import evaluate
 
     scores = evaluate(m3_settings(tmp_path, steps=20))
     assert scores["gen_step"] == scores["disc_step"] == 20

@@ -22,8 +22,8 @@ from nebula_mq.runtime.checkpoint import CheckpointStore  # noqa: E402
 from nebula_mq.settings import JobSettings, Settings, TransportSettings  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
-from workers.electra_job import load_job  # noqa: E402
-from workers.electra_data import load_data  # noqa: E402
+from workers.electra.data import load_data  # noqa: E402
+from workers.electra.job import load_job  # noqa: E402
 
 pytestmark = pytest.mark.paddle
 
@@ -64,8 +64,8 @@ def encoder_arrays(worker: Any) -> dict[str, np.ndarray]:
 
 
 def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabulary(tmp_path: Path) -> None:
-    from workers.electra_root import ElectraRootWorker
-    from workers.electra_sub import ElectraSubWorker
+    from workers.electra.root import ElectraRootWorker
+    from workers.electra.sub import ElectraSubWorker
 
     settings = settings_for(tmp_path, steps=2, n_sub=2)
     data = load_data(settings, load_job(settings))
@@ -85,8 +85,8 @@ def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabu
 
 
 def test_a_pretrained_job_trains_checkpoints_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    from workers.electra_generator import ElectraGeneratorWorker
-    from workers.electra_root import ElectraRootWorker
+    from workers.electra.generator import ElectraGeneratorWorker
+    from workers.electra.root import ElectraRootWorker
 
     def run(steps: int) -> list[Any]:
         s = settings_for(tmp_path, steps)

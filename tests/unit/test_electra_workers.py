@@ -21,9 +21,9 @@ from tests.fixtures.pairs import TWO_GENERATORS
 from tests.fixtures.pairs import electra_settings as settings_for
 from tests.fixtures.pairs import run_electra_pair as run_pair
 from tests.fixtures.threads import history
-from workers.electra_common import choose_n
-from workers.electra_flows import flows
-from workers.electra_job import load_job
+from workers.electra.common import choose_n
+from workers.electra.flows import flows
+from workers.electra.job import load_job
 
 pytestmark = pytest.mark.paddle
 
@@ -41,7 +41,7 @@ def test_generator_and_discriminator_train_and_end_at_the_same_step(tmp_path: Pa
     for worker in ("gen", "disc-root"):
         latest = CheckpointStore(tmp_path / "checkpoints" / worker).latest()
         assert latest is not None and latest.step == 40
-    from workers.electra_root import evaluate
+    from workers.electra.root import evaluate
 
     scores = evaluate(settings_for(tmp_path, steps=40))
     assert scores["gen_step"] == scores["disc_step"] == 40

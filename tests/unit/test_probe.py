@@ -78,7 +78,7 @@ def _settings(tmp_path: Path, data: str) -> Settings:
 
 @pytest.mark.paddle
 def test_run_side_errors_are_typed(tmp_path: Path) -> None:
-    from workers.electra_probe import build_encoder, discriminator_tensors
+    from workers.electra.probe import build_encoder, discriminator_tensors
 
     with pytest.raises(CheckpointError, match="no discriminator checkpoint"):
         discriminator_tensors(_settings(tmp_path, "corpus"))

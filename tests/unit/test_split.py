@@ -77,7 +77,7 @@ def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
 
 def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp_path: Path) -> None:
     from workers.plans import plan_for
-    from workers.split_common import HeadSpec, TailSpec, load_builder
+    from workers.split.job import HeadSpec, TailSpec, load_builder
 
     settings = load_settings(EXAMPLE / "job.toml")
     plan = plan_for(settings)
@@ -89,7 +89,7 @@ def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp
 
 @pytest.mark.parametrize("target", ["", "nomodule", "no_such_module_xyz:build", "mlp:no_such_function"])
 def test_a_bad_builder_name_is_a_config_error(tmp_path: Path, target: str) -> None:
-    from workers.split_common import load_builder
+    from workers.split.job import load_builder
 
     settings = settings_for(tmp_path, steps=1)
     settings = Settings(job=settings.job, split={"head": target}, source=str(EXAMPLE / "job.toml"))
@@ -98,7 +98,7 @@ def test_a_bad_builder_name_is_a_config_error(tmp_path: Path, target: str) -> No
 
 
 def test_bad_split_section_is_a_config_error(tmp_path: Path) -> None:
-    from workers.split_common import load_split_job
+    from workers.split.job import load_split_job
 
     for bad in ({"in_flight": 0}, {"head_cluster": "s", "tail_cluster": "s"}, {"lr": "fast"}):
         with pytest.raises(ConfigError):
@@ -145,9 +145,9 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
     """Its peer would otherwise wait for ever for the next activation (issue 13, finding 1)."""
     import mlp
 
-    from workers.split_head import SplitHeadWorker
-    from workers.split_tail import SplitTailWorker
-    from workers.split_common import HeadSpec
+    from workers.split.head import SplitHeadWorker
+    from workers.split.tail import SplitTailWorker
+    from workers.split.job import HeadSpec
 
     settings = settings_for(tmp_path, steps=50)
     broker = MemoryBroker()
@@ -183,7 +183,7 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
     from nebula_mq.runtime.channel import Received
     from nebula_mq.transport.memory import MemoryTransport
     from nebula_mq.wire import Envelope
-    from workers.split_head import SplitHeadWorker
+    from workers.split.head import SplitHeadWorker
 
     settings = settings_for(tmp_path, steps=4)
     head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]

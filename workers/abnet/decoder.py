@@ -27,17 +27,18 @@ from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
+from workers.abnet.job import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
                                   target_keep_ids)
-from workers.abnet_eval import Evaluation
-from workers.split_common import micro_batch_seed
-from workers.split_tail import SplitTail
+from workers.abnet.evaluation import Evaluation
+from workers.registry import role
+from workers.split.job import micro_batch_seed
+from workers.split.tail import SplitTail
 
 log = get_logger(__name__)
 
 
 class AbnetDecoderWorker(SplitTail):
-    """The split tail (loop, ordering, checkpoints in ``workers.split_tail``) specialised
+    """The split tail (loop, ordering, checkpoints in ``workers.split.tail``) specialised
     to the ABNet decoder: targets, AQ-SGD mirror, error feedback and evaluation."""
 
     role = "abnet-decoder"
@@ -97,6 +98,7 @@ class AbnetDecoderWorker(SplitTail):
         return self.model.loss_and_grad(enc_out, mask, targets)
 
 
+@role("abnet-decoder")
 def main(settings: Settings) -> int:
     worker = AbnetDecoderWorker(settings)
     worker.install_signal_handlers()

@@ -32,10 +32,11 @@ from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.abnet_common import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
+from workers.abnet.job import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
                                   model_config)
-from workers.split_common import micro_batch_seed
-from workers.split_head import Forward, SplitHead
+from workers.registry import role
+from workers.split.head import Forward, SplitHead
+from workers.split.job import micro_batch_seed
 
 log = get_logger(__name__)
 
@@ -45,7 +46,7 @@ COLLAPSED_SPREAD = 1e-3
 
 
 class AbnetEncoderWorker(SplitHead):
-    """The split head (loop, window, recompute, checkpoints in ``workers.split_head``)
+    """The split head (loop, window, recompute, checkpoints in ``workers.split.head``)
     specialised to the ABNet encoder: its data, AQ-SGD deltas and evaluation."""
 
     role = "abnet-encoder"
@@ -137,6 +138,7 @@ class AbnetEncoderWorker(SplitHead):
         log.info("evaluation_sent", batches=batches, samples=n)
 
 
+@role("abnet-encoder")
 def main(settings: Settings) -> int:
     worker = AbnetEncoderWorker(settings)
     worker.install_signal_handlers()

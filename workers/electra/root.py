@@ -10,7 +10,7 @@ everything of later steps is still on ``gen-results`` and is re-scattered with
 the same ids, so a rank that lost its copy gets it again and one that holds it
 drops the repeat.
 
-After every step (all ranks done, see ``electra_sub``) the root sends the sync
+After every step (all ranks done, see ``workers.electra.sub``) the root sends the sync
 token ``step = steps done, micro_batch = step index`` to every generator process.
 """
 
@@ -24,12 +24,14 @@ from nebula_mq import topology
 from nebula_mq.codecs import LZ4
 from nebula_mq.errors import MalformedMessage, OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.runtime.inbox_group import InboxGroup
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordering import InOrderBuffer
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.electra_flows import InboxGroup, flow_named, results_flows, sync_flows
-from workers.electra_sub import DiscriminatorRank
+from workers.electra.flows import flow_named, results_flows, sync_flows
+from workers.electra.sub import DiscriminatorRank
+from workers.registry import role
 
 log = get_logger(__name__)
 
@@ -135,6 +137,7 @@ def take_in_order(inbox: InboxGroup, buffer: InOrderBuffer[Received], received: 
         inbox.reject(received, exc)
 
 
+@role("electra-root")
 def main(settings: Settings, worker_index: int = 0) -> int:
     worker = ElectraRootWorker(settings)
     worker.install_signal_handlers()
@@ -150,9 +153,9 @@ def evaluate(settings: Settings) -> dict[str, float]:
     from nebula_mq.errors import CheckpointError
     from nebula_mq.models.electra_trainers import DiscriminatorTrainer, GeneratorTrainer
     from nebula_mq.runtime.checkpoint import CheckpointStore
-    from workers.electra_common import PADDLE_TURN, generator_worker_id
-    from workers.electra_job import load_job
-    from workers.electra_data import load_streams
+    from workers.electra.common import PADDLE_TURN, generator_worker_id
+    from workers.electra.job import load_job
+    from workers.electra.data import load_streams
 
     job = load_job(settings)
     cfg, streams = load_streams(settings, job)

@@ -1,6 +1,6 @@
 """Generic head worker (cluster S) of a split model: activations forward, gradients back.
 
-The schedule is ABNet's (see ``workers.abnet_encoder``): up to ``in_flight``
+The schedule is ABNet's (see ``workers.abnet.encoder``): up to ``in_flight``
 micro-batches wait for their gradient; gradients are applied strictly in
 micro-batch order, one optimizer step each; at apply time the forward of the
 micro-batch is recomputed with the current weights and the same dropout seed,
@@ -11,7 +11,7 @@ run is exactly the joint model's training.
 :class:`SplitHead` is the loop; a subclass says what a micro-batch is
 (:meth:`SplitHead.forward`) and may add message fields, checkpoint extras and
 an after-training step: :class:`SplitHeadWorker` runs a user's :class:`HeadSpec`,
-``workers.abnet_encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
+``workers.abnet.encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
 from workers.base import RoleWorker
-from workers.paddle_state import load_state_arrays, state_arrays
-from workers.split_common import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
+from nebula_mq.models.state import load_state_arrays, state_arrays
+from workers.registry import role
+from workers.split.job import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
 
@@ -261,6 +262,7 @@ class SplitHeadWorker(SplitHead):
         return Forward(sample_ids, out)
 
 
+@role("split-head")
 def main(settings: Settings) -> int:
     """``nebula-mq worker --role split-head``: the spec comes from ``[split] head``."""
     spec = load_builder(settings, "head")(settings)

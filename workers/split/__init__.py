@@ -7,7 +7,7 @@
 
 ``job.toml`` names the clusters (brokers), the codec chains (``[codec] forward``
 for activations, ``backward`` for gradients) and the ``[split]`` section
-(``workers.split_common.SplitJob``: in_flight, checkpoint_every, lr...).
+(``workers.split.job.SplitJob``: in_flight, checkpoint_every, lr...).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 
 from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.base import Transport
-from workers.split_common import (HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn,
+from workers.split.job import (HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn,
                                   default_optimizer)
 
 __all__ = ["HeadSpec", "TailSpec", "run_head", "run_tail"]
@@ -36,7 +36,7 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
 
     ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index.
     ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
-    from workers.split_head import SplitHeadWorker
+    from workers.split.head import SplitHeadWorker
 
     worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport)  # type: ignore[arg-type]
     if threading.current_thread() is threading.main_thread():
@@ -47,7 +47,7 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
              optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None) -> int:
     """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code."""
-    from workers.split_tail import SplitTailWorker
+    from workers.split.tail import SplitTailWorker
 
     worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport)  # type: ignore[arg-type]
     if threading.current_thread() is threading.main_thread():

@@ -9,7 +9,7 @@ Role and process layout (paper §3.3, Figures 4 and 6):
   (M3: one per language group, each with its own task and data) on the
   ``gen-results`` / ``sync`` flows; with one entry per generator (M3 on
   separate clusters) generator ``k`` is a process of its own, ``gen-<k>`` on
-  its cluster, on ``gen-results-<k>`` / ``sync-<k>`` (``workers.electra_flows``).
+  its cluster, on ``gen-results-<k>`` / ``sync-<k>`` (``workers.electra.flows``).
 * ``electra-root`` (rank 0 of the discriminator group): consumes every results
   stream, keeps share 0 of every step, scatters share ``r`` of each generator to
   the ``sub-disc-r`` queue, trains on its share like any rank, and after each
@@ -20,7 +20,7 @@ Role and process layout (paper §3.3, Figures 4 and 6):
 Micro-batch identity: generator ``k``'s micro-batch ``r`` of step ``s`` has
 ``micro_batch = s * n_sub + r`` on its own producer stream, so a recomputed
 micro-batch (after a restart) has the same message id and is deduplicated.
-Data and vocabulary: ``workers.electra_data``.
+Data and vocabulary: ``workers.electra.data``.
 """
 
 from __future__ import annotations

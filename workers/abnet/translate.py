@@ -24,8 +24,8 @@ from nebula_mq.data.tokenizers import load_xlmr_tokenizer
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.evaluation.bleu import WordPieceDetokenizer
-from workers.abnet_common import load_job, load_side, model_config, target_keep_ids
-from workers.paddle_state import load_params
+from workers.abnet.job import load_job, load_side, model_config, target_keep_ids
+from nebula_mq.models.state import load_params
 
 DECODER_ID = "dec-0"  # the plan's decoder worker (workers.plans)
 MAX_SOURCE_TOKENS = 128  # as `nebula-mq data build` truncates training sources

@@ -1,8 +1,8 @@
 """The ``[electra]`` section as the workers use it: ``n_sub = "auto"`` resolved by a measurement.
 
 Resolving ``auto`` times a generator and a discriminator step on the job's own data,
-so this sits above both the job's definition (``workers.electra_common``) and its
-data (``workers.electra_data``)."""
+so this sits above both the job's definition (``workers.electra.common``) and its
+data (``workers.electra.data``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from nebula_mq import config
 from nebula_mq.atomic import write_json_atomic
 from nebula_mq.errors import DataError
 from nebula_mq.settings import Settings
-from workers.electra_common import MAX_AUTO_N, PADDLE_TURN, ElectraJob, choose_n
-from workers.electra_data import load_streams
+from workers.electra.common import MAX_AUTO_N, PADDLE_TURN, ElectraJob, choose_n
+from workers.electra.data import load_streams
 
 
 def load_job(settings: Settings) -> ElectraJob:

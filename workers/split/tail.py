@@ -3,13 +3,13 @@
 For micro-batch ``j`` (strictly in order): look up the targets of the sample
 ids the activation carries, run the tail model and the loss, back-propagate,
 step the optimizer, and reply with d loss / d activation (compressed by the
-backward chain). Replay and resume follow ``workers.abnet_decoder``: the reply
+backward chain). Replay and resume follow ``workers.abnet.decoder``: the reply
 is confirmed before the activation is acked, the ack waits for the checkpoint
 holding the step, and dropout is seeded per micro-batch, so a restarted tail
 re-sends the same replies bit for bit and the head drops them as duplicates.
 
 :class:`SplitTail` is the loop; :class:`SplitTailWorker` runs a user's
-:class:`TailSpec`, ``workers.abnet_decoder`` the ABNet decoder (AQ-SGD mirror,
+:class:`TailSpec`, ``workers.abnet.decoder`` the ABNet decoder (AQ-SGD mirror,
 error feedback, beam-search evaluation).
 """
 
@@ -33,9 +33,10 @@ from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
-from workers.paddle_state import load_state_arrays, state_arrays
-from workers.split_common import SplitJob, TailSpec, load_builder, load_split_job, micro_batch_seed
-from workers.split_head import StepEnd, trainable
+from nebula_mq.models.state import load_state_arrays, state_arrays
+from workers.registry import role
+from workers.split.head import StepEnd, trainable
+from workers.split.job import SplitJob, TailSpec, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
 
@@ -186,6 +187,7 @@ class SplitTailWorker(SplitTail):
         return float(loss), x.grad.numpy()
 
 
+@role("split-tail")
 def main(settings: Settings) -> int:
     """``nebula-mq worker --role split-tail``: the spec comes from ``[split] tail``."""
     spec = load_builder(settings, "tail")(settings)

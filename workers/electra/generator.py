@@ -3,7 +3,7 @@
 A process hosts every generator of the job (worker ``gen``, flows
 ``gen-results`` / ``sync``) or, in the M3 layout with a cluster per generator,
 generator ``k`` alone (worker ``gen-<k>``, flows ``gen-results-<k>`` /
-``sync-<k>``; see ``workers.electra_flows``). The protocol is the same.
+``sync-<k>``; see ``workers.electra.flows``). The protocol is the same.
 
 Each step every hosted generator ``k`` makes ``n_sub`` micro-batches, one per
 discriminator rank, and publishes each (confirmed) on its results flow as
@@ -37,10 +37,11 @@ from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq import topology
 from nebula_mq.errors import WorkerError
 from workers.base import RoleWorker
-from workers.electra_common import PADDLE_TURN, generator_id, generator_worker_id
-from workers.electra_data import load_streams
-from workers.electra_flows import flow_named, flows
-from workers.electra_job import load_job
+from workers.electra.common import PADDLE_TURN, generator_id, generator_worker_id
+from workers.electra.data import load_streams
+from workers.electra.flows import flow_named, flows
+from workers.electra.job import load_job
+from workers.registry import role
 
 log = get_logger(__name__)
 
@@ -177,6 +178,7 @@ class ElectraGeneratorWorker(RoleWorker):
                           **{f"disc_{k}": v for k, v in self.disc_values.items() if k in ("rtd_loss", "rtd_acc")}})
 
 
+@role("electra-generator")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the generator, when each has a process of its own (else unused)."""
     worker = ElectraGeneratorWorker(settings, index=worker_index)

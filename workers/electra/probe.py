@@ -22,9 +22,9 @@ from nebula_mq.models.probe import (BertSentenceEncoder, SentenceEncoder, Transf
                                     e5_small_encoder, evaluate_transfer, xlmr_token_ids)
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
-from workers.electra_common import PADDLE_TURN, disc_rank_id, model_config
-from workers.electra_data import corpus_vocabulary
-from workers.electra_job import load_job
+from workers.electra.common import PADDLE_TURN, disc_rank_id, model_config
+from workers.electra.data import corpus_vocabulary
+from workers.electra.job import load_job
 
 ENCODERS: tuple[str, ...] = ("discriminator", "e5-small", "random")
 _PREFIX = "model/encoder."

@@ -23,7 +23,7 @@ from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.evaluation.bleu import Detokenizer, SymbolDetokenizer, WordPieceDetokenizer, evaluation_body
 from nebula_mq.atomic import write_json_atomic
-from workers.abnet_common import AbnetJob, load_side
+from workers.abnet.job import AbnetJob, load_side
 
 log = get_logger(__name__)
 

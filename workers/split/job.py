@@ -5,7 +5,7 @@ publishes the activation; the tail (cluster ``tail_cluster``) owns the targets,
 computes the loss and replies with d loss / d activation. Only activations,
 gradients and sample ids cross the WAN, compressed by the job's
 ``[codec] forward`` / ``backward`` chains. The schedule, replay and resume
-contract are those of ABNet (``workers.abnet_encoder``), of which this is the
+contract are those of ABNet (``workers.abnet.encoder``), of which this is the
 model-agnostic form.
 
 What the user supplies is a :class:`HeadSpec` / :class:`TailSpec`: either passed

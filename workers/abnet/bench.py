@@ -13,7 +13,7 @@ import paddle
 from nebula_mq.models.abnet import DecoderSide, EncoderSide
 from nebula_mq.models.flops import StepShape, decoder_step_flops, encoder_step_flops, matmul_flops
 from nebula_mq.settings import Settings
-from workers.abnet_common import load_job, load_side, model_config, target_keep_ids
+from workers.abnet.job import load_job, load_side, model_config, target_keep_ids
 
 MATMUL_SHAPE = (2048, 384, 1536)  # the FFN product of 2048 tokens of a hidden-384 model
 

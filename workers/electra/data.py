@@ -19,7 +19,7 @@ import numpy as np
 
 from nebula_mq.errors import ConfigError, DataError
 from nebula_mq.settings import Settings
-from workers.electra_common import ElectraJob, model_config
+from workers.electra.common import ElectraJob, model_config
 
 
 class TokenStream:
@@ -129,7 +129,7 @@ def remap(row: Sequence[int], kept: np.ndarray, unk_new: int) -> list[int]:
 def corpus_vocabulary(settings: Settings, job: ElectraJob, cfg: Any) -> tuple[np.ndarray, list[list[Any]]]:
     """(kept original XLM-R ids, each generator's tokenized corpus) of a ``data = "corpus"`` job.
 
-    The probe (workers.electra_probe) calls it too: it must map text into the
+    The probe (workers.electra.probe) calls it too: it must map text into the
     same pruned vocabulary the discriminator was trained with.
     """
     texts = [corpus_texts(g.task, g.group, Path(job.data_dir), job.max_sentences) for g in cfg.generators]

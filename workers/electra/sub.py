@@ -1,7 +1,7 @@
 """ELECTRA discriminator ranks (cluster B): the shared rank loop, and the sub-discriminator role.
 
 The discriminator group has ``n_sub`` ranks: rank 0 is the root
-(``workers.electra_root``), ranks 1.. are sub-discriminators that consume
+(``workers.electra.root``), ranks 1.. are sub-discriminators that consume
 their share from the ``sub-disc-<rank>`` queue. Every rank, every step: take
 its K shares of the step (one per generator, concatenated into one batch),
 compute λ·L_D + γ·L_CLM, all-reduce the gradients over gloo, apply the same
@@ -37,16 +37,18 @@ from nebula_mq.errors import CheckpointError, WorkerError
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.inbox_group import InboxGroup
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq.transport.dedup import Deduplicator
 from workers.base import RoleWorker
-from workers.electra_common import PADDLE_TURN, disc_rank_id
-from workers.electra_data import load_data, pretrained_discriminator
-from workers.electra_flows import InboxGroup, flow_named, flows
-from workers.electra_job import load_job
+from workers.electra.common import PADDLE_TURN, disc_rank_id
+from workers.electra.data import load_data, pretrained_discriminator
+from workers.electra.flows import flow_named, flows
+from workers.electra.job import load_job
+from workers.registry import role
 
 log = get_logger(__name__)
 
@@ -249,6 +251,7 @@ class ElectraSubWorker(DiscriminatorRank):
         return shares
 
 
+@role("electra-sub")
 def main(settings: Settings, worker_index: int = 1) -> int:
     """``worker_index`` is the rank (1..n_sub-1); rank 0 is ``electra-root``."""
     worker = ElectraSubWorker(settings, worker_index)

@@ -1,0 +1,23 @@
+"""ABNet's processes: the decoder on T, the encoder on S, bound by request/reply flows."""
+
+from __future__ import annotations
+
+from nebula_mq.settings import Settings
+from workers.abnet.job import load_job
+from workers.processes import Plan, Process
+from workers.registry import plan_builder
+
+ROLE_MODULES = ("encoder", "decoder")
+
+
+@plan_builder("abnet")
+def plan(settings: Settings) -> Plan:
+    job = load_job(settings)
+    act, reply = job.flows()
+    return Plan(
+        (Process("abnet-decoder", job.tgt_cluster, "dec-0",
+                 publishes=(reply.name,), consumes=(act.name,)),
+         Process("abnet-encoder", job.src_cluster, job.encoder_id,
+                 publishes=(act.name,), consumes=(reply.name,))),
+        (act, reply),
+    )
