@@ -125,7 +125,8 @@ class SecuritySettings:
 class JobSettings:
     # Lower-case slug; every queue, exchange, vhost and user name derives from it.
     id: str
-    scenario: Literal["pipeline", "abnet", "electra", "split"] = "pipeline"
+    # Names the subpackage of ``workers`` that plans and runs the job (``workers.registry``).
+    scenario: Literal["abnet", "electra", "split"] = "abnet"
     seed: int = 0
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go.
@@ -148,7 +149,6 @@ class Settings:
     # Scenario sections, validated by the scenario that reads them.
     abnet: Mapping[str, Any] = field(default_factory=dict)
     electra: Mapping[str, Any] = field(default_factory=dict)
-    pipeline: Mapping[str, Any] = field(default_factory=dict)
     split: Mapping[str, Any] = field(default_factory=dict)
     # Path of the file these settings came from ("" when built in code).
     source: str = ""
