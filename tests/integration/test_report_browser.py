@@ -117,7 +117,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
         dec.hooks.on_compute(0.45)
         loss = 6.0 * math.exp(-step / 45) + 1.2 + 0.15 * rng.standard_normal()
         dec_out.send(step=step, micro_batch=step, tensors={"grad": (activations * 1e-3, int8)},
-                     meta={"loss": loss}, queue=reply_queue)
+                     meta={"loss": loss})  # the reply flow's queue: reply_queue
         dec_in.applied(got)
         back = enc_in.get(timeout=1)
         assert back is not None
