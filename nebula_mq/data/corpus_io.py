@@ -68,7 +68,9 @@ class InputReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
     def skip(self, path: Path | str, why: str) -> None:
-        log.warning("data.input_skipped", path=str(path), why=why)
+        # Every one is in the manifest and counted in the summary; hundreds of empty system
+        # catalogues on a line each would bury the rest of the output.
+        log.debug("data.input_skipped", path=str(path), why=why)
         self.skipped.append({"path": str(path), "why": why})
 
     def as_dict(self) -> dict[str, Any]:
