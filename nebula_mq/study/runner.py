@@ -60,10 +60,14 @@ class StudyConfig:
     eval_domains: tuple[str, ...] = ()
     max_source_tokens: int = 0
     warmup_steps: int = 0
+    lr_decay: str = "none"  # "none", "cosine" or "linear" after warm-up (see [abnet] lr_decay)
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
 
     def abnet_section(self, row: StudyRow) -> dict[str, Any]:
         real = {"domains": list(self.domains), "eval_domains": list(self.eval_domains),
-                "max_source_tokens": self.max_source_tokens, "warmup_steps": self.warmup_steps}
+                "max_source_tokens": self.max_source_tokens, "warmup_steps": self.warmup_steps,
+                "lr_decay": self.lr_decay, "min_lr_ratio": self.min_lr_ratio, "grad_clip": self.grad_clip}
         return {**real,
             "preset": self.preset, "data": self.data, "data_dir": self.data_dir,
             "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
