@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 # Session fixtures: `stack` (two TLS RabbitMQ nodes joined by federation through the WAN relay)
-# and `real_corpus` (a small real es->en corpus, tokenized).
-pytest_plugins = ["tests.fixtures.stack", "tests.fixtures.corpus"]
+# and `real_corpus` (a small real es->en corpus, tokenized); `pair`: two workers on an in-memory broker.
+pytest_plugins = ["tests.fixtures.stack", "tests.fixtures.corpus", "tests.fixtures.channels"]
 
 
 def _children(pid: int) -> set[int]:

@@ -105,8 +105,12 @@ class Outbox:
 class Inbox:
     """Trusted, deduplicated messages of one flow; see the module docstring."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator, *, held: int = 0) -> None:
-        """``held``: deliveries the role keeps unacked on purpose (applied but not yet
+    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator | None, *,
+                 held: int = 0) -> None:
+        """``dedupe``: the applied message ids, when nothing else keeps them (None when the
+        caller counts the flow's progress itself, as :class:`~nebula_mq.runtime.ordered.OrderedInbox`
+        does: a flow applied strictly in order needs one number, not a set of ids).
+        ``held``: deliveries the role keeps unacked on purpose (applied but not yet
         checkpointed, or waiting for their turn). The prefetch must exceed it, or the
         broker stops delivering while the role waits for the message that would let
         it checkpoint: a deadlock."""
@@ -142,7 +146,7 @@ class Inbox:
                                  f"{self.worker.settings.job.id!r}'s queue")
             if env.flow != self.flow.name:
                 raise UnknownJob(f"message of flow {env.flow!r} on flow {self.flow.name!r}")
-            if self.dedupe.seen(env.message_id, f"{env.flow}/{env.producer}", env.seq):
+            if self.dedupe is not None and self.dedupe.seen(env.message_id, f"{env.flow}/{env.producer}", env.seq):
                 self.worker.hooks.on_duplicate(_event(env, 0, len(delivery.body)))
                 # Its effect is applied, but maybe only in memory: ack with the next
                 # checkpoint. Acking now would lose the message if the first copy's
@@ -182,7 +186,8 @@ class Inbox:
     def applied(self, received: Received) -> None:
         """The role applied the message's effect: remember it, ack with the next checkpoint."""
         env = received.envelope
-        self.dedupe.record(env.message_id, f"{env.flow}/{env.producer}", env.seq)
+        if self.dedupe is not None:
+            self.dedupe.record(env.message_id, f"{env.flow}/{env.producer}", env.seq)
         self.worker.defer_ack(received.delivery)
 
     def close(self) -> None:

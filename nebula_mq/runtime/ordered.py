@@ -3,12 +3,13 @@
 A role asks an :class:`OrderedInbox` for the messages whose turn has come and says
 when it has applied one; the inbox decides everything else:
 
-* **trust and dedupe** (:class:`~nebula_mq.runtime.channel.Inbox`): checksum,
-  signature, schema, codec, NaN; a repeat of something already applied is acked
-  with the next checkpoint and never handed out again;
-* **order**: early arrivals wait for their turn (:class:`InOrderBuffer`), a second
-  copy of one that waits is a repeat, and an index the peer could not have sent
-  yet is dead-lettered;
+* **trust** (:class:`~nebula_mq.runtime.channel.Inbox`): checksum, signature,
+  schema, codec, NaN;
+* **progress, order and dedupe**, with one counter: the index of the next message
+  to apply (:class:`InOrderBuffer`; the worker's step restores it). Early arrivals
+  wait for their turn; anything below the counter, or a second copy of one that
+  waits, is a repeat, acked with the next checkpoint and never handed out again;
+  an index the peer could not have sent yet is dead-lettered;
 * **flow control**: the broker's prefetch covers what the role holds on purpose,
   or the broker would stop delivering while the role waits for the very message
   that lets it checkpoint (a deadlock);
@@ -30,7 +31,6 @@ from nebula_mq import topology
 from nebula_mq.errors import NebulaError
 from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.ordering import InOrderBuffer
-from nebula_mq.transport.dedup import Deduplicator
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
@@ -62,10 +62,10 @@ class FlowWindow:
 class OrderedInbox:
     """The messages of one flow, in index order from ``first``; see the module docstring."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator, first: int,
-                 window: FlowWindow) -> None:
+    def __init__(self, worker: Worker, flow: topology.Flow, first: int, window: FlowWindow) -> None:
+        """``first``: the index of the next message to apply (what the last checkpoint holds)."""
         self.worker = worker
-        self.inbox = Inbox(worker, flow, dedupe, held=window.held)
+        self.inbox = Inbox(worker, flow, None, held=window.held)
         self.order: InOrderBuffer[Received] = InOrderBuffer(first, window=window.window)
 
     def ready(self, timeout: float) -> list[Received]:

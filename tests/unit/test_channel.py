@@ -8,60 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nebula_mq import topology
 from nebula_mq.codecs import FP16, Identity
 from nebula_mq.errors import OutOfWindow
 from nebula_mq.runtime.channel import Inbox, Outbox
-from workers.base import RoleWorker
-from nebula_mq.settings import CodecSettings, JobSettings, SecuritySettings, Settings, TransportSettings
-from nebula_mq.transport.base import REASON_HEADER
+from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.channels import FLOW, Bare, connected, dead_letters, make
 from nebula_mq.wire import Envelope, encode_envelope, pack_tensors
-
-FLOW = topology.Flow("activations", "s", "t")
-
-
-class Bare(RoleWorker):
-    role = "test"
-
-    def run(self) -> int:
-        return 0
-
-
-def make(tmp: Path, broker: MemoryBroker, cluster: str, wid: str, encrypt: bool = False,
-         allow_non_finite: bool = False) -> Bare:
-    settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp)),
-                        codec=CodecSettings(allow_non_finite=allow_non_finite),
-                        transport=TransportSettings(publish_patience_s=5.0),
-                        security=SecuritySettings(encrypt_payloads=encrypt))
-    return Bare(settings, cluster, wid, MemoryTransport(broker, settings.transport, "chan", cluster))
-
-
-def connected(tmp: Path, **options: bool) -> tuple[Bare, Bare, MemoryBroker]:
-    """A sender on S and a receiver on T with FLOW declared between them (``options``: make's)."""
-    broker = MemoryBroker()
-    sender, receiver = make(tmp, broker, "s", "enc-0", **options), make(tmp, broker, "t", "dec-0", **options)
-    sender.transport.declare_flow(FLOW, "producer")
-    receiver.transport.declare_flow(FLOW, "consumer")
-    receiver.transport.declare_dead_letter_queue()
-    return sender, receiver, broker
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> tuple[Bare, Bare, MemoryBroker]:
-    return connected(tmp_path)
-
-
-def dead_letters(receiver: Bare) -> list[str]:
-    consumer = receiver.transport.consume(receiver.transport.dead_letter_queue)
-    reasons = []
-    while (d := consumer.get(0.05)) is not None:
-        reasons.append(str(d.headers[REASON_HEADER]))
-        d.ack()
-    consumer.close()
-    return reasons
-
 
 def raw_publish(sender: Bare, body: bytes, mid: str) -> None:
     pub = sender.transport.publisher()
@@ -163,7 +117,7 @@ def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the
     window = FlowWindow(ahead=4, unacked=2)
     assert (window.window, window.held) == (4, 6)  # one formula for the window and the prefetch reserve
     outbox = Outbox(sender, FLOW, "enc-0")
-    inbox = OrderedInbox(receiver, FLOW, Deduplicator(), 0, window)
+    inbox = OrderedInbox(receiver, FLOW, 0, window)  # counts progress itself: no Deduplicator
     x = np.ones(2, np.float32)
     for mb in (2, 0, 9, 1, 0):  # 9 is beyond [0, 4); 0 comes twice
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (x, Identity())})

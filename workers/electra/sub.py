@@ -234,7 +234,7 @@ class ElectraSubWorker(DiscriminatorRank):
         self.transport.declare_flow(self.flow, "consumer")
 
     def open_inbox(self) -> OrderedInbox:
-        return OrderedInbox(self, self.flow, self.dedupe, self.step * self.k_gen, self.window(self.k_gen))
+        return OrderedInbox(self, self.flow, self.step * self.k_gen, self.window(self.k_gen))
 
     def next_shares(self, inbox: OrderedInbox | InboxGroup) -> list[Received] | None:
         # Once shares are in flight the other ranks wait for this one in the

@@ -8,7 +8,8 @@ and the received gradient is back-propagated through it. So a checkpoint at
 step ``c`` is all a restarted head needs, and with ``in_flight = 1`` the split
 run is exactly the joint model's training.
 
-:class:`SplitHead` is the loop; a subclass says what a micro-batch is
+:class:`SplitHead` is the step (the loop is the runtime's:
+``nebula_mq.runtime.stepped``); a subclass says what a micro-batch is
 (:meth:`SplitHead.forward`) and may add message fields, checkpoint extras and
 an after-training step: :class:`SplitHeadWorker` runs a user's :class:`HeadSpec`,
 ``workers.abnet.encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
@@ -31,20 +32,14 @@ from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import DataError, MalformedMessage, ShapeMismatch
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq.transport.dedup import Deduplicator
-from workers.base import RoleWorker
-from nebula_mq.models.state import load_state_arrays, state_arrays
 from workers.registry import role
+from workers.split.side import SplitSide, trainable
 from workers.split.job import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
-
-
-def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
-    return [p for p in model.parameters() if not p.stop_gradient]
 
 
 @dataclass(frozen=True)
@@ -57,69 +52,28 @@ class Forward:
     side: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
-class StepEnd(RoleWorker):
-    """What ends every applied micro-batch, on either side of the split."""
-
-    total: int
-    optimizer: paddle.optimizer.Optimizer
-
-    def learning_rate(self, step: int) -> float | None:
-        """The learning rate of the update that makes ``step + 1`` (None: as the optimizer was built).
-
-        A function of the step alone, so a resumed worker needs no scheduler state."""
-        return None
-
-    def step_optimizer(self) -> None:
-        lr = self.learning_rate(self.step)
-        if lr is not None:
-            self.optimizer.set_lr(lr)
-        self.optimizer.step()
-        self.optimizer.clear_grad()
-
-    in_flight: int
-
-    @abstractmethod
-    def checkpoint(self) -> None: ...
-
-    def window(self) -> FlowWindow:
-        """Both sides: the peer runs up to ``in_flight`` micro-batches ahead, plus what it may
-        send before our checkpoint catches up; up to ``checkpoint_every`` applied messages
-        wait for the next checkpoint. Anything further cannot come from an honest peer."""
-        return FlowWindow(ahead=self.in_flight + self.checkpoint_every, unacked=self.checkpoint_every)
-
-    def finish_step(self, inbox: OrderedInbox, received: Received, values: Mapping[str, float]) -> None:
-        """Count the step, remember the message (acked with the next checkpoint), log it,
-        and checkpoint on schedule and at the last step."""
-        self.step += 1
-        inbox.applied(received)
-        self.record_step(values)
-        if self.step % self.checkpoint_every == 0 or self.step == self.total:
-            self.checkpoint()
-
-
-class SplitHead(StepEnd):
-    """The head loop; subclasses say what a micro-batch is (:meth:`forward`)."""
+class SplitHead(SplitSide):
+    """The head's step: send activations up to the window, apply gradients in order.
+    Subclasses say what a micro-batch is (:meth:`forward`)."""
 
     role = "split-head"
-    state_prefix = "head"  # names this side's arrays in the checkpoint
-    activation_name = "activation"  # tensor name of the activation in the message
+    state_prefix = "head"
 
     def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
                  flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
-        super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
-        self.act_flow, self.reply_flow = flows
-        self.in_flight = in_flight
+        super().__init__(settings, cluster, worker_id, transport, flows=flows, in_flight=in_flight,
+                         checkpoint_every=checkpoint_every)
+        self.steps_flow = self.reply_flow  # step s applies the gradient of micro-batch s
         # Schedule, rsvd warm start, AQ-SGD reference, tensor roles: all of the activation
         # flow's compression state, checkpointed with the head.
         self.outgoing = FlowCompression(
             CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step),
             main=self.activation_name, role="activation", delta=self.delta_compression(),
             allow_non_finite=settings.codec.allow_non_finite)
-        self.dedupe = Deduplicator()
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
-        self.total = settings.job.steps
-        self.model: paddle.nn.Layer
-        self.optimizer: paddle.optimizer.Optimizer
+
+    def compressions(self) -> tuple[FlowCompression, ...]:
+        return (self.outgoing,)
 
     # ------------------------------------------------------------------ what a micro-batch is
 
@@ -144,69 +98,33 @@ class SplitHead(StepEnd):
             raise ShapeMismatch(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(activation.shape)}")
         activation.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
 
-    def extra_state(self) -> dict[str, np.ndarray]:
-        """Arrays checkpointed besides model and optimizer (e.g. feedback caches)."""
-        return {}
+    # ------------------------------------------------------------------ the step (runtime.stepped)
 
-    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        return None
+    def extra_meta(self) -> dict[str, Any]:
+        return {"next_fwd": self.next_fwd}
 
-    def after_training(self) -> None:
-        """Called once all ``steps`` gradients are applied and checkpointed (not on a stop)."""
-        return None
-
-    # ------------------------------------------------------------------ checkpoint
-
-    def restore(self) -> None:
-        ck = self.store.latest()
-        if ck is None:
-            return
-        load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
-        self.step = ck.step
+    def load(self, ck: Checkpoint) -> None:
+        super().load(ck)
         self.next_fwd = int(ck.meta["next_fwd"])
-        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
-        self.outgoing.restore(ck.arrays, self.state_prefix)
-        self.restore_extra(ck.arrays, ck.meta)
-        log.info("resumed", step=self.step, next_fwd=self.next_fwd)
 
-    def checkpoint(self) -> None:
-        arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
-        arrays.update(self.outgoing.state_arrays(self.state_prefix))
-        arrays.update(self.extra_state())
-        self.commit(arrays, {"next_fwd": self.next_fwd, "dedupe": self.dedupe.export_state()})
-        self.write_history()
+    def unsaved(self) -> bool:
+        return self.step > 0 or self.next_fwd > 0  # sent activations are confirmed: remember them
 
-    # ------------------------------------------------------------------ loop
+    def produce(self) -> None:
+        """Keep ``in_flight`` micro-batches waiting for their gradient."""
+        while self.next_fwd < min(self.total, self.step + self.in_flight) and not self.stop_requested.is_set():
+            self.send_activation(self.next_fwd)
+            self.next_fwd += 1
 
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
+    def open(self) -> None:
         self.transport.declare_flow(self.act_flow, "producer")
-        reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
-        self.restore()
-        outbox = Outbox(self, self.act_flow, self.worker_id)
-        inbox = OrderedInbox(self, self.reply_flow, self.dedupe, self.step, self.window())
-        try:
-            while self.step < self.total:
-                while (self.next_fwd < min(self.total, self.step + self.in_flight)
-                       and not self.stop_requested.is_set()):
-                    self.send_activation(outbox, self.next_fwd, reply_queue)
-                    self.next_fwd += 1
-                if self.stop_requested.is_set():
-                    break
-                received = inbox.next(timeout=0.5)
-                for ready in inbox.take(received, admit=self.check_correlation) if received else ():
-                    self.apply_gradient(inbox, ready)
-            # Normal end or SIGTERM: what was applied is checkpointed and acked.
-            if (self.step > 0 or self.next_fwd > 0) and not self.has_checkpoint_at_step():
-                self.checkpoint()
-            if self.step >= self.total and not self.stop_requested.is_set():
-                self.after_training()
-        finally:
-            outbox.close()
-            inbox.close()
-        return 0
+        self.reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
+        self.outbox = Outbox(self, self.act_flow, self.worker_id)
 
-    def send_activation(self, outbox: Outbox, mb: int, reply_queue: str) -> None:
+    def close(self) -> None:
+        self.outbox.close()
+
+    def send_activation(self, mb: int) -> None:
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
         with paddle.no_grad():
@@ -214,7 +132,10 @@ class SplitHead(StepEnd):
         activation = fwd.activation.numpy()
         self.hooks.on_compute(time.perf_counter() - t0)
         encoded, meta = self.outgoing.encode(mb, self.message(mb, fwd, activation), self.samples(fwd))
-        outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=reply_queue)
+        self.outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
+
+    def admit(self, received: Received) -> None:
+        self.check_correlation(received)
 
     def check_correlation(self, received: Received) -> None:
         """A reply answers one request: its correlation id is the id of the activation of
@@ -224,7 +145,8 @@ class SplitHead(StepEnd):
             raise MalformedMessage(f"reply for micro-batch {received.micro_batch} correlates with "
                                    f"{received.delivery.correlation_id!r}, not {asked!r}")
 
-    def apply_gradient(self, inbox: OrderedInbox, received: Received) -> None:
+    def apply(self, received: Received) -> dict[str, float]:
+        """Step ``self.step``: the gradient of micro-batch ``self.step``, through its recomputed forward."""
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
@@ -232,7 +154,7 @@ class SplitHead(StepEnd):
         self.backward(fwd.activation, received.tensors["grad"])
         self.step_optimizer()
         self.hooks.on_compute(time.perf_counter() - t0)
-        self.finish_step(inbox, received, self.step_values(received, fwd))
+        return self.step_values(received, fwd)
 
     def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
         """What the history records for an applied step (the loss the tail computed)."""

@@ -8,7 +8,8 @@ is confirmed before the activation is acked, the ack waits for the checkpoint
 holding the step, and dropout is seeded per micro-batch, so a restarted tail
 re-sends the same replies bit for bit and the head drops them as duplicates.
 
-:class:`SplitTail` is the loop; :class:`SplitTailWorker` runs a user's
+:class:`SplitTail` is the step (the loop is the runtime's: ``nebula_mq.runtime.stepped``);
+:class:`SplitTailWorker` runs a user's
 :class:`TailSpec`, ``workers.abnet.decoder`` the ABNet decoder (AQ-SGD mirror,
 error feedback, beam-search evaluation).
 """
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import paddle
@@ -29,30 +28,27 @@ from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import DataError, MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq.transport.dedup import Deduplicator
-from nebula_mq.models.state import load_state_arrays, state_arrays
 from workers.registry import role
-from workers.split.head import StepEnd, trainable
+from workers.split.side import SplitSide, trainable
 from workers.split.job import SplitJob, TailSpec, load_builder, load_split_job, micro_batch_seed
 
 log = get_logger(__name__)
 
 
-class SplitTail(StepEnd):
-    """The tail loop; subclasses say how a micro-batch is trained (:meth:`loss_and_grad`)."""
+class SplitTail(SplitSide):
+    """The tail's step: train on the next activation, reply with its gradient. Subclasses
+    say how a micro-batch is trained (:meth:`loss_and_grad`)."""
 
     role = "split-tail"
-    state_prefix = "tail"  # names this side's arrays in the checkpoint
-    activation_name = "activation"  # tensor name of the activation in the message
+    state_prefix = "tail"
 
     def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
                  flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
-        super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
-        self.act_flow, self.reply_flow = flows
-        self.in_flight = in_flight
+        super().__init__(settings, cluster, worker_id, transport, flows=flows, in_flight=in_flight,
+                         checkpoint_every=checkpoint_every)
+        self.steps_flow = self.act_flow  # step s trains on the activation of micro-batch s
         # The activation flow's receiving end (the AQ-SGD mirror, when the head sends deltas)
         # and the gradient flow's sending end (schedule, rsvd warm start, error feedback).
         self.incoming = FlowCompression(CompressionSchedule.parse("none"), main=self.activation_name,
@@ -61,10 +57,9 @@ class SplitTail(StepEnd):
             CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step),
             main="grad", role="gradient", feedback=self.error_feedback(),
             allow_non_finite=settings.codec.allow_non_finite)
-        self.dedupe = Deduplicator()
-        self.total = settings.job.steps
-        self.model: paddle.nn.Layer
-        self.optimizer: paddle.optimizer.Optimizer
+
+    def compressions(self) -> tuple[FlowCompression, ...]:
+        return (self.incoming, self.outgoing)
 
     # ------------------------------------------------------------------ what a micro-batch is
 
@@ -85,64 +80,18 @@ class SplitTail(StepEnd):
         """The received activation as the head meant it (a delta rebuilt on the mirror)."""
         return self.incoming.decode(received.tensors, received.meta, self.samples(received))
 
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        """True when ``received`` is not a training activation and was dealt with here."""
-        return False
+    # ------------------------------------------------------------------ the step (runtime.stepped)
 
-    def more_to_do(self) -> bool:
-        """Keep consuming after the last training step (e.g. evaluation batches)."""
-        return False
-
-    def extra_state(self) -> dict[str, np.ndarray]:
-        return {}
-
-    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        return None
-
-    # ------------------------------------------------------------------ checkpoint
-
-    def restore(self) -> None:
-        ck = self.store.latest()
-        if ck is None:
-            return
-        load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
-        self.step = ck.step
-        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
-        self.incoming.restore(ck.arrays, self.state_prefix)
-        self.outgoing.restore(ck.arrays, self.state_prefix)
-        self.restore_extra(ck.arrays, ck.meta)
-        log.info("resumed", step=self.step)
-
-    def checkpoint(self) -> None:
-        arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
-        arrays.update(self.incoming.state_arrays(self.state_prefix))
-        arrays.update(self.outgoing.state_arrays(self.state_prefix))
-        arrays.update(self.extra_state())
-        self.commit(arrays, {"dedupe": self.dedupe.export_state()})
-        self.write_history()
-
-    # ------------------------------------------------------------------ loop
-
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
+    def open(self) -> None:
         self.transport.declare_flow(self.act_flow, "consumer")
         self.reply_queue = self.transport.declare_flow(self.reply_flow, "producer")
-        self.restore()
-        outbox = Outbox(self, self.reply_flow, self.worker_id)
-        inbox = OrderedInbox(self, self.act_flow, self.dedupe, self.step, self.window())
-        try:
-            while (self.step < self.total or self.more_to_do()) and not self.stop_requested.is_set():
-                received = inbox.next(timeout=0.5)
-                if received is None or self.handle_other(inbox, received):
-                    continue
-                for ready in inbox.take(received, admit=self.check_reply_to):
-                    self.train_on(inbox, outbox, ready)
-            if self.step > 0 and not self.has_checkpoint_at_step():
-                self.checkpoint()
-        finally:
-            outbox.close()
-            inbox.close()
-        return 0
+        self.outbox = Outbox(self, self.reply_flow, self.worker_id)
+
+    def close(self) -> None:
+        self.outbox.close()
+
+    def admit(self, received: Received) -> None:
+        self.check_reply_to(received)
 
     def check_reply_to(self, received: Received) -> None:
         """An activation must ask for its reply on this job's reply queue (no reply elsewhere)."""
@@ -150,7 +99,9 @@ class SplitTail(StepEnd):
             raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
                                    f"this job's reply queue {self.reply_queue!r}")
 
-    def train_on(self, inbox: OrderedInbox, outbox: Outbox, received: Received) -> None:
+    def apply(self, received: Received) -> dict[str, float]:
+        """Step ``self.step``: train on micro-batch ``self.step`` and reply with its gradient. The
+        reply is confirmed before the activation is acked (with the next checkpoint)."""
         mb = received.micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
@@ -158,9 +109,9 @@ class SplitTail(StepEnd):
         self.step_optimizer()
         self.hooks.on_compute(time.perf_counter() - t0)
         encoded, meta = self.outgoing.encode(mb, {"grad": grad}, self.samples(received))
-        outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
-                    correlation_id=received.message_id)
-        self.finish_step(inbox, received, {"loss": loss})
+        self.outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
+                         correlation_id=received.message_id)
+        return {"loss": loss}
 
 
 class SplitTailWorker(SplitTail):
