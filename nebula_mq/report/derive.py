@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nebula_mq.report.parse import RunData, WorkerMetrics, WorkerRun
+from nebula_mq.report.records import RunData, WorkerMetrics, WorkerRun
 
 
 @dataclass(frozen=True)

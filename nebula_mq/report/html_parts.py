@@ -43,3 +43,29 @@ def figure(png: bytes | None, alt: str, caption: str, empty: str) -> str:
 
 def section(anchor: str, title: str, body: str) -> str:
     return f'<section id="{anchor}"><h2>{e(title)}</h2>{body}</section>'
+
+
+def json_tables(doc: Any) -> str:
+    """Any JSON document as HTML: its scalars and small objects as key/value lines, and each
+    list of objects as a table (a benchmark's result file, whatever its shape)."""
+    tables = {k: v for k, v in doc.items() if _is_rows(v)} if isinstance(doc, dict) else {}
+    if _is_rows(doc):
+        tables = {"": doc}
+    scalars = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))} if isinstance(doc, dict) else {}
+    info = {k: v for k, v in doc.items() if isinstance(v, dict)} if isinstance(doc, dict) else {}
+    parts = []
+    for k, v in {**scalars, **info}.items():
+        shown = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else v
+        parts.append(f'<p class="kv"><b>{e(k)}</b>: {e(str(shown))}</p>')
+    for key, rows in tables.items():
+        cols = list(dict.fromkeys(c for r in rows for c in r))
+        numeric = [i for i, c in enumerate(cols) if all(isinstance(r[c], (int, float)) for r in rows if c in r)]
+        parts.append((f"<h4>{e(key)}</h4>" if key else "") +
+                     table(cols, ([num(r.get(c, "–")) for c in cols] for r in rows), numeric))
+    if not tables and not scalars and not info:
+        parts.append('<p class="empty">No tabular content.</p>')
+    return "".join(parts)
+
+
+def _is_rows(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)

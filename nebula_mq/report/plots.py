@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from nebula_mq.report.derive import (
     bits_rate_unit, ema, process_wall_s, step_rate, wire_bytes_per_step,
 )
-from nebula_mq.report.parse import Fault, RunData
+from nebula_mq.report.records import Fault, RunData
 
 DPI = 110
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")

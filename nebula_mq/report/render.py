@@ -15,15 +15,16 @@ import html
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from nebula_mq.report import derive, plots
 from nebula_mq.report.evaluation import evaluation_section
 from nebula_mq.report.html_parts import figure as _figure
+from nebula_mq.report.html_parts import json_tables
 from nebula_mq.report.html_parts import num as _num
 from nebula_mq.report.html_parts import section as _section
 from nebula_mq.report.html_parts import table as _table
-from nebula_mq.report.parse import RunData, load_run
+from nebula_mq.report.parse import load_run
+from nebula_mq.report.records import RunData
 from nebula_mq.report.style import CSS, SCRIPT
 
 STUDY_COLUMNS = ("chain", "bleu", "forward_ratio", "backward_ratio", "s_per_step")
@@ -228,30 +229,8 @@ def _faults(run: RunData, origin: float) -> str:
 def _bench(run: RunData) -> str:
     if not run.bench:
         return '<p class="empty">No bench/*.json in this run.</p>'
-    parts = []
-    for stem, doc in sorted(run.bench.items()):
-        tables = {k: v for k, v in doc.items() if _is_rows(v)} if isinstance(doc, dict) else {}
-        if _is_rows(doc):
-            tables = {"": doc}
-        scalars = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))} if isinstance(doc, dict) else {}
-        info = {k: v for k, v in doc.items() if isinstance(v, dict)} if isinstance(doc, dict) else {}
-        parts.append(f"<h3><code>bench/{e(stem)}.json</code></h3>")
-        for k, v in {**scalars, **info}.items():
-            shown = ", ".join(f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else v
-            parts.append(f'<p class="kv"><b>{e(k)}</b>: {e(str(shown))}</p>')
-        for key, rows in tables.items():
-            cols = list(dict.fromkeys(c for r in rows for c in r))
-            numeric = [i for i, c in enumerate(cols)
-                       if all(isinstance(r[c], (int, float)) for r in rows if c in r)]
-            parts.append((f"<h4>{e(key)}</h4>" if key else "") +
-                         _table(cols, ([_num(r.get(c, "–")) for c in cols] for r in rows), numeric))
-        if not tables and not scalars and not info:
-            parts.append('<p class="empty">No tabular content.</p>')
-    return "".join(parts)
-
-
-def _is_rows(v: Any) -> bool:
-    return isinstance(v, list) and bool(v) and all(isinstance(r, dict) for r in v)
+    return "".join(f"<h3><code>bench/{e(stem)}.json</code></h3>" + json_tables(doc)
+                   for stem, doc in sorted(run.bench.items()))
 
 
 # --------------------------------------------------------------------------- page

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nebula_mq.errors import CertificateError
-from nebula_mq.atomic import write_atomic
+from nebula_mq.security.pem import (key_matches, key_pem, load_cert, load_key, new_key, signed_by, write_private,
+                                   write_public)
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
@@ -74,57 +74,8 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` with mode 0600 from the first byte on, durably, then rename into place."""
-    write_atomic(path, data, mode=0o600, fsync=True)
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    write_atomic(path, data, mode=0o644)
-
-
-def _new_key() -> ec.EllipticCurvePrivateKey:
-    # P-256: fast to generate, supported by Erlang/OTP 25 and Python's ssl.
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def _load_cert(path: Path) -> x509.Certificate | None:
-    try:
-        return x509.load_pem_x509_certificate(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-
-
-def _load_key(path: Path) -> ec.EllipticCurvePrivateKey | None:
-    try:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-    except (OSError, ValueError, TypeError):
-        return None
-    return key if isinstance(key, ec.EllipticCurvePrivateKey) else None
-
-
 def _fresh(cert: x509.Certificate | None) -> bool:
     return cert is not None and cert.not_valid_after_utc - _now() > RENEW_BEFORE
-
-
-def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        return False
-    return True
-
-
-def _matches(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bool:
-    return cert.public_key() == key.public_key()
 
 
 class ClusterCA:
@@ -141,10 +92,10 @@ class ClusterCA:
 
     def ensure_ca(self) -> x509.Certificate:
         """Load the CA, creating (or replacing an expiring) one; returns its certificate."""
-        cert, key = _load_cert(self.ca_cert_file), _load_key(self.ca_key_file)
-        if cert is not None and key is not None and _fresh(cert) and _matches(cert, key):
+        cert, key = load_cert(self.ca_cert_file), load_key(self.ca_key_file)
+        if cert is not None and key is not None and _fresh(cert) and key_matches(cert, key):
             return cert
-        key = _new_key()
+        key = new_key()
         name = x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nebula-mq"),
@@ -172,13 +123,13 @@ class ClusterCA:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256())
         )
-        write_private(self.ca_key_file, _key_pem(key))
-        _write_public(self.ca_cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(self.ca_key_file, key_pem(key))
+        write_public(self.ca_cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert
 
     def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         cert = self.ensure_ca()
-        key = _load_key(self.ca_key_file)
+        key = load_key(self.ca_key_file)
         if key is None:
             raise CertificateError(f"{self.ca_key_file}: unreadable CA key")
         return cert, key
@@ -231,15 +182,15 @@ class ClusterCA:
     def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str],
                      force: bool = False) -> None:
         ca_cert, ca_key = self._ca()
-        cert, key = _load_cert(ident.cert_file), _load_key(ident.key_file)
+        cert, key = load_cert(ident.cert_file), load_key(ident.key_file)
         if (
             not force and cert is not None and key is not None and _fresh(cert)
             and cert.serial_number not in self.revoked_serials()
-            and _signed_by(cert, ca_cert) and _matches(cert, key)
+            and signed_by(cert, ca_cert) and key_matches(cert, key)
             and (not server or _sans(cert) >= set(dns) | set(ips))
         ):
             return
-        key = _new_key()
+        key = new_key()
         now = _now()
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
@@ -261,8 +212,8 @@ class ClusterCA:
             sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(ca_key, hashes.SHA256())
-        write_private(ident.key_file, _key_pem(key))
-        _write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        write_private(ident.key_file, key_pem(key))
+        write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
 
     def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
         """Trust bundle: this cluster's CA first, then each peer's CA, then imported peer CAs."""
@@ -275,7 +226,7 @@ class ClusterCA:
                 pems.append(pem)
         data = b"".join(pems)
         if not self.trust_file.exists() or self.trust_file.read_bytes() != data:
-            _write_public(self.trust_file, data)
+            write_public(self.trust_file, data)
         return self.trust_file
 
 
@@ -288,7 +239,7 @@ def import_peer_ca(ca: ClusterCA, peer: str, pem: bytes) -> Path:
         raise CertificateError(f"the certificate offered for peer {peer!r} is not a PEM CA certificate") from None
     if not is_ca:
         raise CertificateError(f"the certificate offered for peer {peer!r} is not a CA (basicConstraints)")
-    _write_public(ca.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
+    write_public(ca.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
                   cert.public_bytes(serialization.Encoding.PEM))
     local = [ClusterCA(ca.dir.parent, d.name) for d in sorted(ca.dir.parent.iterdir())
              if (d / "ca.key").is_file() and _NAME.match(d.name)]

@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from nebula_mq.errors import DataAccessDenied, SecurityError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import write_private
+from nebula_mq.security.pem import write_private
 from nebula_mq.atomic import write_json_atomic
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nebula_mq.errors import SecurityError
-from nebula_mq.security.certs import write_private
+from nebula_mq.security.pem import write_private
 
 KEY_FILE_ENV = "NEBULA_JOB_KEY_FILE"
 _VERSION = 1

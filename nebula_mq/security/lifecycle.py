@@ -18,7 +18,8 @@ from pathlib import Path
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity, _load_cert
+from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.pem import load_cert
 from nebula_mq.security.revocation import revoke, revoked_serials
 
 # A certificate closer to its end than this is listed with a warning.
@@ -49,7 +50,7 @@ def _ca(certs_dir: str | os.PathLike[str], cluster: str) -> ClusterCA:
 
 
 def _serial(ident: Identity) -> int | None:
-    cert = _load_cert(ident.cert_file)
+    cert = load_cert(ident.cert_file)
     return None if cert is None else cert.serial_number
 
 
@@ -95,7 +96,7 @@ def list_certs(certs_dir: str | os.PathLike[str]) -> list[CertInfo]:
         files = [("ca", ca.ca_cert_file), ("server", ca.server().cert_file)]
         files += [(c.name, c / "cert.pem") for c in sorted((d / "clients").glob("*")) if c.is_dir()]
         for name, path in files:
-            cert = _load_cert(path)
+            cert = load_cert(path)
             if cert is None:
                 continue
             end = cert.not_valid_after_utc

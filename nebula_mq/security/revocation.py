@@ -31,7 +31,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
 from nebula_mq.errors import CertificateError
-from nebula_mq.security.certs import ClusterCA, _load_cert, _load_key, _write_public
+from nebula_mq.security.certs import ClusterCA
+from nebula_mq.security.pem import load_cert, load_key, write_public
 
 CRL_DAYS = 30
 
@@ -69,7 +70,7 @@ def issuer_hash(crl_pem: Path) -> str:
 def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
     """Sign ``ca``'s CRL (valid CRL_DAYS) and publish it into ``publish_to``; returns the CRL file."""
     ca_cert = ca.ensure_ca()
-    ca_key = _load_key(ca.ca_key_file)
+    ca_key = load_key(ca.ca_key_file)
     if ca_key is None:
         raise CertificateError(f"{ca.ca_key_file}: unreadable CA key")
     now = dt.datetime.now(dt.timezone.utc)
@@ -86,8 +87,8 @@ def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
     crl = builder.sign(ca_key, hashes.SHA256())
     pem = crl.public_bytes(serialization.Encoding.PEM)
     crl_file = ca.dir / "crl.pem"
-    _write_public(crl_file, pem)
-    _write_public(publish_to / f"{issuer_hash(crl_file)}.r0", pem)
+    write_public(crl_file, pem)
+    write_public(publish_to / f"{issuer_hash(crl_file)}.r0", pem)
     return crl_file
 
 
@@ -107,13 +108,13 @@ def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str, serial: in
     ``ensure_client(cn)`` issues a new certificate with a new serial.
     """
     if serial is None:
-        cert = _load_cert(ca.client(cn).cert_file)
+        cert = load_cert(ca.client(cn).cert_file)
         if cert is None:
             raise CertificateError(f"no certificate for {cn!r} on {ca.cluster} ({ca.client(cn).cert_file})")
         serial = cert.serial_number
     revoked = revoked_serials(ca)
     revoked[serial] = {"cn": cn, "revoked_at": dt.datetime.now(dt.timezone.utc).isoformat()}
-    _write_public(_revoked_file(ca), json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
+    write_public(_revoked_file(ca), json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
     out = crl_dir(certs_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_crl(ca, out)
