@@ -148,7 +148,7 @@ class JobProcesses:
 
 
 def _where_named(settings: Settings, cluster: str, overrides: Sequence[EnvOverride]) -> str:
-    """Where the job names ``cluster``: ``job.toml [abnet] tgt_cluster``, or the override variable."""
+    """Where the job names ``cluster``: ``job.toml [abnet] tail_cluster``, or the override variable."""
     from nebula_mq.stack import DEFAULT_CLUSTERS
 
     scenario = settings.job.scenario

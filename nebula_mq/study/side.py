@@ -91,7 +91,7 @@ def settings(spec: RowSpec, clusters: Mapping[str, ClusterSettings]) -> Settings
         codec=CodecSettings(forward=row["forward"], backward=row["backward"],
                             compress_from_step=row["compress_from_step"]),
         transport=TransportSettings(publish_patience_s=600.0),
-        abnet={**spec.abnet, "src_cluster": spec.src, "tgt_cluster": spec.tgt},
+        abnet={**spec.abnet, "head_cluster": spec.src, "tail_cluster": spec.tgt},
     )
 
 

@@ -118,20 +118,20 @@ def test_run_with_a_misspelt_cluster_says_it_is_unknown_and_suggests_one(
 ) -> None:
     job = tmp_path / "job.toml"
     job.write_text((ROOT / "config" / "abnet-delta.toml").read_text()
-                   .replace('tgt_cluster = "cluster-b"', 'tgt_cluster = "clustr-b"')
+                   .replace('tail_cluster = "cluster-b"', 'tail_cluster = "clustr-b"')
                    .replace('run_dir = "run/jobs/abnet-delta"', f'run_dir = "{tmp_path / "run"}"'))
     for name in [n for n in os.environ if n.startswith("NEBULA__")]:
         monkeypatch.delenv(name)
     assert main(["run", str(job), "--stack", stack.run_dir]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert f"unknown cluster 'clustr-b' in {job} [abnet] tgt_cluster (did you mean 'cluster-b'?)" in err
+    assert f"unknown cluster 'clustr-b' in {job} [abnet] tail_cluster (did you mean 'cluster-b'?)" in err
     assert f"the stack in {stack.run_dir} has cluster-a, cluster-b." in err
     # Set by an override, the variable is named instead of the file.
-    job.write_text(job.read_text().replace('tgt_cluster = "clustr-b"', 'tgt_cluster = "cluster-b"'))
-    monkeypatch.setenv("NEBULA__ABNET__TGT_CLUSTER", "clustr-b")
+    job.write_text(job.read_text().replace('tail_cluster = "clustr-b"', 'tail_cluster = "cluster-b"'))
+    monkeypatch.setenv("NEBULA__ABNET__TAIL_CLUSTER", "clustr-b")
     assert main(["run", str(job), "--stack", stack.run_dir]) == 1
-    assert "'clustr-b' in environment variable NEBULA__ABNET__TGT_CLUSTER" in capsys.readouterr().err
+    assert "'clustr-b' in environment variable NEBULA__ABNET__TAIL_CLUSTER" in capsys.readouterr().err
 
 
 CTRL_C_JOB = """

@@ -6,12 +6,13 @@ Cross-cluster behaviour on real brokers is tested in tests/integration.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.settings import Settings
+from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.pairs import abnet_settings as tiny_settings
 from tests.fixtures.pairs import run_abnet_pair as run_pair
@@ -218,3 +219,25 @@ def test_delta_compression_tracks_the_activation(tmp_path: Path) -> None:
         errs.append(np.abs(roundtrip(x - ref, Int8()) + ref - x)[valid].max())
         plain.append(np.abs(roundtrip(x, Int8()) - x)[valid].max())
     assert max(errs) < min(plain) / 3
+
+
+def test_abnet_placement_is_the_split_jobs_and_reads_the_older_spelling() -> None:
+    """[abnet] extends [split]'s placement (the encoder is the head); src_cluster, tgt_cluster and
+    encoder_id still mean head_cluster, tail_cluster and head_id, and giving both is an error."""
+    from nebula_mq.errors import ConfigError
+    from workers.abnet.job import load_job
+    from workers.split.job import Placement
+
+    def load(abnet: dict[str, str]) -> Any:
+        return load_job(Settings(job=JobSettings(id="placement"), abnet=abnet))
+
+    new = load({"head_cluster": "a", "tail_cluster": "b", "head_id": "enc-7"})
+    old = load({"src_cluster": "a", "tgt_cluster": "b", "encoder_id": "enc-7"})
+    assert isinstance(new, Placement) and new == old
+    assert (new.head_cluster, new.tail_cluster, new.head_id, new.tail_id) == ("a", "b", "enc-7", "dec-0")
+    act, reply = new.flows()
+    assert (act.src_cluster, act.dst_cluster, reply.src_cluster, reply.dst_cluster) == ("a", "b", "b", "a")
+    with pytest.raises(ConfigError, match="abnet.tgt_cluster"):
+        load({"tgt_cluster": "b", "tail_cluster": "c"})
+    with pytest.raises(ConfigError, match="head_cluster != tail_cluster"):
+        load({"src_cluster": "a", "tail_cluster": "a"})

@@ -46,10 +46,10 @@ class AbnetDecoderWorker(SplitTail):
     activation_name = "enc_out"
     model: DecoderSide
 
-    def __init__(self, settings: Settings, transport: Transport | None = None,
-                 worker_id: str = "dec-0") -> None:
+    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         self.job = load_job(settings)
-        super().__init__(settings, self.job.tgt_cluster, worker_id, transport, flows=self.job.flows(),
+        worker_id = self.job.tail_id
+        super().__init__(settings, self.job.tail_cluster, worker_id, transport, flows=self.job.flows(),
                          in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)

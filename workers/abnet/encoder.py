@@ -55,7 +55,7 @@ class AbnetEncoderWorker(SplitHead):
 
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         self.job = load_job(settings)
-        super().__init__(settings, self.job.src_cluster, self.job.encoder_id, transport, flows=self.job.flows(),
+        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport, flows=self.job.flows(),
                          in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg)

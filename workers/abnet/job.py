@@ -17,21 +17,33 @@ from typing import Any, Literal
 
 import numpy as np
 
-from nebula_mq import config, topology
+from nebula_mq import config
 from nebula_mq.data.translation import TranslationData, only_domains, synthetic_pairs
+from nebula_mq.errors import ConfigError
 from nebula_mq.settings import Settings
+from workers.split.job import Placement
 
 EVAL_KIND = "eval"  # meta "kind" of evaluation activations (no gradient comes back)
 
 
-def eval_producer(encoder_id: str) -> str:
+def eval_producer(head_id: str) -> str:
     """Producer id of an encoder's evaluation messages: a dedupe stream of their own."""
-    return f"{encoder_id}-eval"
+    return f"{head_id}-eval"
+
+
+# Older spellings of the placement keys in ``[abnet]``, still read: the encoder is the head.
+PLACEMENT_ALIASES = {"src_cluster": "head_cluster", "tgt_cluster": "tail_cluster", "encoder_id": "head_id"}
 
 
 @dataclass(frozen=True)
-class AbnetJob:
-    """The ``[abnet]`` section of a job file."""
+class AbnetJob(Placement):
+    """The ``[abnet]`` section of a job file: the split placement (``head_*`` is the encoder on
+    the source side, ``tail_*`` the decoder on the target side) and the translation model."""
+
+    head_id: str = "enc-0"
+    tail_id: str = "dec-0"
+    # Micro-batches whose gradient is not back yet; bounds staleness and memory.
+    in_flight: int = 4
 
     preset: Literal["tiny", "small", "full"] = "tiny"
     # Layers kept from each pretrained stack (small preset); fewer = faster on CPU.
@@ -47,8 +59,6 @@ class AbnetJob:
     batching: Literal["auto", "length", "random"] = "auto"
     # Synthetic task only: source length range and vocabulary come from the tiny preset.
     synthetic_len: int = 8
-    # Micro-batches whose gradient is not back yet; bounds staleness and memory.
-    in_flight: int = 4
     # Training samples used (0 = the whole split): a small set gives several epochs in a
     # short study, which is what delta compression feeds on.
     train_samples: int = 0
@@ -71,7 +81,6 @@ class AbnetJob:
     eval_domains: tuple[str, ...] = ()
     eval_beam: int = 4
     eval_max_len: int = 64
-    lr: float = 1e-3
     # Linear warm-up of the learning rate over the first updates (0 = none). Without it,
     # Adam at 1e-3 can push the encoder adapters to a constant output in a few dozen steps
     # (every token the same vector: the decoder then ignores the source).
@@ -86,15 +95,9 @@ class AbnetJob:
     # What the encoder does when every token gets the same vector (see docs/QUALITY.md):
     # "stop" fails the job before it overwrites good checkpoints; "warn" logs and goes on.
     on_collapse: Literal["stop", "warn"] = "stop"
-    checkpoint_every: int = 10
-    src_cluster: str = "s"
-    tgt_cluster: str = "t"
-    # Requester id of the (single) encoder worker; names its reply flow.
-    encoder_id: str = "enc-0"
 
     def validate(self) -> None:
-        if self.in_flight < 1:
-            raise ValueError("in_flight >= 1")
+        super().validate()
         if self.batch_size < 1:
             raise ValueError("batch_size >= 1")
         if self.train_samples < 0 or self.eval_samples < 0:
@@ -107,12 +110,6 @@ class AbnetJob:
             raise ValueError("0 <= min_lr_ratio <= 1 and grad_clip >= 0")
         if self.eval_beam < 1 or self.eval_max_len < 1:
             raise ValueError("eval_beam >= 1 and eval_max_len >= 1")
-        if self.src_cluster == self.tgt_cluster:
-            raise ValueError("src_cluster != tgt_cluster")
-
-    def flows(self) -> tuple[topology.Flow, topology.Flow]:
-        act, reply = topology.abnet_flows(self.src_cluster, self.tgt_cluster, (self.encoder_id,))
-        return act, reply
 
 
 def learning_rate(job: AbnetJob, steps: int, step: int) -> float:
@@ -138,7 +135,15 @@ def adapter_optimizer(job: AbnetJob, parameters: list[Any]) -> Any:
 
 
 def load_job(settings: Settings) -> AbnetJob:
-    return config.build(AbnetJob, dict(settings.abnet), settings.source or "<settings>", "abnet.")
+    where = settings.source or "<settings>"
+    section = dict(settings.abnet)
+    for old, new in PLACEMENT_ALIASES.items():
+        if old in section:
+            if new in section:
+                raise ConfigError(where, f"abnet.{old}", f"one of {old} and {new} (the same setting)",
+                                  section[old])
+            section[new] = section.pop(old)
+    return config.build(AbnetJob, section, where, "abnet.")
 
 
 SYNTHETIC_SAMPLES = 4096

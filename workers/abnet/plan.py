@@ -15,9 +15,9 @@ def plan(settings: Settings) -> Plan:
     job = load_job(settings)
     act, reply = job.flows()
     return Plan(
-        (Process("abnet-decoder", job.tgt_cluster, "dec-0",
+        (Process("abnet-decoder", job.tail_cluster, job.tail_id,
                  publishes=(reply.name,), consumes=(act.name,)),
-         Process("abnet-encoder", job.src_cluster, job.encoder_id,
+         Process("abnet-encoder", job.head_cluster, job.head_id,
                  publishes=(act.name,), consumes=(reply.name,))),
         (act, reply),
     )

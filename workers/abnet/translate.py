@@ -54,7 +54,7 @@ class Translator:
                             f"\"corpus\"), not {self.job.data!r}")
         seed = settings.job.seed
         cfg = model_config(self.job, seed)
-        enc_ck = _latest(settings, self.job.encoder_id, "encoder")
+        enc_ck = _latest(settings, self.job.head_id, "encoder")
         dec_ck = _latest(settings, DECODER_ID, "decoder")
         self.encoder = EncoderSide(cfg)
         load_params("encoder", self.encoder, enc_ck.arrays)

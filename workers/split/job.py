@@ -45,13 +45,10 @@ OptimizerFn = Callable[[list["paddle.Tensor"], float], "paddle.optimizer.Optimiz
 
 
 @dataclass(frozen=True)
-class SplitJob:
-    """The ``[split]`` section of a job file."""
+class Placement:
+    """Where the two halves of a split model run and how they are bound, spelled the same way
+    by every split job: ``[split]``, and ``[abnet]``, which extends it."""
 
-    # "module:function" returning a HeadSpec / TailSpec from the Settings; only needed
-    # by `nebula-mq run` (a user's own script passes the spec directly).
-    head: str = ""
-    tail: str = ""
     head_cluster: str = "s"
     tail_cluster: str = "t"
     # Requester id of the head worker; names its reply flow and checkpoint dir.
@@ -60,7 +57,7 @@ class SplitJob:
     # Micro-batches whose gradient is not back yet (1 = exact, lockstep training).
     in_flight: int = 1
     checkpoint_every: int = 10
-    # Learning rate handed to both sides' optimizer_fn.
+    # Learning rate handed to both sides' optimizers.
     lr: float = 1e-3
 
     def validate(self) -> None:
@@ -77,6 +74,16 @@ class SplitJob:
         """Activations head -> tail (requests), gradients tail -> head (replies)."""
         act, reply = topology.abnet_flows(self.head_cluster, self.tail_cluster, (self.head_id,))
         return act, reply
+
+
+@dataclass(frozen=True)
+class SplitJob(Placement):
+    """The ``[split]`` section of a job file: the placement, and the user's model."""
+
+    # "module:function" returning a HeadSpec / TailSpec from the Settings; only needed
+    # by `nebula-mq run` (a user's own script passes the spec directly).
+    head: str = ""
+    tail: str = ""
 
 
 def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
