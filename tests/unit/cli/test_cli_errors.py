@@ -14,7 +14,7 @@ import pytest
 from nebula_mq.cli import main
 from nebula_mq.stack.layout import plan
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 JOB = """
 [job]

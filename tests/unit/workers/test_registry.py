@@ -12,7 +12,7 @@ from nebula_mq.errors import ConfigError
 from nebula_mq.settings import JobSettings, Settings
 from workers.registry import role_main, scenarios
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_scenario_is_a_subpackage_with_a_plan_and_roles() -> None:

@@ -238,7 +238,7 @@ def test_fuzz_decoder_only_raises_wire_errors() -> None:
 
 @pytest.mark.slow
 def test_fuzz_100k_inputs_with_allocations_traced() -> None:
-    """``pytest -m slow tests/unit/test_wire_fuzz.py``: >= 100,000 inputs, allocations measured."""
+    """``pytest -m slow tests/unit/wire/test_wire_fuzz.py``: >= 100,000 inputs, allocations measured."""
     cases = fuzz_cases(seed=20240613, scale=10)
     count = len(cases.frames)
     assert count >= 100_000

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nebula_mq.launch import JobProcesses
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_an_m3_job_gets_a_third_cluster_and_a_two_cluster_job_the_default_two(tmp_path: Path) -> None:
