@@ -15,6 +15,7 @@ from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.pairs import abnet_settings as tiny_settings
+from tests.fixtures.pairs import assert_resume_matches_clean
 from tests.fixtures.pairs import run_abnet_pair as run_pair
 from tests.fixtures.threads import history
 
@@ -50,18 +51,9 @@ def test_runs_are_bit_identical_and_resume_continues_exactly(tmp_path: Path) -> 
         assert da is not None and db is not None and da.digest == db.digest
 
     # Stop both sides at step 6 (SIGTERM path), then restart them on the same
-    # broker: what was in flight is replayed from the queues, and the resumed
-    # run ends bit-identical to the uninterrupted one.
-    c = tiny_settings(tmp_path / "c", steps=12)
-    broker = MemoryBroker()
-    enc, dec = run_pair(c, broker, stop_at=6)
-    assert enc.step == dec.step == 6
-    run_pair(c, broker)
-    for worker in ("enc-0", "dec-0"):
-        dc = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
-        da = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
-        assert dc is not None and da is not None
-        assert dc.step == 12 and dc.digest == da.digest
+    # broker: the resumed run ends bit-identical to the uninterrupted one.
+    assert_resume_matches_clean(lambda d: tiny_settings(d, steps=12), run_pair, tmp_path / "resume",
+                                ("enc-0", "dec-0"))
 
 
 def test_a_resumed_rsvd_chain_ends_bit_identical(tmp_path: Path) -> None:
@@ -174,17 +166,7 @@ def test_delta_and_error_feedback_resume_bit_identical(tmp_path: Path) -> None:
     """The AQ-SGD caches (S and its mirror on T) and T's gradient residuals are part of
     the checkpoints: stopping at step 6 and resuming ends exactly where a clean run ends,
     and the mirror equals the sender's cache bit for bit."""
-    a = feedback_settings(tmp_path / "a", steps=12)
-    run_pair(a, MemoryBroker())
-    c = feedback_settings(tmp_path / "c", steps=12)
-    broker = MemoryBroker()
-    enc, dec = run_pair(c, broker, stop_at=6)
-    assert enc.step == dec.step == 6
-    run_pair(c, broker)
-    for worker in ("enc-0", "dec-0"):
-        da = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
-        dc = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
-        assert da is not None and dc is not None and dc.step == 12 and dc.digest == da.digest
+    assert_resume_matches_clean(lambda d: feedback_settings(d, steps=12), run_pair, tmp_path, ("enc-0", "dec-0"))
     s_ck = CheckpointStore(tmp_path / "a" / "checkpoints" / "enc-0").latest()
     t_ck = CheckpointStore(tmp_path / "a" / "checkpoints" / "dec-0").latest()
     assert s_ck is not None and t_ck is not None

@@ -16,6 +16,7 @@ from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.pairs import SPLIT_EXAMPLE as EXAMPLE
+from tests.fixtures.pairs import assert_resume_matches_clean
 from tests.fixtures.pairs import run_split_pair as run_pair
 from tests.fixtures.pairs import split_settings as settings_for
 from tests.fixtures.threads import history, run_workers
@@ -63,16 +64,7 @@ def test_uncompressed_lockstep_split_equals_joint_training(tmp_path: Path) -> No
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
-    run_pair(settings_for(tmp_path / "a", steps=12), MemoryBroker())
-    c = settings_for(tmp_path / "c", steps=12)
-    broker = MemoryBroker()
-    head, tail = run_pair(c, broker, stop_at=6)
-    assert head.step == tail.step == 6
-    run_pair(c, broker)
-    for worker in ("head-0", "tail-0"):
-        da = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
-        dc = CheckpointStore(tmp_path / "c" / "checkpoints" / worker).latest()
-        assert da is not None and dc is not None and dc.step == 12 and dc.digest == da.digest
+    assert_resume_matches_clean(lambda d: settings_for(d, steps=12), run_pair, tmp_path, ("head-0", "tail-0"))
 
 
 def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp_path: Path) -> None:
