@@ -11,9 +11,7 @@ from nebula_mq.runtime.channel import Inbox, Received
 
 class InboxGroup:
     """Several flows' inboxes read as one stream of messages (the root's results flows).
-
-    The inboxes share one Deduplicator (it keys streams by flow and producer), so
-    the root's checkpoint holds a single dedup state whatever the layout.
+    Order and dedupe are :class:`~nebula_mq.runtime.ordered.OrderedStreams`'s.
     """
 
     # How long one inbox is waited on before the next is looked at, when all are empty.

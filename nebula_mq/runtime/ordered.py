@@ -23,13 +23,14 @@ a peer runs at most ``ahead`` messages ahead of the next one to apply, and up to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nebula_mq import topology
 from nebula_mq.errors import NebulaError
 from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.runtime.inbox_group import InboxGroup
 from nebula_mq.runtime.ordering import InOrderBuffer
 
 if TYPE_CHECKING:
@@ -59,20 +60,19 @@ class FlowWindow:
         return self.ahead + self.unacked
 
 
-class OrderedInbox:
-    """The messages of one flow, in index order from ``first``; see the module docstring."""
+class OrderedStreams:
+    """Ordered streams read from one or more flows: stream ``k`` is applied in index order
+    from ``first``, on its own counter (the ELECTRA root: one stream per generator, whether
+    the generators share a flow or each has its own). See the module docstring."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, first: int, window: FlowWindow) -> None:
-        """``first``: the index of the next message to apply (what the last checkpoint holds)."""
+    def __init__(self, worker: Worker, flows: Sequence[topology.Flow], streams: int, first: int,
+                 window: FlowWindow, held: int | None = None) -> None:
+        """``held``: deliveries held per flow (default ``window.held``: one stream a flow)."""
         self.worker = worker
-        self.inbox = Inbox(worker, flow, None, held=window.held)
-        self.order: InOrderBuffer[Received] = InOrderBuffer(first, window=window.window)
-
-    def ready(self, timeout: float) -> list[Received]:
-        """The messages whose turn has come, in order (empty when nothing came within
-        ``timeout``)."""
-        received = self.next(timeout)
-        return self.take(received) if received is not None else []
+        reserve = window.held if held is None else held
+        self.inbox = InboxGroup([Inbox(worker, f, None, held=reserve) for f in flows])
+        self.orders: list[InOrderBuffer[Received]] = [InOrderBuffer(first, window=window.window)
+                                                       for _ in range(streams)]
 
     def next(self, timeout: float) -> Received | None:
         """The next trusted, new delivery, not yet ordered (for a role that handles some
@@ -82,20 +82,19 @@ class OrderedInbox:
         self.worker.hooks.on_wait(time.perf_counter() - t0)
         return received
 
-    def take(self, received: Received, admit: Callable[[Received], None] | None = None) -> list[Received]:
-        """Order one delivery from :meth:`next`; returns what became ready. ``admit`` may
-        raise a :class:`NebulaError` to condemn the message before it is ordered."""
-        if self.order.is_duplicate(received.micro_batch):
+    def take_from(self, stream: int, received: Received) -> list[Received]:
+        """Order one delivery of ``stream``; returns what became ready, in order. A repeat is
+        acked with the next checkpoint and dropped; an impossible index is dead-lettered."""
+        order = self.orders[stream]
+        if order.is_duplicate(received.micro_batch):
             self.inbox.discard_duplicate(received)
             return []
         try:
-            if admit is not None:
-                admit(received)
-            self.order.push(received.micro_batch, received)
-        except NebulaError as exc:  # out of window, or refused by admit
+            order.push(received.micro_batch, received)
+        except NebulaError as exc:  # out of window
             self.inbox.reject(received, exc)
             return []
-        return [r.item for r in self.order.pop_ready()]
+        return [r.item for r in order.pop_ready()]
 
     def settle_unordered(self, received: Received) -> None:
         """Ack now a message outside the ordered stream whose effect is already durable
@@ -107,8 +106,36 @@ class OrderedInbox:
         self.inbox.reject(received, exc)
 
     def applied(self, received: Received) -> None:
-        """The role applied ``received``: remembered, and acked with the next checkpoint."""
+        """The role applied ``received``: acked with the next checkpoint."""
         self.inbox.applied(received)
 
     def close(self) -> None:
         self.inbox.close()
+
+
+class OrderedInbox(OrderedStreams):
+    """The messages of one flow, in index order from ``first``; see the module docstring."""
+
+    def __init__(self, worker: Worker, flow: topology.Flow, first: int, window: FlowWindow) -> None:
+        """``first``: the index of the next message to apply (what the last checkpoint holds)."""
+        super().__init__(worker, [flow], 1, first, window)
+
+    def ready(self, timeout: float) -> list[Received]:
+        """The messages whose turn has come, in order (empty when nothing came within
+        ``timeout``)."""
+        received = self.next(timeout)
+        return self.take(received) if received is not None else []
+
+    def take(self, received: Received, admit: Callable[[Received], None] | None = None) -> list[Received]:
+        """Order one delivery from :meth:`next`; returns what became ready. ``admit`` may
+        raise a :class:`NebulaError` to condemn the message before it is ordered."""
+        if self.orders[0].is_duplicate(received.micro_batch):
+            self.inbox.discard_duplicate(received)
+            return []
+        if admit is not None:
+            try:
+                admit(received)
+            except NebulaError as exc:
+                self.inbox.reject(received, exc)
+                return []
+        return self.take_from(0, received)

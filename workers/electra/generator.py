@@ -16,8 +16,9 @@ Sync protocol (paper §3.3): after each discriminator step the root sends a sync
 token ``(step = steps done, micro_batch = step index)`` on each sync flow. The
 generator starts step ``s`` only when ``s - synced <= max_lead`` (``max_lead = 0``
 is the paper's strict lockstep; 1-2 hide the WAN latency), and finishes only
-when ``synced == steps``: both sides end at the same step. Tokens are deduped by
-id and acked with the checkpoint that records ``synced`` (replay contract).
+when ``synced == steps``: both sides end at the same step. Tokens are applied in
+order on one counter, ``synced`` (a repeat is below it), and acked with the
+checkpoint that records it (replay contract).
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ from pathlib import Path
 
 from nebula_mq.codecs import LZ4
 from nebula_mq.models.electra_trainers import GeneratorTrainer
-from nebula_mq.runtime.channel import Inbox, Outbox
-from nebula_mq.runtime.ordered import FlowWindow
+from nebula_mq.runtime.channel import Outbox
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq import topology
 from nebula_mq.errors import WorkerError
 from workers.base import RoleWorker
@@ -69,7 +69,6 @@ class ElectraGeneratorWorker(RoleWorker):
         self.results_flow = flow_named(all_flows, topology.electra_results_flow(slot))
         self.sync_flow = flow_named(all_flows, topology.electra_sync_flow(slot))
         self.n = self.job.n
-        self.dedupe = Deduplicator()
         self.synced = 0  # discriminator steps done, from the newest sync token
         self.disc_values: dict[str, float] = {}
         self.total = settings.job.steps
@@ -89,7 +88,7 @@ class ElectraGeneratorWorker(RoleWorker):
             return
         self.load(ck)
         if hot:  # a new job: fresh queues, its sync tokens start at this step
-            self.dedupe, self.synced = Deduplicator(first_seq=self.step), self.step
+            self.synced = self.step
         log.info("resumed", step=self.step, synced=self.synced, hot_start=hot)
 
     def load(self, ck: Checkpoint) -> None:
@@ -99,12 +98,11 @@ class ElectraGeneratorWorker(RoleWorker):
                 trainer.load_state_arrays({a[len(prefix):]: v for a, v in ck.arrays.items() if a.startswith(prefix)})
         self.step = ck.step
         self.synced = int(ck.meta["synced"])
-        self.dedupe = Deduplicator.from_state(ck.meta["dedupe"])
 
     def checkpoint(self) -> None:
         with PADDLE_TURN:
             arrays = {f"g{k}/{n}": v for k, t in zip(self.hosted, self.trainers) for n, v in t.state_arrays().items()}
-        self.commit(arrays, {"synced": self.synced, "dedupe": self.dedupe.export_state()})
+        self.commit(arrays, {"synced": self.synced})
         self.write_history()
 
     # ------------------------------------------------------------------ loop
@@ -117,7 +115,8 @@ class ElectraGeneratorWorker(RoleWorker):
         outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
         # One sync token a step, up to max_lead steps (and the one in flight, and the last) ahead.
         window = FlowWindow(ahead=self.job.max_lead + 2, unacked=self.checkpoint_every)
-        inbox = Inbox(self, self.sync_flow, self.dedupe, held=window.held)
+        # Token i (micro_batch i) says step i + 1 is done: the next one to apply is ``synced``.
+        inbox = OrderedInbox(self, self.sync_flow, self.synced, window)
         try:
             while self.step < self.total and not self.stop_requested.is_set():
                 while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
@@ -140,15 +139,15 @@ class ElectraGeneratorWorker(RoleWorker):
             inbox.close()
         return 0
 
-    def poll_sync(self, inbox: Inbox, timeout: float) -> bool:
-        t0 = time.perf_counter()
-        received = inbox.get(timeout)
-        self.hooks.on_wait(time.perf_counter() - t0)
+    def poll_sync(self, inbox: OrderedInbox, timeout: float) -> bool:
+        """Apply the sync tokens whose turn has come; False when nothing came within ``timeout``."""
+        received = inbox.next(timeout)
         if received is None:
             return False
-        self.synced = max(self.synced, int(received.envelope.step))
-        self.disc_values = {k: float(v) for k, v in received.meta.items() if isinstance(v, (int, float))}
-        inbox.applied(received)
+        for token in inbox.take(received):
+            self.synced = int(token.envelope.step)
+            self.disc_values = {k: float(v) for k, v in token.meta.items() if isinstance(v, (int, float))}
+            inbox.applied(token)
         return True
 
     def train_step(self, outboxes: dict[int, Outbox]) -> None:

@@ -2,7 +2,7 @@
 
 From ``gen-results`` (or, with a process per generator, from every
 ``gen-results-<k>``, one inbox each) it takes each generator's micro-batches in
-order (one :class:`InOrderBuffer` per generator stream). Share 0 of a step is its own;
+order (the runtime's :class:`OrderedStreams`, one counter per generator). Share 0 of a step is its own;
 share ``r`` is forwarded to ``sub-disc-r`` as ``micro_batch = step * K + k``,
 keeping its content. A forwarded delivery is recorded and acked with the step
 it belongs to (not when forwarded): after a group restart from step ``c``,
@@ -16,17 +16,14 @@ token ``step = steps done, micro_batch = step index`` to every generator process
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.codecs import LZ4
-from nebula_mq.errors import MalformedMessage, OutOfWindow
-from nebula_mq.runtime.channel import Inbox, Outbox, Received
-from nebula_mq.runtime.inbox_group import InboxGroup
+from nebula_mq.errors import MalformedMessage
+from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.ordered import OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.electra.flows import flow_named, results_flows, sync_flows
@@ -48,9 +45,6 @@ class ElectraRootWorker(DiscriminatorRank):
         self.sub_flows = [flow_named(self.flows, topology.sub_discriminator_flow(r)) for r in range(1, self.world)]
         self.own: dict[int, dict[int, Received]] = {}  # step -> generator -> its share-0 message
 
-    def first_seq(self, step: int) -> int:
-        return step * self.world  # micro_batch of a generator message = step * n_sub + share
-
     def declare(self) -> None:
         for flow in self.results_flows:
             self.transport.declare_flow(flow, "consumer")
@@ -59,14 +53,14 @@ class ElectraRootWorker(DiscriminatorRank):
         for flow in self.sub_flows:
             self.transport.declare_flow(flow, "producer")
 
-    def open_inbox(self) -> InboxGroup:
-        n, window = self.world, self.window(self.world)  # one message per rank and step, per generator
-        self.buffers: list[InOrderBuffer[Received]] = [InOrderBuffer(self.step * n, window=window.window)
-                                                       for _ in range(self.k_gen)]
+    def open_inbox(self) -> OrderedStreams:
+        # One message per rank and step, per generator: micro_batch = step * n_sub + share.
+        n, window = self.world, self.window(self.world)
         self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
         self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
         per_flow = self.k_gen // len(self.results_flows)  # generators publishing on each
-        return InboxGroup([Inbox(self, f, self.dedupe, held=window.held * per_flow) for f in self.results_flows])
+        return OrderedStreams(self, self.results_flows, self.k_gen, self.step * n, window,
+                              held=window.held * per_flow)
 
     def close_channels(self) -> None:
         for outbox in (*getattr(self, "sync_out", []), *getattr(self, "sub_out", [])):
@@ -90,11 +84,9 @@ class ElectraRootWorker(DiscriminatorRank):
         return (len(self.own.get(step, {})) == self.k_gen
                 and len(self.riders.get(step, [])) == (self.world - 1) * self.k_gen)
 
-    def next_shares(self, inbox: InboxGroup) -> list[Received] | None:
+    def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
         while not self._scattered(self.step):
-            t0 = time.perf_counter()
-            received = inbox.get(0.5)
-            self.hooks.on_wait(time.perf_counter() - t0)
+            received = inbox.next(0.5)
             if received is None:
                 if self.stop_requested.is_set() and self.group is None:
                     return None
@@ -104,9 +96,8 @@ class ElectraRootWorker(DiscriminatorRank):
             except MalformedMessage as exc:
                 inbox.reject(received, exc)
                 continue
-            take_in_order(inbox, self.buffers[k], received)
-            for ready in self.buffers[k].pop_ready():
-                self.route(k, ready.item)
+            for ready in inbox.take_from(k, received):
+                self.route(k, ready)
         own = self.own.pop(self.step)
         return [own[k] for k in range(self.k_gen)]
 
@@ -124,17 +115,6 @@ class ElectraRootWorker(DiscriminatorRank):
         for outbox in self.sync_out:
             outbox.send(step=self.step, micro_batch=self.step - 1,
                         tensors={}, meta=metrics)  # the token is its step (envelope) and the metrics
-
-
-def take_in_order(inbox: InboxGroup, buffer: InOrderBuffer[Received], received: Received) -> None:
-    """Push a delivery into ``buffer``: repeats are acked and dropped, impossible indices condemned."""
-    if buffer.is_duplicate(received.micro_batch):
-        inbox.discard_duplicate(received)
-        return
-    try:
-        buffer.push(received.micro_batch, received)
-    except OutOfWindow as exc:
-        inbox.reject(received, exc)
 
 
 @role("electra-root")

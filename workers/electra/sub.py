@@ -37,12 +37,10 @@ from nebula_mq.errors import CheckpointError, WorkerError
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
-from nebula_mq.runtime.inbox_group import InboxGroup
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox, OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq.transport.dedup import Deduplicator
 from workers.base import RoleWorker
 from workers.electra.common import PADDLE_TURN, disc_rank_id
 from workers.electra.data import load_data, pretrained_discriminator
@@ -80,7 +78,6 @@ class DiscriminatorRank(RoleWorker):
             self.trainer = DiscriminatorTrainer(self.cfg, pretrained=pretrained_discriminator(data))
         self.flows = flows(self.job)
         self.group: Any = None  # DataParallelGroup once joined (world > 1)
-        self.dedupe = Deduplicator()
         self.hot_start = False
         # Deliveries recorded and acked with a step besides its own shares (the root's scattered ones).
         self.riders: dict[int, list[Received]] = {}
@@ -128,8 +125,6 @@ class DiscriminatorRank(RoleWorker):
         with PADDLE_TURN:
             self.trainer.load_state_arrays(ck.arrays)
         self.step = ck.step
-        self.dedupe = (Deduplicator(first_seq=self.first_seq(self.step)) if self.hot_start
-                       else Deduplicator.from_state(ck.meta["dedupe"]))
         self.on_restore(ck)
         log.info("resumed", step=self.step, hot_start=self.hot_start)
 
@@ -141,18 +136,14 @@ class DiscriminatorRank(RoleWorker):
         with PADDLE_TURN:
             arrays = self.trainer.state_arrays()
         if self.rank > 0:
-            self.commit(arrays, {"dedupe": self.dedupe.export_state()})
+            self.commit(arrays, {})
         if self.group is not None:
             self.group.barrier()
         if self.rank == 0:
-            self.commit(arrays, {"dedupe": self.dedupe.export_state()})
+            self.commit(arrays, {})
         self.write_history()
 
     # ------------------------------------------------------------------ loop
-
-    def first_seq(self, step: int) -> int:
-        """First sequence number of the consumed stream at ``step`` (hot start)."""
-        raise NotImplementedError
 
     def window(self, per_step: int) -> FlowWindow:
         """A stream with ``per_step`` messages a step: the generator runs up to ``max_lead``
@@ -163,10 +154,10 @@ class DiscriminatorRank(RoleWorker):
     def declare(self) -> None:
         raise NotImplementedError
 
-    def open_inbox(self) -> OrderedInbox | InboxGroup:
+    def open_inbox(self) -> OrderedStreams:
         raise NotImplementedError
 
-    def next_shares(self, inbox: OrderedInbox | InboxGroup) -> list[Received] | None:
+    def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
         """This rank's K messages of ``self.step`` in generator order; None on a stop request."""
         raise NotImplementedError
 
@@ -197,7 +188,7 @@ class DiscriminatorRank(RoleWorker):
             self.close_channels()
         return 0
 
-    def train(self, inbox: OrderedInbox | InboxGroup, shares: list[Received]) -> bool:
+    def train(self, inbox: OrderedStreams, shares: list[Received]) -> bool:
         """One group step; returns whether any rank asked to stop."""
         bind_context(step=self.step)
         t0 = time.perf_counter()
@@ -227,16 +218,14 @@ class ElectraSubWorker(DiscriminatorRank):
         self.flow = flow_named(self.flows, topology.sub_discriminator_flow(rank))
         self.ready: list[Received] = []
 
-    def first_seq(self, step: int) -> int:
-        return step * self.k_gen  # micro_batch of a share = step * K + generator
-
     def declare(self) -> None:
         self.transport.declare_flow(self.flow, "consumer")
 
     def open_inbox(self) -> OrderedInbox:
+        # The micro_batch of a share is step * K + generator: the stream's next index.
         return OrderedInbox(self, self.flow, self.step * self.k_gen, self.window(self.k_gen))
 
-    def next_shares(self, inbox: OrderedInbox | InboxGroup) -> list[Received] | None:
+    def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
         # Once shares are in flight the other ranks wait for this one in the
         # all-reduce, so a stop request is honoured at the step boundary (train()).
         assert isinstance(inbox, OrderedInbox)
