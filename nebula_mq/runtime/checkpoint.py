@@ -42,7 +42,7 @@ _STEP_DIR = re.compile(r"^step-(\d{9})$")
 class Checkpoint:
     step: int
     arrays: Mapping[str, np.ndarray]
-    # JSON-able state: RNG states, deduplicator state, counters.
+    # JSON-able state: RNG states, counters (e.g. the next micro-batch to send).
     meta: Mapping[str, Any] = field(default_factory=dict)
     digest: str = ""
     path: Path | None = None
