@@ -113,8 +113,10 @@ class ElectraGeneratorWorker(RoleWorker):
         self.transport.declare_flow(self.sync_flow, "consumer")
         self.restore()
         outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
-        # One sync token a step, up to max_lead steps (and the one in flight, and the last) ahead.
-        window = FlowWindow(ahead=self.job.max_lead + 2, unacked=self.checkpoint_every)
+        # One sync token a step: the root runs up to max_lead steps (and the one in flight, and
+        # the last) ahead of ``synced``, plus what this process produced after its last
+        # checkpoint before a crash (the root trained on it and sent its tokens).
+        window = FlowWindow(ahead=self.job.max_lead + 2 + self.checkpoint_every, unacked=self.checkpoint_every)
         # Token i (micro_batch i) says step i + 1 is done: the next one to apply is ``synced``.
         inbox = OrderedInbox(self, self.sync_flow, self.synced, window)
         try:
