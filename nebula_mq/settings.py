@@ -131,12 +131,17 @@ class JobSettings:
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go.
     run_dir: str = "run/jobs"
+    # Also serve this worker's metrics over HTTP at /metrics on this port (0 = only the
+    # textfile). Per process: `nebula-mq worker --metrics-port` sets it for the one it starts.
+    metrics_port: int = 0
 
     def validate(self) -> None:
         if not _JOB_ID.match(self.id):
             raise InvalidField("id", f"a slug matching {_JOB_ID.pattern}", self.id)
         if self.steps < 1:
             raise InvalidField("steps", "an integer >= 1", self.steps)
+        if not 0 <= self.metrics_port < 65536:
+            raise InvalidField("metrics_port", "0 (off) or a port number", self.metrics_port)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
-import os
 import signal
 import socket
 from typing import TYPE_CHECKING, Any
@@ -107,9 +106,7 @@ def _run(args: argparse.Namespace) -> int:
             f"(the job has none: pass --stack DIR to take them from a local stack, or add a "
             f"[clusters.{proc.cluster}.broker] table with host, port, vhost, ca_file, cert_file, key_file)")
     if args.metrics_port:
-        from nebula_mq.runtime.worker import METRICS_PORT_ENV
-
-        os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
+        settings = dataclasses.replace(settings, job=dataclasses.replace(settings.job, metrics_port=args.metrics_port))
     try:
         return run_role(args.role, settings, args.index)
     finally:

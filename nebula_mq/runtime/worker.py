@@ -37,9 +37,6 @@ from nebula_mq.atomic import write_json_atomic
 
 log = get_logger(__name__)
 
-METRICS_PORT_ENV = "NEBULA_METRICS_PORT"
-
-
 def make_transport(settings: Settings, cluster: str) -> Transport:
     """The RabbitMQ transport to ``cluster``'s broker, from the job's settings."""
     if cluster not in settings.clusters:
@@ -80,11 +77,10 @@ class Worker(ABC):
         self.checkpoint_every = max(1, checkpoint_every)
         run_dir = settings.run_dir
         self.store = CheckpointStore(run_dir / "checkpoints" / worker_id)
-        # Always a textfile (read by `nebula-mq status`); also served over HTTP at
-        # /metrics when NEBULA_METRICS_PORT is set (`nebula-mq worker --metrics-port`).
-        port = os.environ.get(METRICS_PORT_ENV)
-        self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom",
-                                   port=int(port) if port else None)
+        # Always a textfile (read by `nebula-mq status`); also served over HTTP at /metrics
+        # when [job] metrics_port is set (`nebula-mq worker --metrics-port`).
+        port = settings.job.metrics_port
+        self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom", port=port or None)
         self.hooks = Hooks([self.metrics, *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = auth

@@ -149,15 +149,15 @@ def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> N
     assert 0.5 < wire / raw < 0.7  # fp16 halves the payload; the envelope adds a little
 
 
-def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path) -> None:
     import socket
     import urllib.request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.setenv("NEBULA_METRICS_PORT", str(port))
-    worker = make(tmp_path, MemoryBroker(), "s", "enc-0")
+    settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp_path), metrics_port=port))
+    worker = Bare(settings, "s", "enc-0", MemoryTransport(MemoryBroker(), settings.transport, "chan", "s"))
     worker.step = 3
     worker.record_step({"loss": 1.5})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
