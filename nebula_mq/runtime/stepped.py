@@ -1,7 +1,6 @@
-"""The loop of a role whose steps are the in-order messages of one flow: the runtime owns it.
+"""The runtime's loop (``runtime.loop``) for a role whose steps are the in-order messages of one flow.
 
-As dramatiq's worker owns the loop and calls the actor, :class:`SteppedWorker`
-owns the loop and calls the role. A role says only:
+:class:`SteppedWorker` also owns the step count and the checkpoint schedule. A role says only:
 
 * what it sends before it waits (:meth:`~SteppedWorker.produce`; a split head
   sends activations up to its window);
@@ -32,7 +31,7 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
-from nebula_mq.runtime.worker import Worker
+from nebula_mq.runtime.loop import Closable, LoopWorker
 
 log = get_logger(__name__)
 
@@ -40,17 +39,13 @@ log = get_logger(__name__)
 POLL_S = 0.5
 
 
-class SteppedWorker(Worker):
+class SteppedWorker(LoopWorker):
     """A worker whose step ``s`` is the message of index ``s`` on :attr:`steps_flow`."""
 
-    total: int  # steps to train
     in_flight: int  # messages the peer may have in flight ahead of the next one to apply
     steps_flow: topology.Flow  # the flow whose messages are the steps
 
     # ------------------------------------------------------------------ the role protocol
-
-    def open(self) -> None:
-        """Declare the queues and open the outboxes (before the checkpoint is restored)."""
 
     def produce(self) -> None:
         """Send what may be sent before the next wait (checks ``stop_requested`` itself)."""
@@ -74,20 +69,6 @@ class SteppedWorker(Worker):
     def load(self, ck: Checkpoint) -> None:
         """Resume from ``ck`` (``self.step`` is already ``ck.step``)."""
 
-    def more_to_do(self) -> bool:
-        """Keep consuming after the last step (e.g. evaluation batches)."""
-        return False
-
-    def unsaved(self) -> bool:
-        """Whether anything since the start needs a final checkpoint (beyond applied steps)."""
-        return self.step > 0
-
-    def after_training(self) -> None:
-        """Called once every step is applied and checkpointed (not after a stop request)."""
-
-    def close(self) -> None:
-        """Close the outboxes :meth:`open` opened."""
-
     # ------------------------------------------------------------------ what the runtime does
 
     def window(self) -> FlowWindow:
@@ -109,30 +90,21 @@ class SteppedWorker(Worker):
         self.commit(arrays, meta)
         self.write_history()
 
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
-        self.open()
-        self.restore()
-        inbox = OrderedInbox(self, self.steps_flow, self.step, self.window())
-        try:
-            while (self.step < self.total or self.more_to_do()) and not self.stop_requested.is_set():
-                self.produce()
-                if self.stop_requested.is_set():
-                    break
-                received = inbox.next(timeout=POLL_S)
-                if received is None or self.handle_other(inbox, received):
-                    continue
-                for ready in inbox.take(received, admit=self.admit):
-                    self.finish_step(inbox, ready, self.apply(ready))
-            # Normal end or a stop request: what was applied is checkpointed and acked.
-            if self.unsaved() and not self.has_checkpoint_at_step():
-                self.checkpoint()
-            if self.step >= self.total and not self.stop_requested.is_set():
-                self.after_training()
-        finally:
-            self.close()
-            inbox.close()
-        return 0
+    def open_inbox(self) -> OrderedInbox:
+        return OrderedInbox(self, self.steps_flow, self.step, self.window())
+
+    def advance(self, inbox: Closable) -> bool:
+        """Send what may be sent, wait for the next message, apply every step it makes ready."""
+        assert isinstance(inbox, OrderedInbox)
+        self.produce()
+        if self.stop_requested.is_set():
+            return False
+        received = inbox.next(timeout=POLL_S)
+        if received is None or self.handle_other(inbox, received):
+            return True
+        for ready in inbox.take(received, admit=self.admit):
+            self.finish_step(inbox, ready, self.apply(ready))
+        return True
 
     def finish_step(self, inbox: OrderedInbox, received: Received, values: Mapping[str, float]) -> None:
         """Count the step, remember the message (acked with the next checkpoint), record the

@@ -32,6 +32,7 @@ from nebula_mq.runtime.channel import Outbox
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.loop import Closable, LoopWorker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq import topology
@@ -48,7 +49,7 @@ log = get_logger(__name__)
 ROLE = "electra-generator"
 
 
-class ElectraGeneratorWorker(RoleWorker):
+class ElectraGeneratorWorker(LoopWorker, RoleWorker):
     role = ROLE
 
     def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:
@@ -107,39 +108,45 @@ class ElectraGeneratorWorker(RoleWorker):
 
     # ------------------------------------------------------------------ loop
 
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
+    def open(self) -> None:
         self.transport.declare_flow(self.results_flow, "producer")
         self.transport.declare_flow(self.sync_flow, "consumer")
-        self.restore()
-        outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
+        self.outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
+
+    def close(self) -> None:
+        for outbox in self.outboxes.values():
+            outbox.close()
+
+    def open_inbox(self) -> OrderedInbox:
         # One sync token a step: the root runs up to max_lead steps (and the one in flight, and
         # the last) ahead of ``synced``, plus what this process produced after its last
         # checkpoint before a crash (the root trained on it and sent its tokens).
         window = FlowWindow(ahead=self.job.max_lead + 2 + self.checkpoint_every, unacked=self.checkpoint_every)
         # Token i (micro_batch i) says step i + 1 is done: the next one to apply is ``synced``.
-        inbox = OrderedInbox(self, self.sync_flow, self.synced, window)
-        try:
-            while self.step < self.total and not self.stop_requested.is_set():
-                while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
-                    self.poll_sync(inbox, 0.5)
-                if self.stop_requested.is_set():
-                    break
-                self.train_step(outboxes)
-                while self.poll_sync(inbox, 0):
-                    pass
-                if self.step % self.checkpoint_every == 0:
-                    self.checkpoint()
-            # Both sides end at the same step: wait for the last sync token.
-            while self.synced < self.step and not self.stop_requested.is_set():
-                self.poll_sync(inbox, 0.5)
-            if (self.step > 0 and not self.has_checkpoint_at_step()) or self._pending_acks:
-                self.checkpoint()
-        finally:
-            for outbox in outboxes.values():
-                outbox.close()
-            inbox.close()
-        return 0
+        return OrderedInbox(self, self.sync_flow, self.synced, window)
+
+    def advance(self, inbox: Closable) -> bool:
+        """One step, once the discriminator is at most ``max_lead`` steps behind."""
+        assert isinstance(inbox, OrderedInbox)
+        while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
+            self.poll_sync(inbox, 0.5)
+        if self.stop_requested.is_set():
+            return False
+        self.train_step(self.outboxes)
+        while self.poll_sync(inbox, 0):
+            pass
+        if self.step % self.checkpoint_every == 0:
+            self.checkpoint()
+        return True
+
+    def finish(self, inbox: Closable) -> None:
+        """Both sides end at the same step: wait for the last sync token."""
+        assert isinstance(inbox, OrderedInbox)
+        while self.synced < self.step and not self.stop_requested.is_set():
+            self.poll_sync(inbox, 0.5)
+
+    def needs_final_checkpoint(self) -> bool:
+        return (self.step > 0 and not self.has_checkpoint_at_step()) or bool(self._pending_acks)
 
     def poll_sync(self, inbox: OrderedInbox, timeout: float) -> bool:
         """Apply the sync tokens whose turn has come; False when nothing came within ``timeout``."""

@@ -62,7 +62,7 @@ class ElectraRootWorker(DiscriminatorRank):
         return OrderedStreams(self, self.results_flows, self.k_gen, self.step * n, window,
                               held=window.held * per_flow)
 
-    def close_channels(self) -> None:
+    def close(self) -> None:
         for outbox in (*getattr(self, "sync_out", []), *getattr(self, "sub_out", [])):
             outbox.close()
 

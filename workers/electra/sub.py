@@ -38,6 +38,7 @@ from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.loop import Closable, LoopWorker
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox, OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -61,7 +62,7 @@ def concat_shares(shares: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-class DiscriminatorRank(RoleWorker):
+class DiscriminatorRank(LoopWorker, RoleWorker):
     """The rank loop; subclasses say where a step's shares come from."""
 
     def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:
@@ -154,9 +155,6 @@ class DiscriminatorRank(RoleWorker):
     def declare(self) -> None:
         raise NotImplementedError
 
-    def open_inbox(self) -> OrderedStreams:
-        raise NotImplementedError
-
     def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
         """This rank's K messages of ``self.step`` in generator order; None on a stop request."""
         raise NotImplementedError
@@ -164,29 +162,27 @@ class DiscriminatorRank(RoleWorker):
     def after_step(self, metrics: dict[str, float]) -> None:
         """The root sends the sync token here."""
 
-    def close_channels(self) -> None:
-        """Subclass outboxes."""
+    # ------------------------------------------------------------------ the runtime's loop (runtime.loop)
 
-    def run(self) -> int:
-        self.transport.declare_dead_letter_queue()
+    def open(self) -> None:
         self.declare()
         self.join_group()
-        self.restore()
-        inbox = self.open_inbox()
-        try:
-            while self.step < self.total:
-                shares = self.next_shares(inbox)
-                if shares is None:
-                    break
-                stop = self.train(inbox, shares)
-                if self.step % self.checkpoint_every == 0 or self.step == self.total or stop:
-                    self.checkpoint()
-                if stop:
-                    break
-        finally:
-            inbox.close()
-            self.close_channels()
-        return 0
+
+    def keep_going(self) -> bool:
+        # Not the stop flag: the group agrees on a stop in train(), or one rank would leave
+        # the others waiting in the next all-reduce.
+        return self.step < self.total
+
+    def advance(self, inbox: Closable) -> bool:
+        """One group step: this rank's shares, trained; a checkpoint on schedule or on a stop."""
+        assert isinstance(inbox, OrderedStreams)
+        shares = self.next_shares(inbox)
+        if shares is None:
+            return False
+        stop = self.train(inbox, shares)
+        if self.step % self.checkpoint_every == 0 or self.step == self.total or stop:
+            self.checkpoint()
+        return not stop
 
     def train(self, inbox: OrderedStreams, shares: list[Received]) -> bool:
         """One group step; returns whether any rank asked to stop."""
