@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,8 @@ from nebula_mq.runtime.metrics import read_metrics
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show each worker's step, queues, link and compression figures")
     p.add_argument("job", help="job TOML file")
-    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"))
+    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
+                   help="the local stack's directory, for queue depths (default $NEBULA_RUN_DIR or run/stack)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_status)
 
@@ -43,12 +47,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def worker_rows(run_dir: Path) -> list[dict[str, Any]]:
+# The step value shown as "loss": ABNet and split workers record ``loss``; ELECTRA's
+# discriminator ranks ``total_loss``, its generators ``mlm_loss``.
+LOSS_KEYS = ("loss", "total_loss", "mlm_loss")
+
+
+def _loss(values: dict[str, Any]) -> float | None:
+    return next((float(values[k]) for k in LOSS_KEYS if isinstance(values.get(k), (int, float))), None)
+
+
+def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]:
     rows = []
-    now = time.time()
+    now = time.time() if now is None else now
     for worker, st in read_statuses(run_dir).items():
         m = read_metrics(run_dir / "metrics" / f"{worker}.prom")
-        elapsed = max(1e-9, now - m.get("nebula_started_timestamp", now))
+        # Rates over the worker's own run: a finished or stopped worker's stop when it did.
+        end = now if st.get("state") in ("running", "starting") else float(st.get("updated", now))
+        elapsed = max(1e-9, end - m.get("nebula_started_timestamp", end))
         compute, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
         raw, wire = m.get("nebula_raw_bytes_total", 0.0), m.get("nebula_wire_bytes_total", 0.0)
         state = st.get("state", "?")
@@ -56,7 +71,7 @@ def worker_rows(run_dir: Path) -> list[dict[str, Any]]:
             state = "dead"
         rows.append({
             "worker": worker, "role": st.get("role"), "cluster": st.get("cluster"), "state": state,
-            "step": st.get("step"), "loss": st.get("values", {}).get("loss"),
+            "step": st.get("step"), "loss": _loss(st.get("values") or {}),
             "steps_per_s": m.get("nebula_steps_total", 0.0) / elapsed,
             "wire_mbit_s": 8 * wire / elapsed / 1e6,
             "compression": (wire / raw) if raw else None,
@@ -85,20 +100,18 @@ def _status(args: argparse.Namespace) -> int:
                                for name, d in depths.items()}
     except NebulaError as exc:
         queues = {"unavailable": str(exc)}
+    never_ran = (f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
+                 f"{settings.run_dir / 'status'} (start it with `nebula-mq run {args.job}`)")
     if args.json:
         print(json.dumps({"job": settings.job.id, "workers": rows, "queues": queues}, indent=1))
-        return 0
+        if not rows:
+            print(never_ran, file=sys.stderr)
+        return 0 if rows else 1
+    if not rows:
+        print(never_ran, file=sys.stderr)
+        return 1
     print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps")
-    head = f"{'worker':<12}{'role':<20}{'cluster':<11}{'state':<10}{'step':>6}{'loss':>9}" \
-           f"{'step/s':>8}{'Mbit/s':>8}{'ratio':>7}{'compute':>9}{'dups':>6}{'DLQ':>5}"
-    print(head)
-    for r in rows:
-        def f(v: Any, spec: str) -> str:
-            return format(v, spec) if isinstance(v, (int, float)) else "-"
-        print(f"{r['worker']:<12}{str(r['role']):<20}{str(r['cluster']):<11}{r['state']:<10}"
-              f"{f(r['step'], '>6d')}{f(r['loss'], '>9.4f')}{f(r['steps_per_s'], '>8.2f')}"
-              f"{f(r['wire_mbit_s'], '>8.2f')}{f(r['compression'], '>7.3f')}"
-              f"{f(r['compute_share'], '>9.0%')}{f(r['duplicates'], '>6.0f')}{f(r['dead_letters'], '>5.0f')}")
+    print(table(rows))
     for cluster, qs in queues.items():
         if isinstance(qs, str):
             print(f"queues: {qs}")
@@ -106,3 +119,23 @@ def _status(args: argparse.Namespace) -> int:
         for name, d in sorted(qs.items()):
             print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
     return 0
+
+
+def _cell(v: Any, spec: str) -> str:
+    """``v`` formatted by ``spec``, or a dash as wide, so a missing value never shifts a column."""
+    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
+        return format(v, spec)
+    width = re.match(r"[<>^]?(\d*)", spec)
+    return "-".rjust(int(width.group(1)) if width and width.group(1) else 1)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    f = _cell
+    lines = [f"{'worker':<12}{'role':<20}{'cluster':<11}{'state':<10}{'step':>6}{'loss':>9}"
+             f"{'step/s':>8}{'Mbit/s':>8}{'ratio':>7}{'compute':>9}{'dups':>6}{'DLQ':>5}"]
+    for r in rows:
+        lines.append(f"{r['worker']:<12}{str(r['role']):<20}{str(r['cluster']):<11}{r['state']:<10}"
+                     f"{f(r['step'], '>6d')}{f(r['loss'], '>9.4f')}{f(r['steps_per_s'], '>8.2f')}"
+                     f"{f(r['wire_mbit_s'], '>8.2f')}{f(r['compression'], '>7.3f')}"
+                     f"{f(r['compute_share'], '>9.0%')}{f(r['duplicates'], '>6.0f')}{f(r['dead_letters'], '>5.0f')}")
+    return "\n".join(lines)
