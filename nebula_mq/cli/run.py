@@ -153,7 +153,16 @@ def _supervise(job: Any, timeout: float | None) -> int:
     if failed:
         print(f"failed: {sorted(set(failed))}; logs in {job.logs}", file=sys.stderr)
         return 1
-    return 130 if interrupted else 0
+    if interrupted:
+        print(f"stopped at step {job.slowest_step()} of {job.settings.job.steps}; "
+              f"run the same command to resume", file=sys.stderr)
+    return interrupted_exit_code(received.signals) if interrupted else 0
+
+
+def interrupted_exit_code(signals: list[int]) -> int:
+    """The shell's convention for a run ended by a signal: 128 + the first one received
+    (130 after Ctrl-C, 143 after SIGTERM)."""
+    return 128 + int(signals[0] if signals else signal.SIGINT)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -186,6 +186,7 @@ def test_ctrl_c_under_run_stops_every_worker_cleanly_and_a_second_one_at_once(
             assert status["state"] == "stopped", status
         assert "failed" not in log.read_text()
         stopped_at = json.loads((run_dir / "status" / "enc-0.json").read_text())["step"]
+        assert "run the same command to resume" in log.read_text()
 
         proc = _start_run(job, stack, log)
         _wait_for_step(run_dir, "enc-0", stopped_at + 2, proc, log)

@@ -143,6 +143,10 @@ def test_output_into_a_closed_pipe_exits_quietly(job: Path, tmp_path: Path, comm
     """`nebula-mq status | head`: the reader is gone before anything is written."""
     if command[0] == "stack":
         plan(tmp_path, ("cluster-a", "cluster-b")).save()  # prints one line per (stopped) node
+    else:  # a worker has run, so status prints its table (a job that never ran is an error on stderr)
+        (tmp_path / "run" / "status").mkdir(parents=True)
+        (tmp_path / "run" / "status" / "enc-0.json").write_text(
+            '{"worker": "enc-0", "role": "abnet-encoder", "cluster": "cluster-a", "state": "finished", "step": 1}')
     read_end, write_end = os.pipe()
     os.close(read_end)  # deterministic: every write gets EPIPE
     try:

@@ -52,3 +52,4 @@ def test_a_job_that_never_ran_is_an_error_naming_the_status_dir(tmp_path: Path,
     assert main(["status", str(job), "--stack", str(tmp_path / "no-stack")]) == 1
     err = capsys.readouterr().err
     assert "no worker of job 'never' has started" in err and str(tmp_path / "run" / "status") in err
+
