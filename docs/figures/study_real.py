@@ -3,7 +3,10 @@ BLEU against the speed-up over the paper's baseline, with each seed's copy-the-s
 
     python docs/figures/study_real.py 10.50,7.25 docs/figures/study-real.png
 """
-import glob, json, sys
+import glob
+import json
+import sys
+
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

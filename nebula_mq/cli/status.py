@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -100,42 +99,42 @@ def _status(args: argparse.Namespace) -> int:
                                for name, d in depths.items()}
     except NebulaError as exc:
         queues = {"unavailable": str(exc)}
-    never_ran = (f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
-                 f"{settings.run_dir / 'status'} (start it with `nebula-mq run {args.job}`)")
     if args.json:
         print(json.dumps({"job": settings.job.id, "workers": rows, "queues": queues}, indent=1))
-        if not rows:
-            print(never_ran, file=sys.stderr)
-        return 0 if rows else 1
+    elif rows:
+        print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps")
+        print(table(rows))
+        for cluster, qs in queues.items():
+            if isinstance(qs, str):
+                print(f"queues: {qs}")
+                continue
+            for name, d in sorted(qs.items()):
+                print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
     if not rows:
-        print(never_ran, file=sys.stderr)
+        print(f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
+              f"{settings.run_dir / 'status'} (start it with `nebula-mq run {args.job}`)", file=sys.stderr)
         return 1
-    print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps")
-    print(table(rows))
-    for cluster, qs in queues.items():
-        if isinstance(qs, str):
-            print(f"queues: {qs}")
-            continue
-        for name, d in sorted(qs.items()):
-            print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
     return 0
 
 
-def _cell(v: Any, spec: str) -> str:
-    """``v`` formatted by ``spec``, or a dash as wide, so a missing value never shifts a column."""
+# (title, row key, width, number format; "" = text, left-aligned): the header and every row.
+COLUMNS = (("worker", "worker", 12, ""), ("role", "role", 20, ""), ("cluster", "cluster", 11, ""),
+           ("state", "state", 10, ""), ("step", "step", 6, "d"), ("loss", "loss", 9, ".4f"),
+           ("step/s", "steps_per_s", 8, ".2f"), ("Mbit/s", "wire_mbit_s", 8, ".2f"),
+           ("ratio", "compression", 7, ".3f"), ("compute", "compute_share", 9, ".0%"),
+           ("dups", "duplicates", 6, ".0f"), ("DLQ", "dead_letters", 5, ".0f"))
+
+
+def _cell(v: Any, width: int, fmt: str) -> str:
+    """Text left-aligned; a number right-aligned; a missing number a dash as wide (a missing
+    value never shifts the columns after it)."""
+    if not fmt:
+        return f"{v!s:<{width}}"
     if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-        return format(v, spec)
-    width = re.match(r"[<>^]?(\d*)", spec)
-    return "-".rjust(int(width.group(1)) if width and width.group(1) else 1)
+        return f"{v:>{width}{fmt}}"
+    return "-".rjust(width)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    f = _cell
-    lines = [f"{'worker':<12}{'role':<20}{'cluster':<11}{'state':<10}{'step':>6}{'loss':>9}"
-             f"{'step/s':>8}{'Mbit/s':>8}{'ratio':>7}{'compute':>9}{'dups':>6}{'DLQ':>5}"]
-    for r in rows:
-        lines.append(f"{r['worker']:<12}{str(r['role']):<20}{str(r['cluster']):<11}{r['state']:<10}"
-                     f"{f(r['step'], '>6d')}{f(r['loss'], '>9.4f')}{f(r['steps_per_s'], '>8.2f')}"
-                     f"{f(r['wire_mbit_s'], '>8.2f')}{f(r['compression'], '>7.3f')}"
-                     f"{f(r['compute_share'], '>9.0%')}{f(r['duplicates'], '>6.0f')}{f(r['dead_letters'], '>5.0f')}")
-    return "\n".join(lines)
+    header = "".join(f"{title:<{w}}" if not fmt else f"{title:>{w}}" for title, _, w, fmt in COLUMNS)
+    return "\n".join([header, *("".join(_cell(r[key], w, fmt) for _, key, w, fmt in COLUMNS) for r in rows)])

@@ -37,6 +37,9 @@ from nebula_mq.report.records import Fault, RunData, WorkerMetrics, WorkerRun, W
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
 
 
+# --------------------------------------------------------------------------- single files
+
+
 def read_prometheus(text: str, source: str) -> WorkerMetrics:
     """Parse a MetricsHook textfile (Prometheus text format 0.0.4)."""
     scalars: dict[str, float] = {}

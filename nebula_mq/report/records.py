@@ -78,5 +78,3 @@ class RunData:
     # eval.json: the job's evaluation (scores per domain, hypotheses, references); None if absent.
     evaluation: Mapping[str, Any] | None = None
 
-
-# --------------------------------------------------------------------------- single files

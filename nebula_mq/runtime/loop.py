@@ -21,7 +21,7 @@ which also owns the step count and the checkpoint schedule.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from nebula_mq.runtime.worker import Worker
 
@@ -30,8 +30,12 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-class LoopWorker(Worker):
-    """A worker whose loop is the runtime's; a role implements the steps of it."""
+InboxT = TypeVar("InboxT", bound=Closable)
+
+
+class LoopWorker(Worker, Generic[InboxT]):
+    """A worker whose loop is the runtime's; a role implements the steps of it. ``InboxT`` is
+    what the role reads from (an ``OrderedInbox``, or ``OrderedStreams`` for several streams)."""
 
     total: int  # steps to train
 
@@ -43,11 +47,11 @@ class LoopWorker(Worker):
         """Load the latest checkpoint, if any (``self.step`` included)."""
 
     @abstractmethod
-    def open_inbox(self) -> Closable:
+    def open_inbox(self) -> InboxT:
         """The inbox that continues where the restored checkpoint ends."""
 
     @abstractmethod
-    def advance(self, inbox: Closable) -> bool:
+    def advance(self, inbox: InboxT) -> bool:
         """One unit of work; False to leave the loop now (a stop agreed with the peers)."""
 
     @abstractmethod
@@ -63,7 +67,7 @@ class LoopWorker(Worker):
         """Keep going after the last step (e.g. evaluation batches)."""
         return False
 
-    def finish(self, inbox: Closable) -> None:
+    def finish(self, inbox: InboxT) -> None:
         """After the loop, before the final checkpoint."""
 
     def unsaved(self) -> bool:

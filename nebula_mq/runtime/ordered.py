@@ -82,16 +82,20 @@ class OrderedStreams:
         self.worker.hooks.on_wait(time.perf_counter() - t0)
         return received
 
-    def take_from(self, stream: int, received: Received) -> list[Received]:
+    def take_from(self, stream: int, received: Received,
+                  admit: Callable[[Received], None] | None = None) -> list[Received]:
         """Order one delivery of ``stream``; returns what became ready, in order. A repeat is
-        acked with the next checkpoint and dropped; an impossible index is dead-lettered."""
+        acked with the next checkpoint and dropped; an impossible index is dead-lettered, and
+        so is a message ``admit`` refuses (by raising a :class:`NebulaError`)."""
         order = self.orders[stream]
         if order.is_duplicate(received.micro_batch):
             self.inbox.discard_duplicate(received)
             return []
         try:
+            if admit is not None:
+                admit(received)
             order.push(received.micro_batch, received)
-        except NebulaError as exc:  # out of window
+        except NebulaError as exc:  # refused by admit, or out of window
             self.inbox.reject(received, exc)
             return []
         return [r.item for r in order.pop_ready()]
@@ -127,15 +131,5 @@ class OrderedInbox(OrderedStreams):
         return self.take(received) if received is not None else []
 
     def take(self, received: Received, admit: Callable[[Received], None] | None = None) -> list[Received]:
-        """Order one delivery from :meth:`next`; returns what became ready. ``admit`` may
-        raise a :class:`NebulaError` to condemn the message before it is ordered."""
-        if self.orders[0].is_duplicate(received.micro_batch):
-            self.inbox.discard_duplicate(received)
-            return []
-        if admit is not None:
-            try:
-                admit(received)
-            except NebulaError as exc:
-                self.inbox.reject(received, exc)
-                return []
-        return self.take_from(0, received)
+        """Order one delivery from :meth:`next`; returns what became ready (see :meth:`take_from`)."""
+        return self.take_from(0, received, admit)

@@ -31,7 +31,7 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
-from nebula_mq.runtime.loop import Closable, LoopWorker
+from nebula_mq.runtime.loop import LoopWorker
 
 log = get_logger(__name__)
 
@@ -39,7 +39,7 @@ log = get_logger(__name__)
 POLL_S = 0.5
 
 
-class SteppedWorker(LoopWorker):
+class SteppedWorker(LoopWorker[OrderedInbox]):
     """A worker whose step ``s`` is the message of index ``s`` on :attr:`steps_flow`."""
 
     in_flight: int  # messages the peer may have in flight ahead of the next one to apply
@@ -93,9 +93,8 @@ class SteppedWorker(LoopWorker):
     def open_inbox(self) -> OrderedInbox:
         return OrderedInbox(self, self.steps_flow, self.step, self.window())
 
-    def advance(self, inbox: Closable) -> bool:
+    def advance(self, inbox: OrderedInbox) -> bool:
         """Send what may be sent, wait for the next message, apply every step it makes ready."""
-        assert isinstance(inbox, OrderedInbox)
         self.produce()
         if self.stop_requested.is_set():
             return False

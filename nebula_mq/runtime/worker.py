@@ -37,6 +37,7 @@ from nebula_mq.atomic import write_json_atomic
 
 log = get_logger(__name__)
 
+
 def make_transport(settings: Settings, cluster: str) -> Transport:
     """The RabbitMQ transport to ``cluster``'s broker, from the job's settings."""
     if cluster not in settings.clusters:

@@ -48,15 +48,14 @@ class AbnetDecoderWorker(SplitTail):
 
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
         self.job = load_job(settings)
-        worker_id = self.job.tail_id
-        super().__init__(settings, self.job.tail_cluster, worker_id, transport, flows=self.job.flows(),
+        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport, flows=self.job.flows(),
                          in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
         self.cfg = model_config(self.job, settings.job.seed)
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)
         self.model = DecoderSide(self.cfg, target_keep_ids(self.job, self.data))
         self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
         self.evaluation = Evaluation(self.job, settings.job.seed, self.cfg.decoder.vocab,
-                                     settings.run_dir, worker_id)
+                                     settings.run_dir, self.worker_id)
 
     # ------------------------------------------------------------------ specialisation
 

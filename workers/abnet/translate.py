@@ -27,7 +27,6 @@ from nebula_mq.evaluation.bleu import WordPieceDetokenizer
 from workers.abnet.job import load_job, load_side, model_config, target_keep_ids
 from nebula_mq.models.state import load_params
 
-DECODER_ID = "dec-0"  # the plan's decoder worker (workers.plans)
 MAX_SOURCE_TOKENS = 128  # as `nebula-mq data build` truncates training sources
 
 
@@ -55,7 +54,7 @@ class Translator:
         seed = settings.job.seed
         cfg = model_config(self.job, seed)
         enc_ck = _latest(settings, self.job.head_id, "encoder")
-        dec_ck = _latest(settings, DECODER_ID, "decoder")
+        dec_ck = _latest(settings, self.job.tail_id, "decoder")
         self.encoder = EncoderSide(cfg)
         load_params("encoder", self.encoder, enc_ck.arrays)
         train = load_side(self.job, seed, "tgt", cfg.decoder.vocab)

@@ -32,7 +32,7 @@ from nebula_mq.runtime.channel import Outbox
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.loop import Closable, LoopWorker
+from nebula_mq.runtime.loop import LoopWorker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from nebula_mq import topology
@@ -49,7 +49,7 @@ log = get_logger(__name__)
 ROLE = "electra-generator"
 
 
-class ElectraGeneratorWorker(LoopWorker, RoleWorker):
+class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
     role = ROLE
 
     def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:
@@ -125,9 +125,8 @@ class ElectraGeneratorWorker(LoopWorker, RoleWorker):
         # Token i (micro_batch i) says step i + 1 is done: the next one to apply is ``synced``.
         return OrderedInbox(self, self.sync_flow, self.synced, window)
 
-    def advance(self, inbox: Closable) -> bool:
+    def advance(self, inbox: OrderedInbox) -> bool:
         """One step, once the discriminator is at most ``max_lead`` steps behind."""
-        assert isinstance(inbox, OrderedInbox)
         while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
             self.poll_sync(inbox, 0.5)
         if self.stop_requested.is_set():
@@ -139,9 +138,8 @@ class ElectraGeneratorWorker(LoopWorker, RoleWorker):
             self.checkpoint()
         return True
 
-    def finish(self, inbox: Closable) -> None:
+    def finish(self, inbox: OrderedInbox) -> None:
         """Both sides end at the same step: wait for the last sync token."""
-        assert isinstance(inbox, OrderedInbox)
         while self.synced < self.step and not self.stop_requested.is_set():
             self.poll_sync(inbox, 0.5)
 

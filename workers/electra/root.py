@@ -56,14 +56,17 @@ class ElectraRootWorker(DiscriminatorRank):
     def open_inbox(self) -> OrderedStreams:
         # One message per rank and step, per generator: micro_batch = step * n_sub + share.
         n, window = self.world, self.window(self.world)
-        self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
-        self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
         per_flow = self.k_gen // len(self.results_flows)  # generators publishing on each
         return OrderedStreams(self, self.results_flows, self.k_gen, self.step * n, window,
                               held=window.held * per_flow)
 
+    def open(self) -> None:
+        super().open()
+        self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
+        self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
+
     def close(self) -> None:
-        for outbox in (*getattr(self, "sync_out", []), *getattr(self, "sub_out", [])):
+        for outbox in (*self.sync_out, *self.sub_out):
             outbox.close()
 
     def _generator_of(self, received: Received) -> int:

@@ -38,7 +38,7 @@ from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.loop import Closable, LoopWorker
+from nebula_mq.runtime.loop import LoopWorker
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox, OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -62,7 +62,7 @@ def concat_shares(shares: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return out
 
 
-class DiscriminatorRank(LoopWorker, RoleWorker):
+class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
     """The rank loop; subclasses say where a step's shares come from."""
 
     def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:
@@ -79,7 +79,6 @@ class DiscriminatorRank(LoopWorker, RoleWorker):
             self.trainer = DiscriminatorTrainer(self.cfg, pretrained=pretrained_discriminator(data))
         self.flows = flows(self.job)
         self.group: Any = None  # DataParallelGroup once joined (world > 1)
-        self.hot_start = False
         # Deliveries recorded and acked with a step besides its own shares (the root's scattered ones).
         self.riders: dict[int, list[Received]] = {}
         self.total = settings.job.steps
@@ -115,7 +114,7 @@ class DiscriminatorRank(LoopWorker, RoleWorker):
 
     def restore(self) -> None:
         """Agree on the group's start step, then load this rank's checkpoint there."""
-        store, self.hot_start = self._source()
+        store, hot_start = self._source()
         steps = store.steps()
         start = int(self.allreduce(np.array([steps[-1] if steps else -1], np.int64), "min")[0])
         if start < 0:
@@ -127,7 +126,7 @@ class DiscriminatorRank(LoopWorker, RoleWorker):
             self.trainer.load_state_arrays(ck.arrays)
         self.step = ck.step
         self.on_restore(ck)
-        log.info("resumed", step=self.step, hot_start=self.hot_start)
+        log.info("resumed", step=self.step, hot_start=hot_start)
 
     def on_restore(self, ck: Checkpoint) -> None:
         """Subclass state kept in the checkpoint meta."""
@@ -173,9 +172,8 @@ class DiscriminatorRank(LoopWorker, RoleWorker):
         # the others waiting in the next all-reduce.
         return self.step < self.total
 
-    def advance(self, inbox: Closable) -> bool:
+    def advance(self, inbox: OrderedStreams) -> bool:
         """One group step: this rank's shares, trained; a checkpoint on schedule or on a stop."""
-        assert isinstance(inbox, OrderedStreams)
         shares = self.next_shares(inbox)
         if shares is None:
             return False
@@ -224,14 +222,13 @@ class ElectraSubWorker(DiscriminatorRank):
     def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
         # Once shares are in flight the other ranks wait for this one in the
         # all-reduce, so a stop request is honoured at the step boundary (train()).
-        assert isinstance(inbox, OrderedInbox)
         while len(self.ready) < self.k_gen:
             received = inbox.next(0.5)
             if received is None:
                 if self.stop_requested.is_set() and self.group is None:
                     return None
                 continue
-            self.ready += inbox.take(received)
+            self.ready += inbox.take_from(0, received)  # one stream: the root's shares
         shares, self.ready = self.ready[: self.k_gen], self.ready[self.k_gen:]
         return shares
 

@@ -10,7 +10,7 @@ run is exactly the joint model's training.
 
 :class:`SplitHead` is the step (the loop is the runtime's:
 ``nebula_mq.runtime.stepped``); a subclass says what a micro-batch is
-(:meth:`SplitHead.forward`) and may add message fields, checkpoint extras and
+(:meth:`SplitHead.forward`) and may add message fields, state (:meth:`state`) and
 an after-training step: :class:`SplitHeadWorker` runs a user's :class:`HeadSpec`,
 ``workers.abnet.encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
 """
@@ -100,8 +100,9 @@ class SplitHead(SplitSide):
 
     # ------------------------------------------------------------------ the step (runtime.stepped)
 
-    def extra_meta(self) -> dict[str, Any]:
-        return {"next_fwd": self.next_fwd}
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = super().state()
+        return arrays, {**meta, "next_fwd": self.next_fwd}
 
     def load(self, ck: Checkpoint) -> None:
         super().load(ck)

@@ -11,7 +11,6 @@ learning-rate schedule, and each flow's compression state
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -67,26 +66,13 @@ class SplitSide(SteppedWorker, RoleWorker):
 
     # ------------------------------------------------------------------ checkpoint
 
-    def extra_state(self) -> dict[str, np.ndarray]:
-        """Arrays checkpointed besides model, optimizer and compression state."""
-        return {}
-
-    def extra_meta(self) -> dict[str, Any]:
-        """Checkpoint metadata of the side (the head's send position)."""
-        return {}
-
-    def restore_extra(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        return None
-
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
         for compression in self.compressions():
             arrays.update(compression.state_arrays(self.state_prefix))
-        arrays.update(self.extra_state())
-        return arrays, self.extra_meta()
+        return arrays, {}
 
     def load(self, ck: Checkpoint) -> None:
         load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
         for compression in self.compressions():
             compression.restore(ck.arrays, self.state_prefix)
-        self.restore_extra(ck.arrays, ck.meta)
