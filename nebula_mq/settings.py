@@ -19,6 +19,8 @@ from nebula_mq.config import InvalidField
 from nebula_mq.errors import ConfigError
 
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Where a worker computes (``nebula_mq.models.device``): cpu, gpu (this rank's), gpu:N, auto.
+DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,14 @@ class JobSettings:
     # Also serve this worker's metrics over HTTP at /metrics on this port (0 = only the
     # textfile). Per process: `nebula-mq worker --metrics-port` sets it for the one it starts.
     metrics_port: int = 0
+    # Where every worker computes, unless its role overrides it (``[abnet]``/``[split]``
+    # head_device / tail_device): cpu, gpu (each rank its own), gpu:N, or auto (a GPU when
+    # paddle sees one, else the CPU).
+    device: str = "auto"
 
     def validate(self) -> None:
+        if not DEVICE_PATTERN.match(self.device):
+            raise InvalidField("device", "cpu, gpu, gpu:N or auto", self.device)
         if not _JOB_ID.match(self.id):
             raise InvalidField("id", f"a slug matching {_JOB_ID.pattern}", self.id)
         if self.steps < 1:

@@ -178,8 +178,17 @@ def electra_m3_flows(gen_clusters: tuple[str, ...], disc_cluster: str, n_sub: in
     return tuple(flows)
 
 
-def abnet_flows(src_cluster: str, tgt_cluster: str, requesters: tuple[str, ...]) -> tuple[Flow, ...]:
-    """Scenario II: encoder activations S -> T as requests; gradient replies T -> S."""
-    flows = [Flow("activations", src_cluster, tgt_cluster)]
+def activation_flow(tail_rank: int | None = None) -> str:
+    """Activations of a split model: to its one tail process (``None``), or to tail rank
+    ``j``'s own flow when the tail side has several ranks."""
+    return "activations" if tail_rank is None else f"activations-{tail_rank}"
+
+
+def abnet_flows(src_cluster: str, tgt_cluster: str, requesters: tuple[str, ...],
+                tail_ranks: int = 1) -> tuple[Flow, ...]:
+    """Scenario II and split models: encoder (head) activations S -> T as requests, one flow
+    per tail rank; gradient replies T -> S, one flow per requester (head rank)."""
+    flows = [Flow(activation_flow(j if tail_ranks > 1 else None), src_cluster, tgt_cluster)
+             for j in range(tail_ranks)]
     flows += [Flow(reply_flow(r), tgt_cluster, src_cluster, FlowKind.REPLY) for r in requesters]
     return tuple(flows)

@@ -15,12 +15,27 @@ with ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS`
 Rendezvous costs about 3 s (a non-zero rank retries the store every 3 s).
 All gradients go through one flat buffer: one collective per step, not one per
 parameter. A process can join only one group in its lifetime.
+
+**No collective waits for ever.** gloo has no membership change: when a rank
+dies, the others block in their next collective, and a rendezvous with a rank
+that never comes blocks in the TCP store. Every collective and the rendezvous
+run under a deadline (``timeout_s``); past it the process logs which one did
+not complete and exits with :data:`GROUP_TIMEOUT_EXIT`, so the launcher
+restarts the group from its last common checkpoint (or reports it), rather
+than a job hanging with no one the wiser. A thread cannot interrupt paddle's
+blocking C++ call, which is why the deadline ends the process.
+
+On a GPU the group uses NCCL instead of gloo (untested here: no GPU on the
+machine this runs on in CI).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 import paddle
@@ -28,27 +43,68 @@ import paddle.distributed as dist
 from paddle import nn
 
 from nebula_mq.errors import WorkerError
+from nebula_mq.runtime.logs import get_logger
+
+log = get_logger(__name__)
+
+# Exit code of a rank whose collective or rendezvous missed its deadline (EX_TEMPFAIL:
+# the launcher restarts the group; a rerun resumes from the group's last checkpoint).
+GROUP_TIMEOUT_EXIT = 75
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@contextmanager
+def deadline(what: str, rank: int, timeout_s: float) -> Iterator[None]:
+    """Run a blocking collective; past ``timeout_s`` log why and end the process."""
+    def expire() -> None:
+        log.error("group_timeout", what=what, rank=rank, timeout_s=timeout_s,
+                  hint="a rank of this group died or never started; the group restarts from its last "
+                       "common checkpoint when the job runs again")
+        sys.stderr.write(f"nebula-mq: {what} did not complete within {timeout_s:.0f} s on rank {rank}: "
+                         "a peer rank is gone\n")
+        sys.stderr.flush()
+        os._exit(GROUP_TIMEOUT_EXIT)  # noqa: SLF001 - the blocked C++ call cannot be interrupted
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 class DataParallelGroup:
-    """A joined gloo group; callable as a ``GradientSync`` for :class:`DiscriminatorTrainer`."""
+    """A joined gloo (CPU) or NCCL (GPU) group; callable as a ``GradientSync`` for
+    :class:`DiscriminatorTrainer`."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
 
     def __call__(self, model: nn.Layer) -> None:
         self.allreduce_gradients(model)
 
-    def allreduce_gradients(self, model: nn.Layer) -> None:
-        """Replace every parameter's gradient by its mean over the group (missing grads count as 0)."""
-        params = [p for p in model.parameters() if not p.stop_gradient]
+    def _collective(self, what: str) -> AbstractContextManager[None]:
+        return deadline(what, self.rank, self.timeout_s)
+
+    def allreduce_gradients(self, model: nn.Layer | Sequence[paddle.Tensor], op: str = "mean",
+                            extra: Sequence[float] = ()) -> np.ndarray:
+        """Replace every trainable parameter's gradient by its mean (``op="sum"``: its sum) over
+        the group; missing grads count as 0. ``extra`` values ride in the same collective
+        (summed over the ranks, e.g. a stop flag) and come back."""
+        params = ([p for p in model.parameters() if not p.stop_gradient] if isinstance(model, nn.Layer)
+                  else list(model))
         grads = [p.grad if p.grad is not None else paddle.zeros(p.shape, dtype=p.dtype) for p in params]
-        flat = paddle.concat([g.reshape([-1]) for g in grads])
+        flat = paddle.concat([g.reshape([-1]) for g in grads]
+                             + [paddle.to_tensor(np.asarray(extra, np.float32))])
         try:
-            dist.all_reduce(flat)
+            with self._collective("gradient all-reduce"):
+                dist.all_reduce(flat)
         except (RuntimeError, OSError, ValueError) as exc:
             raise WorkerError(f"gradient all-reduce failed on rank {self.rank}: {exc}") from None
-        flat = flat / float(self.world_size)
+        riders = flat[flat.shape[0] - len(extra):].numpy() if extra else np.zeros(0, np.float32)
+        if op == "mean":
+            flat = flat / float(self.world_size)
         offset = 0
         for p, g in zip(params, grads):
             n = int(np.prod(p.shape))
@@ -59,26 +115,41 @@ class DataParallelGroup:
                 p._set_grad_ivar(mean)  # noqa: SLF001 - paddle's only way to attach a gradient
             else:
                 p.grad.set_value(mean)
+        return riders
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` over the ranks (the group's common checkpoint step)."""
+        t = paddle.to_tensor(np.array([value], np.int64))
+        try:
+            with self._collective("checkpoint agreement"):
+                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
+        return int(t.numpy()[0])
 
     def broadcast_parameters(self, model: nn.Layer, src: int = 0) -> None:
         """Make every rank's parameters equal to ``src``'s (use once after construction)."""
         try:
-            for p in model.parameters():
-                dist.broadcast(p, src=src)
+            with self._collective("parameter broadcast"):
+                for p in model.parameters():
+                    dist.broadcast(p, src=src)
         except (RuntimeError, OSError, ValueError) as exc:
             raise WorkerError(f"parameter broadcast failed on rank {self.rank}: {exc}") from None
 
     def barrier(self) -> None:
         """Wait for every rank (the sub-discriminators sync before the root syncs with G)."""
         try:
-            dist.barrier()
+            with self._collective("barrier"):
+                dist.barrier()
         except (RuntimeError, OSError, ValueError) as exc:
             raise WorkerError(f"barrier failed on rank {self.rank}: {exc}") from None
 
 
 def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str | None = None,
-               ) -> DataParallelGroup:
-    """Join the gloo group of ``world_size`` CPU processes; blocks until all have joined.
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> DataParallelGroup:
+    """Join the group of ``world_size`` processes; blocks until all have joined, at most
+    ``timeout_s`` (then the process exits: see the module docstring). The backend follows
+    the device paddle was set to: NCCL on a GPU, gloo on the CPU.
 
     ``endpoints`` are ``host:port`` per rank (paddle's launcher contract);
     ``master`` is the TCP store rank 0 serves for the rendezvous (default: the
@@ -96,17 +167,18 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
     os.environ.update({
         "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world_size),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
-        "PADDLE_MASTER": master, "PADDLE_DISTRI_BACKEND": "gloo",
+        "PADDLE_MASTER": master,
+        "PADDLE_DISTRI_BACKEND": "nccl" if paddle.get_device().startswith("gpu") else "gloo",
     })
-    paddle.set_device("cpu")
     try:
-        dist.init_parallel_env()
+        with deadline("group rendezvous", rank, timeout_s):
+            dist.init_parallel_env()
     except (RuntimeError, OSError, ValueError) as exc:
         raise WorkerError(f"cannot join the gloo group as rank {rank}/{world_size} via {master}: {exc}") from None
     if dist.get_rank() != rank or dist.get_world_size() != world_size:
         raise WorkerError(f"paddle reports rank {dist.get_rank()}/{dist.get_world_size()}, "
                           f"expected {rank}/{world_size}")
-    return DataParallelGroup(rank, world_size)
+    return DataParallelGroup(rank, world_size, timeout_s)
 
 
 def _is_endpoint(text: str) -> bool:

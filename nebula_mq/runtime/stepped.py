@@ -4,11 +4,17 @@
 
 * what it sends before it waits (:meth:`~SteppedWorker.produce`; a split head
   sends activations up to its window);
-* what it does with the next in-order message (:meth:`~SteppedWorker.apply`,
-  which returns the step's values), and which messages it refuses
-  (:meth:`~SteppedWorker.admit`) or handles outside the ordered stream
-  (:meth:`~SteppedWorker.handle_other`);
+* what it does with the next step's messages (:meth:`~SteppedWorker.apply`,
+  which returns the step's values): one message per source stream, the
+  ``sources`` producers in order (one stream when ``sources`` is empty); which
+  messages it refuses (:meth:`~SteppedWorker.admit`) or handles outside the
+  ordered streams (:meth:`~SteppedWorker.handle_other`);
 * what its state is (:meth:`~SteppedWorker.state`, :meth:`~SteppedWorker.load`).
+
+A data-parallel rank also says how its group agrees: on the checkpoint to resume
+from (:meth:`~SteppedWorker.start_step`), on when to stop
+(:meth:`~SteppedWorker.stopping`), and that every rank holds a checkpoint before
+any rank acks what it covers (``Worker.wait_for_peers``).
 
 The runtime does the rest, here and nowhere else: it restores the latest
 checkpoint, orders and dedupes the flow with one counter (the step:
@@ -27,23 +33,31 @@ from typing import Any
 import numpy as np
 
 from nebula_mq import topology
+from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.ordered import FlowWindow, OrderedStreams
 from nebula_mq.runtime.loop import LoopWorker
 
 log = get_logger(__name__)
 
 # How long one wait for the next message lasts before the loop looks at the stop flag.
 POLL_S = 0.5
+# A rank of a group that was asked to stop and has had nothing to apply for this many
+# polls leaves without waiting for its group's agreement: its peers are stopping too.
+IDLE_POLLS_TO_STOP = 2
 
 
-class SteppedWorker(LoopWorker[OrderedInbox]):
-    """A worker whose step ``s`` is the message of index ``s`` on :attr:`steps_flow`."""
+class SteppedWorker(LoopWorker[OrderedStreams]):
+    """A worker whose step ``s`` is the messages of index ``s`` on :attr:`steps_flow`, one
+    from each of :attr:`sources`."""
 
     in_flight: int  # messages the peer may have in flight ahead of the next one to apply
     steps_flow: topology.Flow  # the flow whose messages are the steps
+    # Producer ids whose streams on steps_flow make up a step, in the order apply() gets
+    # them; empty: one stream, from whoever publishes on the flow.
+    sources: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ the role protocol
 
@@ -53,13 +67,14 @@ class SteppedWorker(LoopWorker[OrderedInbox]):
     def admit(self, received: Received) -> None:
         """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered."""
 
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
         """True when ``received`` is not a step and was dealt with here (settled or rejected)."""
         return False
 
     @abstractmethod
-    def apply(self, received: Received) -> Mapping[str, float]:
-        """Apply the step's message (``self.step`` is its index); returns the step's values."""
+    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
+        """Apply the step's messages, one per source (``self.step`` is their index); returns
+        the step's values."""
 
     @abstractmethod
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -69,7 +84,20 @@ class SteppedWorker(LoopWorker[OrderedInbox]):
     def load(self, ck: Checkpoint) -> None:
         """Resume from ``ck`` (``self.step`` is already ``ck.step``)."""
 
+    # ------------------------------------------------------------------ a group's agreements
+
+    def start_step(self, steps: list[int]) -> int | None:
+        """The checkpoint to resume from, of those the store holds (a group agrees on one)."""
+        return steps[-1] if steps else None
+
+    def stopping(self) -> bool:
+        """Whether to stop between steps now (a group stops where its ranks agreed to)."""
+        return self.stop_requested.is_set()
+
     # ------------------------------------------------------------------ what the runtime does
+
+    def keep_going(self) -> bool:
+        return (self.step < self.total or self.more_to_do()) and not self.stopping()
 
     def window(self) -> FlowWindow:
         """The peer runs up to ``in_flight`` messages ahead, plus what it may send before our
@@ -78,9 +106,10 @@ class SteppedWorker(LoopWorker[OrderedInbox]):
         return FlowWindow(ahead=self.in_flight + self.checkpoint_every, unacked=self.checkpoint_every)
 
     def restore(self) -> None:
-        ck = self.store.latest()
-        if ck is None:
+        start = self.start_step(self.store.steps())
+        if start is None:
             return
+        ck = self.store.load(start)
         self.step = ck.step
         self.load(ck)
         log.info("resumed", step=self.step)
@@ -90,26 +119,52 @@ class SteppedWorker(LoopWorker[OrderedInbox]):
         self.commit(arrays, meta)
         self.write_history()
 
-    def open_inbox(self) -> OrderedInbox:
-        return OrderedInbox(self, self.steps_flow, self.step, self.window())
+    def open_inbox(self) -> OrderedStreams:
+        streams = max(1, len(self.sources))
+        window = self.window()
+        self.waiting: list[list[Received]] = [[] for _ in range(streams)]
+        self.idle_polls = 0
+        return OrderedStreams(self, [self.steps_flow], streams, self.step, window, held=window.held * streams)
 
-    def advance(self, inbox: OrderedInbox) -> bool:
-        """Send what may be sent, wait for the next message, apply every step it makes ready."""
+    def stream_of(self, received: Received) -> int:
+        """Which source stream ``received`` belongs to; a stranger is malformed."""
+        if not self.sources:
+            return 0
+        try:
+            return self.sources.index(received.envelope.producer)
+        except ValueError:
+            raise MalformedMessage(f"producer {received.envelope.producer!r} is not one of this step's "
+                                   f"sources {list(self.sources)}") from None
+
+    def advance(self, inbox: OrderedStreams) -> bool:
+        """Send what may be sent, wait for the next message, apply every step it completes."""
         self.produce()
-        if self.stop_requested.is_set():
+        if self.stopping():
             return False
         received = inbox.next(timeout=POLL_S)
-        if received is None or self.handle_other(inbox, received):
+        if received is None:
+            self.idle_polls += 1
             return True
-        for ready in inbox.take(received, admit=self.admit):
-            self.finish_step(inbox, ready, self.apply(ready))
+        self.idle_polls = 0
+        if self.handle_other(inbox, received):
+            return True
+        try:
+            stream = self.stream_of(received)
+        except MalformedMessage as exc:
+            inbox.reject(received, exc)
+            return True
+        self.waiting[stream] += inbox.take_from(stream, received, admit=self.admit)
+        while all(self.waiting) and not self.stopping():
+            parts = tuple(queue.pop(0) for queue in self.waiting)
+            self.finish_step(inbox, parts, self.apply(parts))
         return True
 
-    def finish_step(self, inbox: OrderedInbox, received: Received, values: Mapping[str, float]) -> None:
-        """Count the step, remember the message (acked with the next checkpoint), record the
+    def finish_step(self, inbox: OrderedStreams, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:
+        """Count the step, remember its messages (acked with the next checkpoint), record the
         values, and checkpoint on schedule and at the last step."""
         self.step += 1
-        inbox.applied(received)
+        for received in parts:
+            inbox.applied(received)
         self.record_step(values)
         if self.step % self.checkpoint_every == 0 or self.step == self.total:
             self.checkpoint()

@@ -127,11 +127,17 @@ class Worker(ABC):
     def commit(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Checkpoint:
         """Checkpoint at ``self.step``, then ack everything it covers."""
         ck = self.store.save(self.step, arrays, meta)
+        self.wait_for_peers()
         for delivery in self._pending_acks:
             delivery.ack()  # False when the connection died: the repeat is deduped later
         self._pending_acks.clear()
         log.info("checkpoint", step=self.step, digest=ck.digest[:16])
         return ck
+
+    def wait_for_peers(self) -> None:
+        """Between a checkpoint and the acks it allows: a data-parallel rank waits until every
+        rank of its group holds the same checkpoint, so no rank acks a message that a restart
+        of the group from its lowest common checkpoint would need again."""
 
     def has_checkpoint_at_step(self) -> bool:
         steps = self.store.steps()

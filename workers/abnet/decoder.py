@@ -14,6 +14,7 @@ carry the same ids and bytes, and the encoder discards them as duplicates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 
 import numpy as np
 import paddle
@@ -23,7 +24,7 @@ from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Received
-from nebula_mq.runtime.ordered import OrderedInbox
+from nebula_mq.runtime.ordered import OrderedStreams
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -31,7 +32,6 @@ from workers.abnet.job import (EVAL_KIND, adapter_optimizer, learning_rate, load
                                   target_keep_ids)
 from workers.abnet.evaluation import Evaluation
 from workers.registry import role
-from workers.split.job import micro_batch_seed
 from workers.split.tail import SplitTail
 
 log = get_logger(__name__)
@@ -46,10 +46,9 @@ class AbnetDecoderWorker(SplitTail):
     activation_name = "enc_out"
     model: DecoderSide
 
-    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+    def __init__(self, settings: Settings, transport: Transport | None = None, rank: int = 0) -> None:
         self.job = load_job(settings)
-        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport, flows=self.job.flows(),
-                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        super().__init__(settings, self.job, rank, transport)
         self.cfg = model_config(self.job, settings.job.seed)
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)
         self.model = DecoderSide(self.cfg, target_keep_ids(self.job, self.data))
@@ -65,20 +64,19 @@ class AbnetDecoderWorker(SplitTail):
     def error_feedback(self) -> bool:
         return self.job.backward_feedback == "residual"  # per-sample residual of the gradient codec
 
-    def samples(self, received: Received) -> Samples:
-        t = received.tensors
-        return Samples(t["sample_ids"], sample_lengths(t["src_mask"]))
+    def samples(self, tensors: Mapping[str, np.ndarray]) -> Samples:
+        return Samples(tensors["sample_ids"], sample_lengths(tensors["src_mask"]))
 
     def more_to_do(self) -> bool:
-        return not self.evaluation.done
+        return self.rank == 0 and not self.evaluation.done  # the encoder sends its evaluation to rank 0
 
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
         if received.meta.get("kind") != EVAL_KIND:
             return False
         self.evaluate(inbox, received)
         return True
 
-    def evaluate(self, inbox: OrderedInbox, received: Received) -> None:
+    def evaluate(self, inbox: OrderedStreams, received: Received) -> None:
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         try:
@@ -89,16 +87,16 @@ class AbnetDecoderWorker(SplitTail):
             return
         inbox.settle_unordered(received)
 
-    def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
-        sample_ids, mask = received.tensors["sample_ids"], received.tensors["src_mask"]
-        targets = self.data.targets(sample_ids)
-        enc_out = self.activation(received)  # AQ-SGD: a delta is rebuilt on the mirror
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "tgt", mb))
-        return self.model.loss_and_grad(enc_out, mask, targets)
+    def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
+                      ) -> tuple[float, np.ndarray]:
+        targets = self.data.targets(tensors["sample_ids"])
+        paddle.seed(self.seed("tgt", mb))
+        return self.model.loss_and_grad(activation, tensors["src_mask"], targets)
 
 
 @role("abnet-decoder")
-def main(settings: Settings) -> int:
-    worker = AbnetDecoderWorker(settings)
+def main(settings: Settings, worker_index: int = 0) -> int:
+    """``worker_index``: the decoder rank (``[abnet] decoder_ranks``)."""
+    worker = AbnetDecoderWorker(settings, rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

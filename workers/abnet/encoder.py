@@ -36,7 +36,6 @@ from workers.abnet.job import (EVAL_KIND, adapter_optimizer, eval_producer, lear
                                   model_config)
 from workers.registry import role
 from workers.split.head import Forward, SplitHead
-from workers.split.job import micro_batch_seed
 
 log = get_logger(__name__)
 
@@ -53,10 +52,9 @@ class AbnetEncoderWorker(SplitHead):
     state_prefix = "encoder"
     activation_name = "enc_out"
 
-    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
+    def __init__(self, settings: Settings, transport: Transport | None = None, rank: int = 0) -> None:
         self.job = load_job(settings)
-        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport, flows=self.job.flows(),
-                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        super().__init__(settings, self.job, rank, transport)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg)
         self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
@@ -76,18 +74,19 @@ class AbnetEncoderWorker(SplitHead):
 
     def _forward(self, mb: int) -> tuple[np.ndarray, np.ndarray, paddle.Tensor]:
         sample_ids, ids, mask = self.data.source(mb)
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "src", mb))
-        return sample_ids, mask, self.model(ids, mask)
+        rows = self.shard_rows(len(sample_ids))
+        paddle.seed(self.seed("src", mb))
+        return sample_ids[rows], mask[rows], self.model(ids[rows], mask[rows])
 
     def forward(self, mb: int) -> Forward:
         sample_ids, mask, enc_out = self._forward(mb)
         return Forward(sample_ids, enc_out, {"src_mask": mask})
 
-    def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
+    def step_values(self, parts: tuple[Received, ...], fwd: Forward) -> dict[str, float]:
         """The loss, and how much the encoder's output differs between tokens (the mean over
         hidden units of the spread across the batch's real tokens). A collapsed encoder gives
         every token the same vector, and the decoder can then only learn the target language."""
-        values = super().step_values(received, fwd)
+        values = super().step_values(parts, fwd)
         mask = fwd.side["src_mask"].astype(bool)
         tokens = fwd.activation.numpy()[mask]  # [N, H]
         spread = float(tokens.std(axis=0).mean()) if len(tokens) > 1 else float("nan")
@@ -106,7 +105,7 @@ class AbnetEncoderWorker(SplitHead):
         self.model.backward(activation, grad)
 
     def after_training(self) -> None:
-        if self.job.eval_samples:
+        if self.job.eval_samples and self.rank == 0:  # to tail rank 0, which scores it
             self.send_evaluation()
 
     def send_evaluation(self) -> None:
@@ -120,8 +119,8 @@ class AbnetEncoderWorker(SplitHead):
         n = len(rows)
         size = self.job.batch_size
         batches = -(-n // size)
-        codec = self.outgoing.schedule.codec_for(self.total)
-        outbox = Outbox(self, self.act_flow, eval_producer(self.worker_id))
+        codec = self.outgoing[0].schedule.codec_for(self.total)
+        outbox = Outbox(self, self.act_flows[0], eval_producer(self.worker_id))
         self.model.eval()
         try:
             for k in range(batches):
@@ -139,7 +138,8 @@ class AbnetEncoderWorker(SplitHead):
 
 
 @role("abnet-encoder")
-def main(settings: Settings) -> int:
-    worker = AbnetEncoderWorker(settings)
+def main(settings: Settings, worker_index: int = 0) -> int:
+    """``worker_index``: the encoder rank (``[abnet] encoder_ranks``)."""
+    worker = AbnetEncoderWorker(settings, rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

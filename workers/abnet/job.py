@@ -31,8 +31,9 @@ def eval_producer(head_id: str) -> str:
     return f"{head_id}-eval"
 
 
-# Older spellings of the placement keys in ``[abnet]``, still read: the encoder is the head.
-PLACEMENT_ALIASES = {"src_cluster": "head_cluster", "tgt_cluster": "tail_cluster", "encoder_id": "head_id"}
+# ABNet's names for the placement keys in ``[abnet]``, also read: the encoder is the head.
+PLACEMENT_ALIASES = {"src_cluster": "head_cluster", "tgt_cluster": "tail_cluster", "encoder_id": "head_id",
+                     "encoder_ranks": "head_ranks", "decoder_ranks": "tail_ranks"}
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ class AbnetJob(Placement):
         super().validate()
         if self.batch_size < 1:
             raise ValueError("batch_size >= 1")
+        if self.batch_size % (self.head_ranks * self.tail_ranks):
+            raise ValueError("batch_size a multiple of encoder_ranks x decoder_ranks (each rank its equal share)")
         if self.train_samples < 0 or self.eval_samples < 0:
             raise ValueError("train_samples >= 0 and eval_samples >= 0")
         if self.max_source_tokens < 0:

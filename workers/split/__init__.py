@@ -31,25 +31,31 @@ def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
 
 
 def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: InputsFn,
-             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None) -> int:
+             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None,
+             rank: int = 0) -> int:
     """Train the head half until ``job.steps`` gradients are applied (or SIGTERM); exit code.
 
-    ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index.
+    ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index and
+    return the whole micro-batch: rank ``rank`` of ``[split] head_ranks`` takes its share.
     ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
     from workers.split.head import SplitHeadWorker
 
-    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport)  # type: ignore[arg-type]
+    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport,  # type: ignore[arg-type]
+                             rank=rank)
     if threading.current_thread() is threading.main_thread():
         worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
     return worker.main()
 
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
-             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None) -> int:
-    """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code."""
+             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None,
+             rank: int = 0) -> int:
+    """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code.
+    ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model."""
     from workers.split.tail import SplitTailWorker
 
-    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport)  # type: ignore[arg-type]
+    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport,  # type: ignore[arg-type]
+                             rank=rank)
     if threading.current_thread() is threading.main_thread():
         worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
     return worker.main()

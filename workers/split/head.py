@@ -36,8 +36,8 @@ from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from workers.split.side import SplitSide, trainable
-from workers.split.job import HeadSpec, SplitJob, load_builder, load_split_job, micro_batch_seed
+from workers.split.side import SplitSide, peer_prefix, trainable
+from workers.split.job import HeadSpec, Placement, SplitJob, load_builder, load_split_job
 
 log = get_logger(__name__)
 
@@ -57,29 +57,37 @@ class SplitHead(SplitSide):
     Subclasses say what a micro-batch is (:meth:`forward`)."""
 
     role = "split-head"
+    side = "head"
     state_prefix = "head"
+    gradient_op = "sum"  # each head rank holds its shard's part of the global gradient
 
-    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
-                 flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
-        super().__init__(settings, cluster, worker_id, transport, flows=flows, in_flight=in_flight,
-                         checkpoint_every=checkpoint_every)
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
+        super().__init__(settings, job, rank, transport)
+        self.reply_flow = self.reply_flows[rank]
         self.steps_flow = self.reply_flow  # step s applies the gradient of micro-batch s
+        # One gradient per tail rank makes a step (workers.split.routing).
+        self.sources = job.tail_ids() if job.tail_ranks > 1 else ()
         # Schedule, rsvd warm start, AQ-SGD reference, tensor roles: all of the activation
-        # flow's compression state, checkpointed with the head.
-        self.outgoing = FlowCompression(
+        # flow's compression state, one per tail rank, checkpointed with the head.
+        self.outgoing = [FlowCompression(
             CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step),
             main=self.activation_name, role="activation", delta=self.delta_compression(),
-            allow_non_finite=settings.codec.allow_non_finite)
+            allow_non_finite=settings.codec.allow_non_finite) for _ in self.act_flows]
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
 
-    def compressions(self) -> tuple[FlowCompression, ...]:
-        return (self.outgoing,)
+    def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
+        return tuple((peer_prefix(self.state_prefix, j), c) for j, c in enumerate(self.outgoing))
 
     # ------------------------------------------------------------------ what a micro-batch is
 
     @abstractmethod
     def forward(self, mb: int) -> Forward:
-        """Micro-batch ``mb`` through the model; deterministic in ``mb`` (dropout seeded)."""
+        """This rank's shard of micro-batch ``mb`` (:meth:`shard_rows`) through the model;
+        deterministic in ``mb`` (dropout seeded: :meth:`seed`)."""
+
+    def shard_rows(self, rows: int) -> slice:
+        """This rank's rows of a global micro-batch of ``rows`` samples."""
+        return self.routing.shard(rows, self.rank)
 
     def delta_compression(self) -> bool:
         """Send activations as deltas from each sample's last reconstruction (AQ-SGD)."""
@@ -113,62 +121,74 @@ class SplitHead(SplitSide):
 
     def produce(self) -> None:
         """Keep ``in_flight`` micro-batches waiting for their gradient."""
-        while self.next_fwd < min(self.total, self.step + self.in_flight) and not self.stop_requested.is_set():
+        while self.next_fwd < min(self.total, self.step + self.in_flight) and not self.stopping():
             self.send_activation(self.next_fwd)
             self.next_fwd += 1
 
     def open(self) -> None:
-        self.transport.declare_flow(self.act_flow, "producer")
+        for flow in self.act_flows:
+            self.transport.declare_flow(flow, "producer")
         self.reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
-        self.outbox = Outbox(self, self.act_flow, self.worker_id)
+        self.outboxes = [Outbox(self, flow, self.worker_id) for flow in self.act_flows]
+        super().open()
 
     def close(self) -> None:
-        self.outbox.close()
+        for outbox in self.outboxes:
+            outbox.close()
 
     def send_activation(self, mb: int) -> None:
+        """This rank's shard of ``mb``, one piece to each tail rank."""
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
         with paddle.no_grad():
             fwd = self.forward(mb)
         activation = fwd.activation.numpy()
         self.hooks.on_compute(time.perf_counter() - t0)
-        encoded, meta = self.outgoing.encode(mb, self.message(mb, fwd, activation), self.samples(fwd))
-        self.outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
+        for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
+            rows = self.routing.piece(len(fwd.sample_ids), j)
+            piece = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
+            encoded, meta = outgoing.encode(mb, self.message(mb, piece, activation[rows]), self.samples(piece))
+            outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
 
     def admit(self, received: Received) -> None:
         self.check_correlation(received)
 
     def check_correlation(self, received: Received) -> None:
         """A reply answers one request: its correlation id is the id of the activation of
-        the same micro-batch (aio-pika's RPC pattern); anything else is not ours to apply."""
-        asked = topology.message_id(self.settings.job.id, self.act_flow.name, self.worker_id, received.micro_batch)
+        the same micro-batch this rank sent to the replying tail rank (aio-pika's RPC
+        pattern); anything else is not ours to apply."""
+        flow = self.act_flows[self.stream_of(received)]
+        asked = topology.message_id(self.settings.job.id, flow.name, self.worker_id, received.micro_batch)
         if received.delivery.correlation_id != asked:
             raise MalformedMessage(f"reply for micro-batch {received.micro_batch} correlates with "
                                    f"{received.delivery.correlation_id!r}, not {asked!r}")
 
-    def apply(self, received: Received) -> dict[str, float]:
-        """Step ``self.step``: the gradient of micro-batch ``self.step``, through its recomputed forward."""
-        mb = received.micro_batch
+    def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
+        """Step ``self.step``: the gradient of micro-batch ``self.step`` (one piece from each tail
+        rank), through its recomputed forward."""
+        mb = parts[0].micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
         fwd = self.forward(mb)  # recompute (module docstring)
-        self.backward(fwd.activation, received.tensors["grad"])
+        grad = parts[0].tensors["grad"] if len(parts) == 1 else np.concatenate([p.tensors["grad"] for p in parts])
+        self.backward(fwd.activation, grad)
         self.step_optimizer()
         self.hooks.on_compute(time.perf_counter() - t0)
-        return self.step_values(received, fwd)
+        return self.step_values(parts, fwd)
 
-    def step_values(self, received: Received, fwd: Forward) -> dict[str, float]:
-        """What the history records for an applied step (the loss the tail computed)."""
-        return {"loss": float(received.meta.get("loss", float("nan")))}
+    def step_values(self, parts: tuple[Received, ...], fwd: Forward) -> dict[str, float]:
+        """What the history records for an applied step: the loss the tail computed (the mean
+        over the tail ranks, each a mean over an equal share)."""
+        return {"loss": float(np.mean([float(p.meta.get("loss", float("nan"))) for p in parts]))}
 
 
 class SplitHeadWorker(SplitHead):
     """The head of a user's model: a :class:`HeadSpec`, configured by ``[split]``."""
 
-    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None) -> None:
+    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None,
+                 rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job.head_cluster, self.job.head_id, transport, flows=self.job.flows(),
-                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        super().__init__(settings, self.job, rank, transport)
         self.spec = spec
         self.model = spec.model
         self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
@@ -177,22 +197,23 @@ class SplitHeadWorker(SplitHead):
         parts = tuple(self.spec.inputs(mb))
         if len(parts) < 2:
             raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
-        sample_ids = np.asarray(parts[0], dtype=np.int64)
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "head", mb))
-        out = self.model(*(paddle.to_tensor(np.asarray(p)) for p in parts[1:]))
+        rows = self.shard_rows(len(parts[0]))
+        sample_ids = np.asarray(parts[0], dtype=np.int64)[rows]
+        paddle.seed(self.seed("head", mb))
+        out = self.model(*(paddle.to_tensor(np.asarray(p)[rows]) for p in parts[1:]))
         if not isinstance(out, paddle.Tensor):
             raise DataError(f"the head model must return one tensor, got {type(out).__name__}")
         return Forward(sample_ids, out)
 
 
 @role("split-head")
-def main(settings: Settings) -> int:
-    """``nebula-mq worker --role split-head``: the spec comes from ``[split] head``."""
+def main(settings: Settings, worker_index: int = 0) -> int:
+    """``nebula-mq worker --role split-head --index RANK``: the spec comes from ``[split] head``."""
     spec = load_builder(settings, "head")(settings)
     if not isinstance(spec, HeadSpec):
         from nebula_mq.errors import ConfigError
 
         raise ConfigError(settings.source, "split.head", "a function returning HeadSpec", type(spec).__name__)
-    worker = SplitHeadWorker(settings, spec)
+    worker = SplitHeadWorker(settings, spec, rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

@@ -28,7 +28,8 @@ import numpy as np
 
 from nebula_mq import config, topology
 from nebula_mq.errors import ConfigError
-from nebula_mq.settings import Settings
+from nebula_mq.settings import DEVICE_PATTERN, Settings
+from workers.split.routing import Ranks, rank_id
 
 if TYPE_CHECKING:  # paddle is imported by the workers only
     import paddle
@@ -59,10 +60,34 @@ class Placement:
     checkpoint_every: int = 10
     # Learning rate handed to both sides' optimizers.
     lr: float = 1e-3
+    # Data-parallel ranks of each side (workers.split.routing): each micro-batch is cut
+    # into head_ranks x tail_ranks equal pieces; each side all-reduces its gradients.
+    head_ranks: int = 1
+    tail_ranks: int = 1
+    # Each side's device, overriding [job] device ("" = [job] device).
+    head_device: str = ""
+    tail_device: str = ""
+    # Rendezvous of each side's group: its master on <port>, rank r on <port> + 1 + r.
+    gloo_host: str = "127.0.0.1"
+    head_gloo_port: int = 36200
+    tail_gloo_port: int = 36300
+    # A collective (or the rendezvous) that has not completed after this long means a rank
+    # is gone: the rank exits, and the group restarts from its last common checkpoint.
+    group_timeout_s: float = 300.0
 
     def validate(self) -> None:
         if self.in_flight < 1:
             raise ValueError("in_flight >= 1")
+        if self.head_ranks < 1 or self.tail_ranks < 1:
+            raise ValueError("head_ranks >= 1 and tail_ranks >= 1")
+        for device in (self.head_device, self.tail_device):
+            if device and not DEVICE_PATTERN.match(device):
+                raise ValueError("head_device / tail_device: cpu, gpu, gpu:N, auto or empty")
+        for port in (self.head_gloo_port, self.tail_gloo_port):
+            if not 0 < port < 65000:
+                raise ValueError("head_gloo_port / tail_gloo_port: a port below 65000")
+        if not self.group_timeout_s > 0:
+            raise ValueError("group_timeout_s > 0")
         if self.checkpoint_every < 1:
             raise ValueError("checkpoint_every >= 1")
         if self.head_cluster == self.tail_cluster:
@@ -70,10 +95,26 @@ class Placement:
         if not self.lr > 0:
             raise ValueError("lr > 0")
 
-    def flows(self) -> tuple[topology.Flow, topology.Flow]:
-        """Activations head -> tail (requests), gradients tail -> head (replies)."""
-        act, reply = topology.abnet_flows(self.head_cluster, self.tail_cluster, (self.head_id,))
-        return act, reply
+    @property
+    def ranks(self) -> Ranks:
+        return Ranks(self.head_ranks, self.tail_ranks)
+
+    def head_ids(self) -> tuple[str, ...]:
+        return tuple(rank_id(self.head_id, r) for r in range(self.head_ranks))
+
+    def tail_ids(self) -> tuple[str, ...]:
+        return tuple(rank_id(self.tail_id, r) for r in range(self.tail_ranks))
+
+    def flows(self) -> tuple[topology.Flow, ...]:
+        """Activations head -> tail (requests), one flow per tail rank, then gradients
+        tail -> head (replies), one flow per head rank (``workers.split.routing``)."""
+        return topology.abnet_flows(self.head_cluster, self.tail_cluster, self.head_ids(), self.tail_ranks)
+
+    def activation_flows(self) -> tuple[topology.Flow, ...]:
+        return self.flows()[: self.tail_ranks]
+
+    def reply_flows(self) -> tuple[topology.Flow, ...]:
+        return self.flows()[self.tail_ranks:]
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,31 @@
-"""The split job's processes: a user's model cut in two, tail on T, head on S."""
+"""The split job's processes: a user's model cut in two, tail ranks on T, head ranks on S."""
 
 from __future__ import annotations
 
 from nebula_mq.settings import Settings
 from workers.processes import Plan, Process
 from workers.registry import plan_builder
-from workers.split.job import load_split_job
+from workers.split.job import Placement, load_split_job
 
 ROLE_MODULES = ("head", "tail")
 
 
+def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
+    """Every rank of both sides, each with exactly its flows (least privilege): head rank
+    ``i`` publishes to every tail rank and consumes its own replies; tail rank ``j``
+    consumes its own activations and replies to every head rank. The ranks of a side
+    form one gloo group, so they stop and start together."""
+    acts, replies = job.activation_flows(), job.reply_flows()
+    act_names, reply_names = tuple(f.name for f in acts), tuple(f.name for f in replies)
+    tails = tuple(Process(tail_role, job.tail_cluster, wid, j, publishes=reply_names, consumes=(acts[j].name,),
+                          restart_group="tail" if job.tail_ranks > 1 else "")
+                  for j, wid in enumerate(job.tail_ids()))
+    heads = tuple(Process(head_role, job.head_cluster, wid, i, publishes=act_names, consumes=(replies[i].name,),
+                          restart_group="head" if job.head_ranks > 1 else "")
+                  for i, wid in enumerate(job.head_ids()))
+    return Plan(tails + heads, job.flows())
+
+
 @plan_builder("split")
 def plan(settings: Settings) -> Plan:
-    job = load_split_job(settings)
-    act, reply = job.flows()
-    return Plan(
-        (Process("split-tail", job.tail_cluster, job.tail_id, publishes=(reply.name,), consumes=(act.name,)),
-         Process("split-head", job.head_cluster, job.head_id, publishes=(act.name,), consumes=(reply.name,))),
-        (act, reply),
-    )
+    return side_processes(load_split_job(settings), "split-head", "split-tail")

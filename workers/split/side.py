@@ -1,53 +1,136 @@
-"""What both sides of a split model share: flows, model, optimizer and their checkpoint.
+"""What both sides of a split model share: flows, model, optimizer, their checkpoint, and the
+data-parallel group of the side's ranks.
 
 The loop, the ordering, the acks and the checkpoint schedule belong to the runtime
 (:class:`~nebula_mq.runtime.stepped.SteppedWorker`); the head and the tail
 (``workers.split.head``, ``workers.split.tail``) say what one step does. This is
 the state they both keep: the model's trainable weights and the optimizer, the
 learning-rate schedule, and each flow's compression state
-(:class:`~nebula_mq.codecs.flow.FlowCompression`), saved and restored together.
+(:class:`~nebula_mq.codecs.flow.FlowCompression`, one per peer rank), saved and
+restored together.
+
+**Ranks.** A side of ``R > 1`` ranks (``[split] head_ranks`` / ``tail_ranks``)
+is one gloo group (``nebula_mq.models.data_parallel``). Every step each rank
+all-reduces its gradients, so every rank of a side holds the same weights;
+the step's stop flags ride in the same collective, so all ranks stop at the same
+step. Checkpoints are at the same steps on every rank; a rank acks what a
+checkpoint covers only once every rank holds that checkpoint (a barrier), and a
+restarted group resumes from the lowest step all its ranks hold (an all-reduce
+MIN), so a rank that rolls back still finds every message it needs unacked.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import paddle
 
-from nebula_mq import topology
 from nebula_mq.codecs.flow import FlowCompression
+from nebula_mq.errors import CheckpointError
+from nebula_mq.models.data_parallel import DataParallelGroup, init_group
+from nebula_mq.models.device import use_device
 from nebula_mq.models.state import load_state_arrays, state_arrays
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.stepped import SteppedWorker
+from nebula_mq.runtime.stepped import IDLE_POLLS_TO_STOP, SteppedWorker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import RoleWorker
+from workers.split.job import Placement, micro_batch_seed
 
 
 def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
     return [p for p in model.parameters() if not p.stop_gradient]
 
 
-class SplitSide(SteppedWorker, RoleWorker):
-    """One side of a split: the activation flow (head -> tail) and the reply flow back."""
+def peer_prefix(prefix: str, peer: int) -> str:
+    """Checkpoint prefix of the compression state shared with peer rank ``peer`` (peer 0
+    keeps the 1 x 1 names)."""
+    return prefix if peer == 0 else f"{prefix}/peer{peer}"
 
+
+class SplitSide(SteppedWorker, RoleWorker):
+    """One rank of one side of a split: the activation flows (head -> tail) and the replies."""
+
+    side: Literal["head", "tail"]
     state_prefix: str  # names this side's arrays in the checkpoint
     activation_name = "activation"  # tensor name of the activation in the message
+    # How the side's ranks combine their gradients (workers.split.routing): the head's ranks
+    # each hold a part of the global gradient (sum), the tail's a mean over equal shares.
+    gradient_op: Literal["sum", "mean"]
     model: paddle.nn.Layer
     optimizer: paddle.optimizer.Optimizer
 
-    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
-                 flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
-        super().__init__(settings, cluster, worker_id, transport, checkpoint_every=checkpoint_every)
-        self.act_flow, self.reply_flow = flows
-        self.in_flight = in_flight
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
+        head = self.side == "head"
+        ids = job.head_ids() if head else job.tail_ids()
+        if not 0 <= rank < len(ids):
+            from nebula_mq.errors import WorkerError
+
+            raise WorkerError(f"{self.side} rank {rank} outside 0..{len(ids) - 1} ({self.side}_ranks = {len(ids)})")
+        super().__init__(settings, job.head_cluster if head else job.tail_cluster, ids[rank], transport,
+                         checkpoint_every=job.checkpoint_every)
+        self.placement, self.rank, self.world = job, rank, len(ids)
+        self.routing = job.ranks
+        self.in_flight = job.in_flight
         self.total = settings.job.steps
+        self.act_flows, self.reply_flows = job.activation_flows(), job.reply_flows()
+        override = job.head_device if head else job.tail_device
+        self.device = use_device(override or settings.job.device, rank,
+                                 f"{'split' if settings.split else 'abnet'}.{self.side}_device" if override
+                                 else "job.device")
+        self.group: DataParallelGroup | None = None
+        self.agreed_stop = False  # every rank of the group asked or agreed to stop at this step
 
     @abstractmethod
-    def compressions(self) -> tuple[FlowCompression, ...]:
-        """This side's ends of the flows' compression (checkpointed with the model)."""
+    def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
+        """This rank's ends of the flows' compression, each with its checkpoint prefix."""
+
+    def seed(self, stream: str, mb: int) -> int:
+        """Dropout seed of micro-batch ``mb`` on this rank: rank 0 draws what a 1 x 1 run draws,
+        every other rank its own (its shard is other samples)."""
+        return micro_batch_seed(self.settings.job.seed, stream if self.rank == 0 else f"{stream}/rank{self.rank}", mb)
+
+    # ------------------------------------------------------------------ the group
+
+    def open(self) -> None:
+        if self.world == 1:
+            return
+        job = self.placement
+        base = job.head_gloo_port if self.side == "head" else job.tail_gloo_port
+        endpoints = [f"{job.gloo_host}:{base + 1 + r}" for r in range(self.world)]
+        self.group = init_group(self.rank, self.world, endpoints, master=f"{job.gloo_host}:{base}",
+                                timeout_s=job.group_timeout_s)
+
+    def start_step(self, steps: list[int]) -> int | None:
+        if self.group is None:
+            return super().start_step(steps)
+        start = self.group.min_int(steps[-1] if steps else -1)
+        if start < 0:
+            return None
+        if start not in steps:
+            raise CheckpointError(f"{self.worker_id} has no checkpoint at its group's step {start} "
+                                  f"(it has {steps}); restore the group's checkpoints or start over")
+        return start
+
+    def stopping(self) -> bool:
+        if self.group is None:
+            return super().stopping()
+        # A rank asked to stop that has nothing left to apply leaves (its peers are stopping
+        # too); otherwise the group stops where its all-reduce said every rank agrees.
+        return self.agreed_stop or (self.stop_requested.is_set() and self.idle_polls >= IDLE_POLLS_TO_STOP)
+
+    def needs_final_checkpoint(self) -> bool:
+        # Leaving alone (idle on a stop), a rank must not wait in a barrier for peers that are
+        # not checkpointing: what it applied since its last checkpoint is still unacked.
+        if self.group is not None and not self.agreed_stop:
+            return False
+        return super().needs_final_checkpoint()
+
+    def wait_for_peers(self) -> None:
+        if self.group is not None:
+            self.group.barrier()
 
     # ------------------------------------------------------------------ optimizer
 
@@ -58,6 +141,10 @@ class SplitSide(SteppedWorker, RoleWorker):
         return None
 
     def step_optimizer(self) -> None:
+        if self.group is not None:
+            flags = self.group.allreduce_gradients(trainable(self.model), self.gradient_op,
+                                                   extra=[float(self.stop_requested.is_set())])
+            self.agreed_stop = bool(flags[0] > 0)
         lr = self.learning_rate(self.step)
         if lr is not None:
             self.optimizer.set_lr(lr)
@@ -68,11 +155,11 @@ class SplitSide(SteppedWorker, RoleWorker):
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
-        for compression in self.compressions():
-            arrays.update(compression.state_arrays(self.state_prefix))
+        for prefix, compression in self.compressions():
+            arrays.update(compression.state_arrays(prefix))
         return arrays, {}
 
     def load(self, ck: Checkpoint) -> None:
         load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
-        for compression in self.compressions():
-            compression.restore(ck.arrays, self.state_prefix)
+        for prefix, compression in self.compressions():
+            compression.restore(ck.arrays, prefix)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
+from collections.abc import Mapping
 
 import numpy as np
 import paddle
@@ -31,8 +32,8 @@ from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from workers.split.side import SplitSide, trainable
-from workers.split.job import SplitJob, TailSpec, load_builder, load_split_job, micro_batch_seed
+from workers.split.side import SplitSide, peer_prefix, trainable
+from workers.split.job import Placement, SplitJob, TailSpec, load_builder, load_split_job
 
 log = get_logger(__name__)
 
@@ -42,94 +43,116 @@ class SplitTail(SplitSide):
     say how a micro-batch is trained (:meth:`loss_and_grad`)."""
 
     role = "split-tail"
+    side = "tail"
     state_prefix = "tail"
+    gradient_op = "mean"  # every tail rank trains on an equal share of the micro-batch
 
-    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None, *,
-                 flows: tuple[topology.Flow, topology.Flow], in_flight: int, checkpoint_every: int) -> None:
-        super().__init__(settings, cluster, worker_id, transport, flows=flows, in_flight=in_flight,
-                         checkpoint_every=checkpoint_every)
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
+        super().__init__(settings, job, rank, transport)
+        self.act_flow = self.act_flows[rank]
         self.steps_flow = self.act_flow  # step s trains on the activation of micro-batch s
-        # The activation flow's receiving end (the AQ-SGD mirror, when the head sends deltas)
-        # and the gradient flow's sending end (schedule, rsvd warm start, error feedback).
-        self.incoming = FlowCompression(CompressionSchedule.parse("none"), main=self.activation_name,
-                                        role="activation", sender=False)
-        self.outgoing = FlowCompression(
+        # One piece per head rank makes a step (workers.split.routing).
+        self.sources = job.head_ids() if job.head_ranks > 1 else ()
+        # Per head rank: the activation flow's receiving end (the AQ-SGD mirror, when the head
+        # sends deltas) and the gradient flow's sending end (schedule, rsvd warm start, error
+        # feedback).
+        self.incoming = [FlowCompression(CompressionSchedule.parse("none"), main=self.activation_name,
+                                         role="activation", sender=False) for _ in self.reply_flows]
+        self.outgoing = [FlowCompression(
             CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step),
             main="grad", role="gradient", feedback=self.error_feedback(),
-            allow_non_finite=settings.codec.allow_non_finite)
+            allow_non_finite=settings.codec.allow_non_finite) for _ in self.reply_flows]
 
-    def compressions(self) -> tuple[FlowCompression, ...]:
-        return (self.incoming, self.outgoing)
+    def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
+        return tuple((peer_prefix(self.state_prefix, i), c)
+                     for i, pair in enumerate(zip(self.incoming, self.outgoing)) for c in pair)
 
     # ------------------------------------------------------------------ what a micro-batch is
 
     @abstractmethod
-    def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
-        """Loss of the received activation, backward into the tail (no optimizer step);
-        returns (loss, d loss / d activation)."""
+    def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
+                      ) -> tuple[float, np.ndarray]:
+        """Loss of this rank's share of micro-batch ``mb`` (``activation`` and the message's
+        other arrays, the head ranks' pieces concatenated), backward into the tail (no
+        optimizer step); returns (loss, d loss / d activation)."""
 
     def error_feedback(self) -> bool:
         """Carry each sample's gradient compression error into its next gradient."""
         return False
 
-    def samples(self, received: Received) -> Samples | None:
-        """Which samples the activation holds, with their lengths (delta, error feedback)."""
+    def samples(self, tensors: Mapping[str, np.ndarray]) -> Samples | None:
+        """Which samples a message holds, with their lengths (delta, error feedback)."""
         return None
-
-    def activation(self, received: Received) -> np.ndarray:
-        """The received activation as the head meant it (a delta rebuilt on the mirror)."""
-        return self.incoming.decode(received.tensors, received.meta, self.samples(received))
 
     # ------------------------------------------------------------------ the step (runtime.stepped)
 
     def open(self) -> None:
         self.transport.declare_flow(self.act_flow, "consumer")
-        self.reply_queue = self.transport.declare_flow(self.reply_flow, "producer")
-        self.outbox = Outbox(self, self.reply_flow, self.worker_id)
+        self.reply_queues = [self.transport.declare_flow(flow, "producer") for flow in self.reply_flows]
+        self.outboxes = [Outbox(self, flow, self.worker_id) for flow in self.reply_flows]
+        super().open()
 
     def close(self) -> None:
-        self.outbox.close()
+        for outbox in self.outboxes:
+            outbox.close()
 
     def admit(self, received: Received) -> None:
         self.check_reply_to(received)
 
     def check_reply_to(self, received: Received) -> None:
-        """An activation must ask for its reply on this job's reply queue (no reply elsewhere)."""
-        if received.delivery.reply_to != self.reply_queue:
+        """An activation must ask for its reply on its head rank's reply queue (no reply elsewhere)."""
+        expected = self.reply_queues[self.stream_of(received)]
+        if received.delivery.reply_to != expected:
             raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
-                                   f"this job's reply queue {self.reply_queue!r}")
+                                   f"this job's reply queue {expected!r}")
 
-    def apply(self, received: Received) -> dict[str, float]:
-        """Step ``self.step``: train on micro-batch ``self.step`` and reply with its gradient. The
-        reply is confirmed before the activation is acked (with the next checkpoint)."""
-        mb = received.micro_batch
+    def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
+        """Step ``self.step``: train on micro-batch ``self.step`` (one piece from each head rank)
+        and reply to each head rank with the gradient of its piece. The replies are confirmed
+        before the activations are acked (with the next checkpoint)."""
+        mb = parts[0].micro_batch
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
-        loss, grad = self.loss_and_grad(mb, received)
+        pieces = [incoming.decode(p.tensors, p.meta, self.samples(p.tensors))  # AQ-SGD: deltas rebuilt
+                  for incoming, p in zip(self.incoming, parts)]
+        if len(parts) == 1:
+            activation, tensors = pieces[0], parts[0].tensors
+        else:
+            activation = np.concatenate(pieces)
+            tensors = {k: np.concatenate([p.tensors[k] for p in parts])
+                       for k in parts[0].tensors if k != self.activation_name}
+        loss, grad = self.loss_and_grad(mb, activation, tensors)
         self.step_optimizer()
         self.hooks.on_compute(time.perf_counter() - t0)
-        encoded, meta = self.outgoing.encode(mb, {"grad": grad}, self.samples(received))
-        self.outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
-                         correlation_id=received.message_id)
+        if self.world > 1:
+            grad = grad / np.float32(self.world)  # d(global mean loss) / d activation (routing)
+        offset = 0
+        for outbox, outgoing, p, piece in zip(self.outboxes, self.outgoing, parts, pieces):
+            rows = slice(offset, offset + len(piece))
+            offset += len(piece)
+            encoded, meta = outgoing.encode(mb, {"grad": grad[rows]}, self.samples(p.tensors))
+            outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
+                        correlation_id=p.message_id)
         return {"loss": loss}
 
 
 class SplitTailWorker(SplitTail):
     """The tail of a user's model: a :class:`TailSpec`, configured by ``[split]``."""
 
-    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None) -> None:
+    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None,
+                 rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job.tail_cluster, self.job.tail_id, transport, flows=self.job.flows(),
-                         in_flight=self.job.in_flight, checkpoint_every=self.job.checkpoint_every)
+        super().__init__(settings, self.job, rank, transport)
         self.spec = spec
         self.model = spec.model
         self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
 
-    def loss_and_grad(self, mb: int, received: Received) -> tuple[float, np.ndarray]:
-        targets = self.spec.targets(received.tensors["sample_ids"])
+    def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
+                      ) -> tuple[float, np.ndarray]:
+        targets = self.spec.targets(tensors["sample_ids"])
         parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
-        x = paddle.to_tensor(np.asarray(self.activation(received), dtype=np.float32), stop_gradient=False)
-        paddle.seed(micro_batch_seed(self.settings.job.seed, "tail", mb))
+        x = paddle.to_tensor(np.asarray(activation, dtype=np.float32), stop_gradient=False)
+        paddle.seed(self.seed("tail", mb))
         loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
         if not isinstance(loss, paddle.Tensor) or loss.size != 1:
             raise DataError("the tail loss must return a scalar tensor")
@@ -139,13 +162,13 @@ class SplitTailWorker(SplitTail):
 
 
 @role("split-tail")
-def main(settings: Settings) -> int:
-    """``nebula-mq worker --role split-tail``: the spec comes from ``[split] tail``."""
+def main(settings: Settings, worker_index: int = 0) -> int:
+    """``nebula-mq worker --role split-tail --index RANK``: the spec comes from ``[split] tail``."""
     spec = load_builder(settings, "tail")(settings)
     if not isinstance(spec, TailSpec):
         from nebula_mq.errors import ConfigError
 
         raise ConfigError(settings.source, "split.tail", "a function returning TailSpec", type(spec).__name__)
-    worker = SplitTailWorker(settings, spec)
+    worker = SplitTailWorker(settings, spec, rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

@@ -27,23 +27,26 @@ class Summing(SteppedWorker, RoleWorker):
 
     role = "test-sum"
 
-    def __init__(self, tmp: Path, broker: MemoryBroker, *, stop_after: int = -1, crash_at: int = -1) -> None:
+    def __init__(self, tmp: Path, broker: MemoryBroker, *, stop_after: int = -1, crash_at: int = -1,
+                 sources: tuple[str, ...] = ()) -> None:
         settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp), steps=STEPS),
                             transport=TransportSettings(publish_patience_s=5.0))
         super().__init__(settings, "t", "dec-0", MemoryTransport(broker, settings.transport, "chan", "t"),
                          checkpoint_every=4)
-        self.steps_flow, self.total, self.in_flight = FLOW, STEPS, 2
+        self.steps_flow, self.total, self.in_flight, self.sources = FLOW, STEPS, 2, sources
         self.sum = 0.0
         self.applied: list[int] = []
         self.stop_after, self.crash_at = stop_after, crash_at
 
-    def apply(self, received: Received) -> Mapping[str, float]:
-        mb = received.micro_batch
+    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
+        mb = parts[0].micro_batch
         if mb == self.crash_at:
             raise RuntimeError("crash")
-        assert mb == self.step  # the runtime hands out step s's message at step s
+        # The runtime hands out step s's messages at step s, one per source, in source order.
+        assert [p.micro_batch for p in parts] == [self.step] * max(1, len(self.sources))
+        assert [p.envelope.producer for p in parts] == list(self.sources or [parts[0].envelope.producer])
         self.applied.append(mb)
-        self.sum += float(received.tensors["x"][0])
+        self.sum += sum(float(p.tensors["x"][0]) for p in parts)
         if mb == self.stop_after:
             self.stop_requested.set()  # as SIGTERM's handler does
         return {"sum": self.sum}
@@ -55,10 +58,10 @@ class Summing(SteppedWorker, RoleWorker):
         self.sum = float(ck.arrays["sum"][0])
 
 
-def send(sender: Bare, order: list[int]) -> None:
-    outbox = Outbox(sender, FLOW, "enc-0")
+def send(sender: Bare, order: list[int], producer: str = "enc-0", scale: float = 1.0) -> None:
+    outbox = Outbox(sender, FLOW, producer)
     for mb in order:
-        outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.array([10.0 ** mb]), Identity())})
+        outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.array([scale * 10.0 ** mb]), Identity())})
     outbox.close()
 
 
@@ -110,3 +113,18 @@ def test_a_crash_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None
     with second.transport:
         assert second.run() == 0
     assert second.applied == [4, 5] and second.sum == 111111.0  # 4 again, from the step-4 state
+
+
+def test_a_step_of_several_sources_waits_for_each_and_a_stranger_is_dead_lettered(tmp_path: Path) -> None:
+    """A data-parallel tail rank's step is one message from each head rank (``sources``)."""
+    sender, broker = setup(tmp_path)
+    send(sender, [0], producer="intruder")
+    send(sender, [1, 0, 2, 3, 4, 5], producer="enc-0")
+    send(sender, [0, 1, 1, 2, 4, 3], producer="enc-0-r1", scale=2.0)  # out of order, 1 twice
+    role = Summing(tmp_path, broker, sources=("enc-0", "enc-0-r1"))
+    role.total = 5  # enc-0 sent step 5 too: a step needs both
+    with role.transport:
+        assert role.run() == 0
+    assert role.applied == [0, 1, 2, 3, 4] and role.sum == 3 * 11111.0
+    reasons = dead_letters(role)
+    assert reasons == ["malformed"]  # the stranger, and nothing else

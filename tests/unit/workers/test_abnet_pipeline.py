@@ -140,7 +140,7 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
     settings = dataclasses.replace(base, abnet={**base.abnet, "on_collapse": on_collapse})
     enc = AbnetEncoderWorker(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
     mask = np.ones((2, 5), dtype=np.float32)
-    reply = types.SimpleNamespace(meta={"loss": 2.5})
+    reply = (types.SimpleNamespace(meta={"loss": 2.5}),)  # the step's one reply
     healthy = Forward(np.arange(2), paddle.randn([2, 5, 8]), {"src_mask": mask})
     assert enc.step_values(reply, healthy)["token_spread"] > 0.5  # type: ignore[arg-type]
     collapsed = Forward(np.arange(2), paddle.ones([2, 5, 8]), {"src_mask": mask})
@@ -188,7 +188,7 @@ def test_delta_compression_tracks_the_activation(tmp_path: Path) -> None:
     enc, dec = run_pair(settings, MemoryBroker())
     # Recompute the activations of the last epoch's batches with the final encoder,
     # as the messages of a next epoch would carry them.
-    mirror = dec.incoming.mirror.cache  # type: ignore[attr-defined]
+    mirror = dec.incoming[0].mirror.cache  # type: ignore[attr-defined]
     assert isinstance(mirror, SampleRows)
     errs, plain = [], []
     for mb in range(15, 18):

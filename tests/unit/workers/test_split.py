@@ -185,8 +185,8 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
         env = Envelope(settings.job.id, head.reply_flow.name, mb, mb, mb, "tail-0", ())
         return Received(env, {}, types.SimpleNamespace(correlation_id=correlation_id))  # type: ignore[arg-type]
 
-    asked = topology.message_id(settings.job.id, head.act_flow.name, "head-0", 3)
+    asked = topology.message_id(settings.job.id, head.act_flows[0].name, "head-0", 3)
     head.check_correlation(reply(3, asked))  # the answer to micro-batch 3's activation
-    for wrong in (None, topology.message_id(settings.job.id, head.act_flow.name, "head-0", 2)):
+    for wrong in (None, topology.message_id(settings.job.id, head.act_flows[0].name, "head-0", 2)):
         with pytest.raises(MalformedMessage, match="correlates"):
             head.check_correlation(reply(3, wrong))

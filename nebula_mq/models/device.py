@@ -1,0 +1,44 @@
+"""Which device a worker computes on: ``[job] device``, or a role's override of it.
+
+``cpu``; ``gpu`` (this rank's GPU: local rank modulo the GPUs present); ``gpu:N``;
+``auto`` (a GPU when paddle sees one, else the CPU). Models, optimizers and the
+collectives follow the device paddle is set to here (``data_parallel`` picks NCCL
+on a GPU, gloo on the CPU); nothing else in the code names a device.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.settings import DEVICE_PATTERN
+
+
+def visible_gpus() -> int:
+    if not paddle.is_compiled_with_cuda():
+        return 0
+    return int(paddle.device.cuda.device_count())
+
+
+def resolve_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:
+    """The paddle device string for ``spec`` on rank ``local_rank`` of this host."""
+    if not DEVICE_PATTERN.match(spec):
+        raise ConfigError("<settings>", where, "cpu, gpu, gpu:N or auto", spec)
+    gpus = visible_gpus()
+    if spec == "cpu" or (spec == "auto" and gpus == 0):
+        return "cpu"
+    if gpus == 0:
+        raise ConfigError("<settings>", where, "a device this machine has (paddle sees no GPU)", spec)
+    if spec in ("gpu", "auto"):
+        return f"gpu:{local_rank % gpus}"
+    index = int(spec.split(":", 1)[1])
+    if index >= gpus:
+        raise ConfigError("<settings>", where, f"a GPU index below {gpus}", spec)
+    return spec
+
+
+def use_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:
+    """Set paddle's device for this process (before any model is built); returns it."""
+    device = resolve_device(spec, local_rank, where)
+    paddle.set_device(device)
+    return device
