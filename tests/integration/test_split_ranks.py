@@ -1,0 +1,153 @@
+"""Data-parallel ranks on both sides of a split model (``[split]``/``[abnet]`` head_ranks x
+tail_ranks), on the real TLS stack: every micro-batch cut into 2 x 2 pieces, each side a
+gloo group of two processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nebula_mq.chaos import ChaosRunner, format_report
+from nebula_mq.chaos.schedule import Fault
+from nebula_mq.launch import JobProcesses
+from tests.fixtures.jobs import column, final_checkpoint, free_port_range
+from tests.fixtures.pairs import SPLIT_EXAMPLE
+
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+
+SPLIT_JOB = """
+[job]
+id = "{job_id}"
+scenario = "split"
+seed = 7
+steps = {steps}
+run_dir = "{run_dir}"
+device = "cpu"
+
+[codec]
+forward = "none"
+backward = "none"
+
+[split]
+head = "mlp:build_head"
+tail = "mlp:build_tail"
+head_cluster = "cluster-a"
+tail_cluster = "cluster-b"
+in_flight = 1
+checkpoint_every = 5
+lr = 0.003
+head_ranks = {heads}
+tail_ranks = {tails}
+head_gloo_port = {head_port}
+tail_gloo_port = {tail_port}
+group_timeout_s = 60
+"""
+
+ABNET_JOB = """
+[job]
+id = "ranks-chaos"
+scenario = "abnet"
+seed = 5
+steps = 48
+run_dir = "{run_dir}"
+
+[codec]
+forward = "fp16(svd(0.6))"
+backward = "int8"
+
+[abnet]
+preset = "tiny"
+batch_size = 8
+in_flight = 3
+lr = 0.01
+checkpoint_every = 4
+head_cluster = "cluster-a"
+tail_cluster = "cluster-b"
+encoder_ranks = 2
+decoder_ranks = 2
+head_gloo_port = {head_port}
+tail_gloo_port = {tail_port}
+group_timeout_s = 60
+"""
+
+
+def run_to_end(config: Path, stack_dir: Path, timeout: float = 240) -> JobProcesses:
+    job = JobProcesses(str(config), str(stack_dir))
+    job.provision()
+    job.start_all()
+    deadline = time.monotonic() + timeout
+    while job.running() and not job.failed() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for worker in list(job.children):
+        job.signal(worker, signal.SIGKILL)
+    logs = {w: (job.logs / f"{w}.log").read_text()[-1500:] for w in job.children}
+    assert {w: c.wait(10) for w, c in job.children.items()} == {w: 0 for w in job.children}, logs
+    return job
+
+
+def model_arrays(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
+    """A worker's weights and optimizer state (not its per-peer compression state)."""
+    arrays = final_checkpoint(run_dir, worker).arrays
+    return {k: v for k, v in arrays.items() if "/param/" in k or "/opt/" in k}
+
+
+def test_2x2_ranks_train_the_1x1_model_with_identical_ranks(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same global batch, in_flight 1, no compression: 2 x 2 ranks end where one head and
+    one tail end (to float tolerance), and the ranks of a side hold the same weights."""
+    shutil.copy(SPLIT_EXAMPLE / "mlp.py", tmp_path)  # the user's model, next to their job file
+    runs = {}
+    for heads, tails in ((1, 1), (2, 2)):
+        name = f"split{heads}x{tails}"
+        config = tmp_path / f"{name}.toml"
+        port = free_port_range(8)
+        config.write_text(SPLIT_JOB.format(job_id=f"ranks-{name}", steps=20, run_dir=tmp_path / name, heads=heads,
+                                           tails=tails, head_port=port, tail_port=port + 4))
+        run_to_end(config, stack.run_dir)
+        runs[(heads, tails)] = tmp_path / name
+    one, four = runs[(1, 1)], runs[(2, 2)]
+    for ranks in (("head-0", "head-0-r1"), ("tail-0", "tail-0-r1")):
+        a, b = (model_arrays(four, w) for w in ranks)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), ranks
+        single = model_arrays(one, ranks[0])
+        assert single.keys() == a.keys()
+        for k in single:
+            np.testing.assert_allclose(a[k], single[k], rtol=2e-4, atol=2e-5, err_msg=k)
+    # The global loss each step (the head's record: the mean over the tail ranks) is 1 x 1's.
+    np.testing.assert_allclose(column(four, "head-0", "loss"), column(one, "head-0", "loss"), rtol=1e-4)
+    losses = column(four, "tail-0-r1", "loss")
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
+
+
+def test_2x2_abnet_under_chaos_ends_bit_identical_to_a_clean_2x2_run(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A WAN cut, a broker restart, and SIGKILL of one rank on each side (its group is
+    restarted from the group's lowest common checkpoint)."""
+    config = tmp_path / "job.toml"
+    port = free_port_range(8)
+    config.write_text(ABNET_JOB.format(run_dir=tmp_path / "run", head_port=port, tail_port=port + 4))
+    schedule = [Fault(6, "cut", "", 2.0), Fault(14, "kill", "enc-0-r1", 0.5),
+                Fault(22, "restart", "cluster-b"), Fault(30, "kill", "dec-0", 0.5)]
+    logs: list[str] = []
+    try:
+        report = ChaosRunner(str(config), str(stack.run_dir), schedule, log=logs.append).run(420)
+    finally:
+        stack.clean_wan()
+    text = format_report(report) + "\n" + "\n".join(logs)
+    assert set(report.digests) == {"enc-0", "enc-0-r1", "dec-0", "dec-0-r1"}, text
+    assert report.complete and report.identical, text
+    assert len(report.faults) == len(schedule), text
+    assert any("enc-0, enc-0-r1" in line for line in logs) and any("dec-0, dec-0-r1" in line for line in logs), logs
+    clean = tmp_path / "run" / "clean"
+    for ranks in (("enc-0", "enc-0-r1"), ("dec-0", "dec-0-r1")):
+        a, b = (model_arrays(clean, w) for w in ranks)
+        assert all(np.array_equal(a[k], b[k]) for k in a), ranks
+    losses = column(clean, "dec-0", "loss")
+    assert np.mean(losses[-8:]) < np.mean(losses[:8]), losses
+    assert report.counters["nebula_redeliveries_total"] + report.counters["nebula_duplicates_total"] > 0, text
+    faults = [json.loads(line) for line in (tmp_path / "run" / "chaos" / "faults.jsonl").read_text().splitlines()]
+    assert [f["kind"] for f in faults] == ["cut", "kill", "restart", "kill"]
