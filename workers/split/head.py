@@ -179,7 +179,8 @@ class SplitHead(SplitSide):
     def step_values(self, parts: tuple[Received, ...], fwd: Forward) -> dict[str, float]:
         """What the history records for an applied step: the loss the tail computed (the mean
         over the tail ranks, each a mean over an equal share)."""
-        return {"loss": float(np.mean([float(p.meta.get("loss", float("nan"))) for p in parts]))}
+        return {"loss": float(np.mean([float(p.meta.get("loss", float("nan"))) for p in parts])),
+                "samples": float(len(fwd.sample_ids) * self.world)}  # the global batch
 
 
 class SplitHeadWorker(SplitHead):

@@ -1,0 +1,164 @@
+"""``nebula-mq bench scaling JOB.toml``: a split or ABNet job at 1x1, 2x1, 1x2 and 2x2 ranks.
+
+Each row trains the job's model with ``head_ranks x tail_ranks`` data-parallel ranks
+(``workers.split.routing``) on the local stack, as real worker processes, with the
+job's global batch; every row is printed beside the 1x1 row of the same run:
+
+* **samples/s**: the global batch times the steps after a warm-up, over their time
+  (head rank 0's history timestamps);
+* **wire bytes per sample**: every byte the workers published (activations and
+  gradients, compressed, with envelopes), over the samples trained.
+
+On a 2-core machine the ranks share the cores, so compute cannot scale: the rows
+show what the ranks cost (rendezvous, all-reduce, more messages) and that the
+bytes per sample do not grow. On a machine with a core or a GPU per rank the
+same command shows the speed-up. Worker processes import paddle; this module
+does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RANKS = "1x1,2x1,1x2,2x2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="job TOML file of a split or abnet job (its model, batch and codecs)")
+    parser.add_argument("--ranks", default=DEFAULT_RANKS, help="HEADSxTAILS rows, comma separated")
+    parser.add_argument("--steps", type=int, default=60, help="steps per row")
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate")
+    parser.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
+                        help="local stack run dir (started if needed)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
+
+
+def parse_ranks(text: str) -> list[tuple[int, int]]:
+    from nebula_mq.errors import ConfigError
+
+    rows = []
+    for item in text.split(","):
+        heads, sep, tails = item.strip().partition("x")
+        if not (sep and heads.isdigit() and tails.isdigit() and int(heads) > 0 and int(tails) > 0):
+            raise ConfigError("<command line>", "--ranks", "rows like 1x1,2x1,1x2,2x2", text)
+        rows.append((int(heads), int(tails)))
+    return rows
+
+
+def _free_base(n: int) -> int:
+    """A base port with ``base .. base + n`` free now (a gloo group's store and ranks)."""
+    for base in range(39000 + os.getpid() % 3000, 60000, 13):
+        try:
+            for port in range(base, base + n + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range for the gloo groups")
+
+
+def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> dict[str, str]:
+    """``NEBULA__`` overrides that make the job file one row of the table."""
+    section = settings.job.scenario
+    given = settings.scenario_section()
+    head_key = "encoder_ranks" if "encoder_ranks" in given else "head_ranks"
+    tail_key = "decoder_ranks" if "decoder_ranks" in given else "tail_ranks"
+    port = _free_base(heads + tails + 2)
+    name = f"{heads}x{tails}"
+    return {
+        "NEBULA__JOB__ID": f"{settings.job.id}-scale-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),
+        "NEBULA__JOB__STEPS": str(steps),
+        f"NEBULA__{section.upper()}__{head_key.upper()}": str(heads),
+        f"NEBULA__{section.upper()}__{tail_key.upper()}": str(tails),
+        f"NEBULA__{section.upper()}__HEAD_GLOO_PORT": str(port),
+        f"NEBULA__{section.upper()}__TAIL_GLOO_PORT": str(port + heads + 1),
+    }
+
+
+def published_bytes(run_dir: Path) -> float:
+    """Every byte the job's workers published (wire bytes, direction out)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for prom in (run_dir / "metrics").glob("*.prom"):
+        for family in text_string_to_metric_families(prom.read_text()):
+            total += sum(s.value for s in family.samples
+                         if s.name == "nebula_wire_bytes_total" and s.labels.get("direction") == "out")
+    return total
+
+
+def measure(run_dir: Path, head: str, warmup: int) -> dict[str, float]:
+    rows = [json.loads(line) for line in (run_dir / "history" / f"{head}.jsonl").read_text().splitlines()]
+    t = [r["time"] for r in rows]
+    w = min(warmup, len(t) - 2)
+    batch = rows[-1]["samples"]
+    samples = batch * len(rows)
+    return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
+            "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
+            "step_s_median": statistics.median(b - a for a, b in zip(t[w:], t[w + 1:]))}
+
+
+def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) -> Any:
+    from nebula_mq.errors import WorkerError
+    from nebula_mq.launch import JobProcesses
+
+    job = JobProcesses(config, stack_dir, env=env)
+    job.provision()
+    job.start_all()
+    deadline = time.monotonic() + timeout
+    while job.running() and not job.failed() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    job.signal_all(signal.SIGKILL)
+    codes = {w: c.wait(10) for w, c in job.children.items()}
+    if any(codes.values()):
+        raise WorkerError(f"job {job.settings.job.id} did not finish ({codes}): see the logs in {job.logs}")
+    return job
+
+
+def run(args: argparse.Namespace) -> int:
+    from nebula_mq.errors import ConfigError
+    from nebula_mq.settings import load_settings
+
+    settings = load_settings(args.config)
+    if settings.job.scenario not in ("abnet", "split"):
+        raise ConfigError(args.config, "job.scenario", "abnet or split (a job with head and tail ranks)",
+                          settings.job.scenario)
+    rows = parse_ranks(args.ranks)
+    steps = 24 if args.quick else args.steps
+    warmup = min(args.warmup, steps // 3)
+    root = Path(tempfile.mkdtemp(prefix="nebula-bench-scaling-", dir="/tmp"))
+    results: list[dict[str, Any]] = []
+    try:
+        for heads, tails in rows:
+            job = run_row(args.config, args.stack, row_env(settings, heads, tails, steps, root), args.timeout)
+            head = job.plan.processes[len(job.plan.processes) - heads].worker_id  # head rank 0
+            results.append({"heads": heads, "tails": tails, **measure(job.run_dir, head, warmup)})
+            r = results[-1]
+            print(f"{heads}x{tails}: {r['samples_per_s']:.1f} samples/s, {r['bytes_per_sample']:.0f} wire bytes/sample",
+                  flush=True)
+    finally:
+        if not os.environ.get("NEBULA_KEEP_BENCH"):
+            shutil.rmtree(root, ignore_errors=True)
+    base = results[0]
+    print(f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {base['samples'] / steps:.0f}")
+    print(f"{'ranks':>6} {'samples/s':>10} {'vs ' + str(rows[0][0]) + 'x' + str(rows[0][1]):>8} "
+          f"{'step s (median)':>16} {'B/sample':>10} {'vs first':>9} {'final loss':>11}")
+    for r in results:
+        print(f"{r['heads']}x{r['tails']:<4} {r['samples_per_s']:>10.1f} {r['samples_per_s'] / base['samples_per_s']:>7.2f}x "
+              f"{r['step_s_median']:>16.3f} {r['bytes_per_sample']:>10.0f} "
+              f"{r['bytes_per_sample'] / base['bytes_per_sample']:>8.3f}x {r['final_loss']:>11.4f}")
+    print(f"({os.cpu_count()} CPU cores here: ranks share them, so compute does not scale on this machine)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "rows": results}, indent=2))
+    return 0
