@@ -19,11 +19,11 @@ parameter. A process can join only one group in its lifetime.
 **No collective waits for ever.** gloo has no membership change: when a rank
 dies, the others block in their next collective, and a rendezvous with a rank
 that never comes blocks in the TCP store. Every collective and the rendezvous
-run under a deadline (``timeout_s``); past it the process logs which one did
-not complete and exits with :data:`GROUP_TIMEOUT_EXIT`, so the launcher
-restarts the group from its last common checkpoint (or reports it), rather
-than a job hanging with no one the wiser. A thread cannot interrupt paddle's
-blocking C++ call, which is why the deadline ends the process.
+run under a deadline (``timeout_s``); past it the process prints where it
+waited (a ``Timeout`` line and the stack) and exits with code 1, so the
+launcher restarts the group from its last common checkpoint (or reports it),
+rather than a job hanging with no one the wiser. Nothing can interrupt paddle's
+blocking call (it holds the GIL), which is why the deadline ends the process.
 
 On a GPU the group uses NCCL instead of gloo (untested here: no GPU on the
 machine this runs on in CI).
@@ -31,9 +31,9 @@ machine this runs on in CI).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
@@ -47,31 +47,23 @@ from nebula_mq.runtime.logs import get_logger
 
 log = get_logger(__name__)
 
-# Exit code of a rank whose collective or rendezvous missed its deadline (EX_TEMPFAIL:
-# the launcher restarts the group; a rerun resumes from the group's last checkpoint).
-GROUP_TIMEOUT_EXIT = 75
 DEFAULT_TIMEOUT_S = 300.0
 
 
 @contextmanager
 def deadline(what: str, rank: int, timeout_s: float) -> Iterator[None]:
-    """Run a blocking collective; past ``timeout_s`` log why and end the process."""
-    def expire() -> None:
-        log.error("group_timeout", what=what, rank=rank, timeout_s=timeout_s,
-                  hint="a rank of this group died or never started; the group restarts from its last "
-                       "common checkpoint when the job runs again")
-        sys.stderr.write(f"nebula-mq: {what} did not complete within {timeout_s:.0f} s on rank {rank}: "
-                         "a peer rank is gone\n")
-        sys.stderr.flush()
-        os._exit(GROUP_TIMEOUT_EXIT)  # noqa: SLF001 - the blocked C++ call cannot be interrupted
+    """Run a blocking collective; past ``timeout_s`` the process dumps where it waited and exits.
 
-    timer = threading.Timer(timeout_s, expire)
-    timer.daemon = True
-    timer.start()
+    paddle's collectives hold the GIL while they block, so no Python thread or signal
+    handler can run meanwhile: the watchdog is :mod:`faulthandler`'s, which runs in C. Its
+    dump names the collective's function (``init_group``, ``allreduce_gradients``,
+    ``barrier``, ``min_int``) under a ``Timeout`` line, then it exits with code 1."""
+    log.debug("group_wait", what=what, rank=rank, timeout_s=timeout_s)
+    faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.stderr)
     try:
         yield
     finally:
-        timer.cancel()
+        faulthandler.cancel_dump_traceback_later()
 
 
 class DataParallelGroup:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from nebula_mq.codecs import LZ4
 from nebula_mq.models.electra_trainers import GeneratorTrainer
+from nebula_mq.models.device import use_device
 from nebula_mq.runtime.channel import Outbox
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -61,6 +62,7 @@ class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
             raise WorkerError(f"generator {index} outside 0..{len(self.job.generator_clusters) - 1}")
         super().__init__(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
                          transport, checkpoint_every=self.job.checkpoint_every)
+        use_device(settings.job.device, slot or 0)
         self.cfg, self.streams = load_streams(settings, self.job)
         # The generators this process hosts (indices into cfg.generators).
         self.hosted = tuple(range(len(self.cfg.generators))) if slot is None else (slot,)

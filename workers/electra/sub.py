@@ -34,6 +34,7 @@ import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.errors import CheckpointError, WorkerError
+from nebula_mq.models.device import use_device
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -70,6 +71,7 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
         super().__init__(settings, self.job.disc_cluster, disc_rank_id(rank), transport,
                          checkpoint_every=self.job.checkpoint_every)
         self.rank, self.world = rank, self.job.n
+        use_device(settings.job.device, rank)  # the trainer, its optimizer and the group follow it
         data = load_data(settings, self.job)  # the shared pruned vocabulary
         self.cfg = data.cfg
         self.k_gen = len(self.cfg.generators)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,22 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
             np.testing.assert_allclose(ranks[0][f"state/{name}"], value, rtol=1e-4, atol=2e-6, err_msg=name)
     # The ranks saw different data: their local losses differ, the shared update does not.
     assert ranks[0]["loss"][0] != ranks[1]["loss"][0]
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_whose_peer_never_comes_exits_with_a_clear_error_instead_of_waiting(tmp_path: Path) -> None:
+    """The rendezvous (as every collective) runs under a deadline: a dead or missing peer
+    ends the process, saying where it waited, so the launcher restarts the group."""
+    base = _free_port_block(3)
+    code = ("from nebula_mq.models.data_parallel import init_group\n"
+            f"init_group(0, 2, ['127.0.0.1:{base + 1}', '127.0.0.1:{base + 2}'], master='127.0.0.1:{base}', "
+            "timeout_s=4)\nprint('joined')")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=80)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1 and b"joined" not in proc.stdout, err[-2000:]
+    assert "Timeout (0:00:04)!" in err and "in init_group" in err, err[-2000:]
+    assert time.monotonic() - t0 < 60  # the deadline, plus paddle's import
 
 
 if __name__ == "__main__":  # a sub-discriminator process of the test above
