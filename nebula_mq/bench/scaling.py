@@ -23,12 +23,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from nebula_mq.bench import free_port_base
 
 DEFAULT_RANKS = "1x1,2x1,1x2,2x2"
 
@@ -55,26 +56,13 @@ def parse_ranks(text: str) -> list[tuple[int, int]]:
     return rows
 
 
-def _free_base(n: int) -> int:
-    """A base port with ``base .. base + n`` free now (a gloo group's store and ranks)."""
-    for base in range(39000 + os.getpid() % 3000, 60000, 13):
-        try:
-            for port in range(base, base + n + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range for the gloo groups")
-
-
 def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> dict[str, str]:
     """``NEBULA__`` overrides that make the job file one row of the table."""
     section = settings.job.scenario
     given = settings.scenario_section()
     head_key = "encoder_ranks" if "encoder_ranks" in given else "head_ranks"
     tail_key = "decoder_ranks" if "decoder_ranks" in given else "tail_ranks"
-    port = _free_base(heads + tails + 2)
+    port = free_port_base(heads + tails + 2, 39000 + os.getpid() % 3000)
     name = f"{heads}x{tails}"
     return {
         "NEBULA__JOB__ID": f"{settings.job.id}-scale-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),

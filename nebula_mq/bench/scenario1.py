@@ -21,13 +21,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from nebula_mq.bench import free_port_base
 
 CLUSTERS = ("cluster-a", "cluster-b")
 JOB = """
@@ -65,24 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny")
 
 
-def _free_base(n: int, start: int) -> int:
-    for base in range(start, start + 4000, 11):
-        try:
-            for port in range(base, base + n + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range")
-
-
 def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
             max_lead: int, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
     """Write a job file for these parameters and run it (see :func:`run_config`)."""
     config = root / f"{name}.toml"
     text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
-                      n=n, max_lead=max_lead, port=_free_base(n, 38000 + os.getpid() % 2000), preset=preset)
+                      n=n, max_lead=max_lead, port=free_port_base(n, 38000 + os.getpid() % 2000), preset=preset)
     if init_from:
         text = text.replace("[electra.model]", f'init_from = "{init_from}"\n\n[electra.model]')
     if horizon:
@@ -197,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     lead, preset = int(getattr(args, "max_lead", 2)), str(getattr(args, "preset", "tiny"))
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
     stack_dir = str(root / "stack")
-    stack = Stack(stack_dir, CLUSTERS, base_port=_free_base(8, 21000 + os.getpid() % 9000),
+    stack = Stack(stack_dir, CLUSTERS, base_port=free_port_base(8, 21000 + os.getpid() % 9000),
                   prefix=f"s1b{os.getpid()}")
     results: list[dict[str, Any]] = []
     try:

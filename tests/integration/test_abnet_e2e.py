@@ -16,35 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.jobs import final_checkpoint, provision_job_files, start_worker, step_of
+from tests.fixtures.jobs import ABNET_JOB, final_checkpoint, provision_job_files, start_worker, step_of
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
-JOB = """
-[job]
-id = "{job_id}"
-scenario = "abnet"
-seed = 11
-steps = {steps}
-run_dir = "{run_dir}"
-
-[codec]
-forward = "fp16(svd(0.6))"
-backward = "int8"
-
-[abnet]
-preset = "tiny"
-batch_size = 16
-in_flight = 3
-lr = 0.01
-checkpoint_every = 4
-src_cluster = "cluster-a"
-tgt_cluster = "cluster-b"
-"""
 
 
 def write_job(stack, tmp: Path, name: str, steps: int) -> dict[str, Path]:  # type: ignore[no-untyped-def]
-    return provision_job_files(stack, tmp, name, JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name))
+    text = ABNET_JOB.format(job_id="placeholder", seed=11, steps=steps, run_dir=tmp / name, batch_size=16, extra="")
+    return provision_job_files(stack, tmp, name, text)
 
 
 def start_pair(cfgs: dict[str, Path], tmp: Path) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:

@@ -10,30 +10,11 @@ from pathlib import Path
 import pytest
 
 from nebula_mq.chaos import ChaosRunner, default_schedule, format_report
+from tests.fixtures.jobs import ABNET_JOB
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
 
-JOB = """
-[job]
-id = "chaostest"
-scenario = "abnet"
-seed = 5
-steps = 150
-run_dir = "{run_dir}"
-
-[codec]
-forward = "fp16(svd(0.6))"
-backward = "int8"
-
-[abnet]
-preset = "tiny"
-batch_size = 8
-in_flight = 3
-lr = 0.01
-checkpoint_every = 4
-src_cluster = "cluster-a"
-tgt_cluster = "cluster-b"
-"""
+JOB = ABNET_JOB.format(job_id="chaostest", seed=5, steps=150, run_dir="{run_dir}", batch_size=8, extra="")
 
 
 def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ import pytest
 from nebula_mq.chaos import ChaosRunner, format_report
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
-from tests.fixtures.jobs import column, final_checkpoint, free_port_range
+from tests.fixtures.jobs import ABNET_JOB, column, final_checkpoint, free_port_range
 from tests.fixtures.pairs import SPLIT_EXAMPLE
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
@@ -49,32 +49,6 @@ tail_gloo_port = {tail_port}
 group_timeout_s = 60
 """
 
-ABNET_JOB = """
-[job]
-id = "ranks-chaos"
-scenario = "abnet"
-seed = 5
-steps = 48
-run_dir = "{run_dir}"
-
-[codec]
-forward = "fp16(svd(0.6))"
-backward = "int8"
-
-[abnet]
-preset = "tiny"
-batch_size = 8
-in_flight = 3
-lr = 0.01
-checkpoint_every = 4
-head_cluster = "cluster-a"
-tail_cluster = "cluster-b"
-encoder_ranks = 2
-decoder_ranks = 2
-head_gloo_port = {head_port}
-tail_gloo_port = {tail_port}
-group_timeout_s = 60
-"""
 
 
 def run_to_end(config: Path, stack_dir: Path, timeout: float = 240, **env: str) -> JobProcesses:
@@ -133,7 +107,10 @@ def test_2x2_abnet_under_chaos_ends_bit_identical_to_a_clean_2x2_run(stack, tmp_
     restarted from the group's lowest common checkpoint)."""
     config = tmp_path / "job.toml"
     port = free_port_range(8)
-    config.write_text(ABNET_JOB.format(run_dir=tmp_path / "run", head_port=port, tail_port=port + 4))
+    ranks = (f"encoder_ranks = 2\ndecoder_ranks = 2\nhead_gloo_port = {port}\ntail_gloo_port = {port + 4}\n"
+             "group_timeout_s = 60")
+    config.write_text(ABNET_JOB.format(job_id="ranks-chaos", seed=5, steps=48, run_dir=tmp_path / "run", batch_size=8,
+                                       extra=ranks))
     schedule = [Fault(6, "cut", "", 2.0), Fault(14, "kill", "enc-0-r1", 0.5),
                 Fault(22, "restart", "cluster-b"), Fault(30, "kill", "dec-0", 0.5)]
     logs: list[str] = []

@@ -78,8 +78,7 @@ class SplitSide(SteppedWorker, RoleWorker):
         self.act_flows, self.reply_flows = job.activation_flows(), job.reply_flows()
         override = job.head_device if head else job.tail_device
         self.device = use_device(override or settings.job.device, rank,
-                                 f"{'split' if settings.split else 'abnet'}.{self.side}_device" if override
-                                 else "job.device")
+                                 f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
         self.group: DataParallelGroup | None = None
         self.agreed_stop = False  # every rank of the group asked or agreed to stop at this step
 

@@ -23,7 +23,6 @@ from collections.abc import Mapping
 import numpy as np
 import paddle
 
-from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import DataError, MalformedMessage
