@@ -5,7 +5,8 @@
 starts one ``nebula-mq worker`` process per entry of the job's plan, each on
 its own cluster's broker. It waits for them, showing each worker's step.
 Ctrl-C or SIGTERM is forwarded as SIGTERM: workers checkpoint and exit, and a
-later ``run`` of the same job resumes from the checkpoints.
+later ``run`` of the same job resumes from the checkpoints. A worker that dies on
+its own is restarted with its group (``--restarts``, ``nebula_mq.launch.supervisor``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_STACK = "run/stack"
+DEFAULT_RESTARTS = 5
 
 
 def positive_seconds(text: str) -> float:
@@ -38,6 +40,9 @@ def register(sub: Any) -> None:
     p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK),
                    help="local stack run dir (started if needed)")
     p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
+    p.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
+                   help="restart a worker (and its gloo group) that dies on its own, at most N times in all "
+                        f"(default {DEFAULT_RESTARTS}; 0: stop the job at the first failure)")
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="build the data, then run the flagship ABNet job end to end")
@@ -47,7 +52,7 @@ def register(sub: Any) -> None:
     d.set_defaults(func=_demo)
 
 
-def run_job(config: str, stack_dir: str, timeout: float | None = None) -> int:
+def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts: int = DEFAULT_RESTARTS) -> int:
     from nebula_mq.launch import JobProcesses
     from nebula_mq.runtime.logs import configure_logging, get_logger
 
@@ -59,7 +64,7 @@ def run_job(config: str, stack_dir: str, timeout: float | None = None) -> int:
     job.start_all()
     for worker, child in job.children.items():
         log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
-    code = _supervise(job, timeout)
+    code = _supervise(job, timeout, restarts)
     if code == 0:
         print_evaluation(job.settings, since=started)
     return code
@@ -85,11 +90,14 @@ def print_evaluation(settings: Any, since: float) -> None:
     print(summary_text(body, sources))
 
 
+# Exit codes of a worker stopped by a signal someone sent (not restarted).
+ASKED_TO_STOP = (130, 143, -signal.SIGINT, -signal.SIGTERM)
 # How long workers get to finish their micro-batch and checkpoint after a stop request.
 STOP_GRACE_S = 120.0
 
 
-def _supervise(job: Any, timeout: float | None) -> int:
+def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
+    from nebula_mq.launch.supervisor import RestartPolicy
     from nebula_mq.runtime.progress import progress
     from nebula_mq.runtime.signals import StopFlag
 
@@ -107,6 +115,7 @@ def _supervise(job: Any, timeout: float | None) -> int:
     reasons: list[str] = []  # why the job was stopped, besides failed workers
     stopping = killed = False
     stop_since = 0.0
+    policy = RestartPolicy(max(0, restarts), say=lambda line: print(line, file=sys.stderr))
     try:
         with progress(job.settings.job.steps, "training (slowest worker)") as bar:
             done = 0
@@ -133,9 +142,16 @@ def _supervise(job: Any, timeout: float | None) -> int:
                 slowest = job.slowest_step()
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
-                if job.failed() and not stopping:
-                    stopping = True
-                    job.signal_all(signal.SIGTERM)
+                # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches
+                # the workers too, sometimes before this loop has seen it.
+                for worker in job.failed() if not (stopping or received.is_set()) else ():
+                    code = job.children[worker].poll()
+                    if code is None:
+                        continue  # restarted already, with another member of its group
+                    if code in ASKED_TO_STOP or not policy.restart(job, worker, code):
+                        stopping = True
+                        job.signal_all(signal.SIGTERM)
+                        break
                 if deadline is not None and time.monotonic() > deadline and not stopping:
                     print(f"timeout after {timeout:.0f} s: stopping workers", file=sys.stderr)
                     reasons.append("timeout")
@@ -166,7 +182,7 @@ def interrupted_exit_code(signals: list[int]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_job(args.config, args.stack, args.timeout)
+    return run_job(args.config, args.stack, args.timeout, args.restarts)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -87,6 +87,7 @@ class LoopWorker(Worker, Generic[InboxT]):
         self.transport.declare_dead_letter_queue()
         self.open()
         self.restore()
+        self.write_status("running")  # at the restored step, not "starting" at 0 until the next step
         inbox = self.open_inbox()
         try:
             while self.keep_going():

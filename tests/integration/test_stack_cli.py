@@ -205,3 +205,25 @@ def test_ctrl_c_under_run_stops_every_worker_cleanly_and_a_second_one_at_once(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: StackHandle, tmp_path: Path) -> None:
+    """Supervision: a SIGKILLed worker is restarted by ``run`` (no one watching), resumes from
+    its checkpoint, and the job ends with rc 0 at the last step."""
+    from tests.fixtures.jobs import final_checkpoint
+
+    job, run_dir, log = tmp_path / "job.toml", tmp_path / "run", tmp_path / "run.log"
+    job.write_text(CTRL_C_JOB.format(tag=f"restart-{os.getpid()}", run_dir=run_dir).replace("steps = 5000", "steps = 40"))
+    proc = _start_run(job, stack, log)
+    try:
+        _wait_for_step(run_dir, "dec-0", 10, proc, log)
+        pid = json.loads((run_dir / "status" / "dec-0.json").read_text())["pid"]
+        os.kill(pid, signal.SIGKILL)
+        assert proc.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    text = log.read_text()
+    assert "worker dec-0 exited -9" in text and "restarting dec-0" in text and "(restart 1 of 5)" in text, text[-3000:]
+    assert {w: final_checkpoint(run_dir, w).step for w in ("enc-0", "dec-0")} == {"enc-0": 40, "dec-0": 40}

@@ -1,0 +1,56 @@
+"""The restart policy of ``nebula-mq run`` (``nebula_mq.launch.supervisor``), over a job that
+records what it is asked to do instead of starting processes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nebula_mq.launch.supervisor import MAX_PAUSE_S, RestartPolicy
+
+
+@dataclass
+class RecordingJob:
+    groups: dict[str, tuple[str, ...]]
+    at: dict[str, int] = field(default_factory=dict)
+    restarts: list[tuple[str, float]] = field(default_factory=list)
+
+    def group_of(self, worker_id: str) -> tuple[str, ...]:
+        return self.groups.get(worker_id, (worker_id,))
+
+    def steps(self) -> dict[str, int]:
+        return dict(self.at)
+
+    def kill_and_restart(self, worker_id: str, pause_s: float = 0.0) -> tuple[str, ...]:
+        self.restarts.append((worker_id, pause_s))
+        return self.group_of(worker_id)
+
+
+def test_a_dead_worker_is_restarted_with_a_pause_that_doubles_while_it_keeps_failing() -> None:
+    job, said = RecordingJob({}, {"dec-0": 10}), []
+    policy = RestartPolicy(budget=10, say=said.append)
+    for step in (10, 12, 20, 31, 40, 50, 60):
+        job.at["dec-0"] = step
+        assert policy.restart(job, "dec-0", -9)
+    assert [p for _, p in job.restarts] == [1, 2, 4, 8, 16, MAX_PAUSE_S, MAX_PAUSE_S]
+    assert "worker dec-0 exited -9 at step 10: restarting dec-0 in 1 s (restart 1 of 10)" in said[0]
+
+
+def test_a_rank_is_restarted_with_its_whole_group_from_the_groups_slowest_step() -> None:
+    group = ("enc-0", "enc-0-r1")
+    job, said = RecordingJob({w: group for w in group}, {"enc-0": 8, "enc-0-r1": 7}), []
+    assert RestartPolicy(budget=3, say=said.append).restart(job, "enc-0-r1", 1)
+    assert job.restarts == [("enc-0-r1", 1.0)]
+    assert "at step 7: restarting enc-0-r1 (with its group: enc-0, enc-0-r1)" in said[0]
+
+
+def test_a_failure_that_repeats_without_progress_or_past_the_budget_stops_the_job() -> None:
+    job, said = RecordingJob({}, {"dec-0": 5, "enc-0": 5}), []
+    policy = RestartPolicy(budget=2, say=said.append)
+    assert policy.restart(job, "dec-0", 1)
+    assert not policy.restart(job, "dec-0", 1)  # still at step 5: the same failure again
+    assert "again without a step since its restart" in said[-1]
+    assert policy.restart(job, "enc-0", -9)
+    job.at["enc-0"] = 9
+    assert not policy.restart(job, "enc-0", -9)  # progress, but the budget is spent
+    assert "no restarts left (2 made)" in said[-1]
+    assert len(job.restarts) == 2
