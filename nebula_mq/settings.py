@@ -132,7 +132,7 @@ class JobSettings:
     seed: int = 0
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go.
-    run_dir: str = "run/jobs"
+    run_dir: str = ""  # "" = run/jobs/<id>: jobs never share a directory by default
     # Also serve this worker's metrics over HTTP at /metrics on this port (0 = only the
     # textfile). Per process: `nebula-mq worker --metrics-port` sets it for the one it starts.
     metrics_port: int = 0
@@ -168,7 +168,7 @@ class Settings:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.job.run_dir)
+        return Path(self.job.run_dir or f"run/jobs/{self.job.id}")
 
     def scenario_section(self) -> Mapping[str, Any]:
         return getattr(self, self.job.scenario)

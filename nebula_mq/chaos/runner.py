@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nebula_mq.chaos.schedule import Fault
@@ -62,7 +61,7 @@ class ChaosReport:
 def _instance(config: str, stack_dir: str, suffix: str) -> JobProcesses:
     base = JobProcesses(config, stack_dir)
     job_id = f"{base.settings.job.id}-{suffix}"
-    run_dir = str(Path(base.settings.job.run_dir) / suffix)
+    run_dir = str(base.settings.run_dir / suffix)
     return JobProcesses(config, stack_dir, env={"NEBULA__JOB__ID": job_id, "NEBULA__JOB__RUN_DIR": run_dir})
 
 

@@ -50,8 +50,9 @@ class Placement:
     """Where the two halves of a split model run and how they are bound, spelled the same way
     by every split job: ``[split]``, and ``[abnet]``, which extends it."""
 
-    head_cluster: str = "s"
-    tail_cluster: str = "t"
+    # The local stack's clusters (`nebula-mq stack up`) unless the job names its own.
+    head_cluster: str = "cluster-a"
+    tail_cluster: str = "cluster-b"
     # Requester id of the head worker; names its reply flow and checkpoint dir.
     head_id: str = "head-0"
     tail_id: str = "tail-0"

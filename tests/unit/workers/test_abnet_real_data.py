@@ -26,6 +26,7 @@ pytest.importorskip("paddle")
 
 from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from tests.fixtures.pairs import CLUSTERS_ST  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
 
 pytestmark = pytest.mark.paddle
@@ -116,7 +117,7 @@ def split_settings(real_corpus: Path, run_dir: Path, steps: int) -> Settings:
         job=JobSettings(id="unit-abnet-real", scenario="abnet", seed=5, steps=steps, run_dir=str(run_dir)),
         codec=CodecSettings(forward="none", backward="none"),
         transport=TransportSettings(publish_patience_s=30.0),
-        abnet={"preset": "small", **LAYERS, "data": "corpus", "data_dir": str(real_corpus), "batch_size": 8,
+        abnet={"preset": "small", **LAYERS, **CLUSTERS_ST, "data": "corpus", "data_dir": str(real_corpus), "batch_size": 8,
                "in_flight": 1, "lr": 1e-3, "warmup_steps": 3, "lr_decay": "cosine", "checkpoint_every": 3},
     )
 
