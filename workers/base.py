@@ -8,17 +8,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.hooks import Hook, MessageEvent
 from nebula_mq.runtime.worker import Worker
+from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.auth import load_message_auth
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 
 
+class DeadLetterAudit(Hook):
+    """Every message a worker dead-letters, whatever the reason (malformed, bad checksum, out
+    of window, NaN...), goes to the job's audit log as ``message_dead_lettered``; failed tags
+    and replays are also audited where they are caught (``message_rejected``)."""
+
+    def __init__(self, audit: AuditLog, consumer: str) -> None:
+        self.audit, self.consumer = audit, consumer
+
+    def on_dead_letter(self, event: MessageEvent, reason: str, detail: str) -> None:
+        self.audit.record("message_dead_lettered", reason=reason, detail=detail[:500], flow=event.flow,
+                          message_id=event.message_id, consumer=self.consumer)
+
+
 class RoleWorker(Worker):
-    """A :class:`Worker` authenticated with the job's key (``<run_dir>/keys/job.key``)."""
+    """A :class:`Worker` authenticated with the job's key (``<run_dir>/keys/job.key``), whose
+    dead letters are audited (:class:`DeadLetterAudit`)."""
 
     def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None = None,
                  hooks: Sequence[Hook] = (), checkpoint_every: int = 10) -> None:
-        super().__init__(settings, cluster, worker_id, transport, hooks, checkpoint_every,
+        audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), worker_id)
+        super().__init__(settings, cluster, worker_id, transport, (audit, *hooks), checkpoint_every,
                          auth=load_message_auth(settings, worker_id))

@@ -40,6 +40,8 @@ def register(sub: Any) -> None:
     p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK),
                    help="local stack run dir (started if needed)")
     p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="BASE",
+                   help="serve each worker's Prometheus metrics over HTTP: worker i (in `status` order) on BASE + i")
     p.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
                    help="restart a worker (and its gloo group) that dies on its own, at most N times in all "
                         f"(default {DEFAULT_RESTARTS}; 0: stop the job at the first failure)")
@@ -52,18 +54,21 @@ def register(sub: Any) -> None:
     d.set_defaults(func=_demo)
 
 
-def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts: int = DEFAULT_RESTARTS) -> int:
+def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts: int = DEFAULT_RESTARTS,
+            metrics_port: int = 0) -> int:
     from nebula_mq.launch import JobProcesses
     from nebula_mq.runtime.logs import configure_logging, get_logger
 
     configure_logging("info")
     log = get_logger("nebula_mq.run")
-    job = JobProcesses(config, stack_dir)
+    job = JobProcesses(config, stack_dir, metrics_port_base=metrics_port)
     job.provision()
     started = time.time()
     job.start_all()
+    ports = job.metrics_ports()
     for worker, child in job.children.items():
-        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
+        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"),
+                 **({"metrics": f"http://localhost:{ports[worker]}/metrics"} if worker in ports else {}))
     code = _supervise(job, timeout, restarts)
     if code == 0:
         print_evaluation(job.settings, since=started)
@@ -140,6 +145,9 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
                     job.signal_all(signal.SIGKILL)
                 time.sleep(0.2)
                 slowest = job.slowest_step()
+                loss = job.loss()
+                if loss is not None:
+                    bar.set_postfix(loss=loss)
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
                 # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches
@@ -182,7 +190,11 @@ def interrupted_exit_code(signals: list[int]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return run_job(args.config, args.stack, args.timeout, args.restarts)
+    if args.metrics_port and not 0 < args.metrics_port < 65000:
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError("<command line>", "--metrics-port", "a base port in 1..64999", args.metrics_port)
+    return run_job(args.config, args.stack, args.timeout, args.restarts, args.metrics_port)
 
 
 def _demo(args: argparse.Namespace) -> int:

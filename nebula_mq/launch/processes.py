@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 
 class JobProcesses:
-    def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None,
+                 metrics_port_base: int = 0) -> None:
+        """``metrics_port_base``: serve worker ``i``'s metrics on that port + ``i`` (0: none)."""
         from nebula_mq.errors import StackError
         from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
@@ -45,6 +47,7 @@ class JobProcesses:
             raise StackError(self._unknown_clusters(missing, needed))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
+        self.metrics_port_base = metrics_port_base
 
     def _unknown_clusters(self, missing: list[str], needed: tuple[str, ...]) -> str:
         """Most often a typo in the job: say which key names it and the closest known cluster;
@@ -66,6 +69,9 @@ class JobProcesses:
         return self.settings.run_dir
 
     def provision(self) -> None:
+        import getpass
+
+        from nebula_mq.security.audit import AuditLog
         from nebula_mq.security.keys import ensure_job_key, job_key_file
 
         s = self.settings
@@ -73,12 +79,26 @@ class JobProcesses:
         self.stack.up()
         self.stack.provision_job(s.job.id, self.plan.flows, self.plan.identities(s.job.id),
                                  max_queue_bytes=s.transport.max_queue_bytes)
+        AuditLog(s.run_dir / "audit" / "audit.jsonl").record(
+            "job_submitted", job=s.job.id, scenario=s.job.scenario, config=str(Path(self.config).resolve()),
+            actor=getpass.getuser(), steps=s.job.steps, workers=[p.worker_id for p in self.plan.processes])
 
-    def start(self, worker_id: str) -> subprocess.Popen[bytes]:
+    def metrics_ports(self) -> dict[str, int]:
+        """Worker id -> the port its metrics are served on (empty without a base port)."""
+        if not self.metrics_port_base:
+            return {}
+        return {p.worker_id: self.metrics_port_base + i for i, p in enumerate(self.plan.processes)}
+
+    def command(self, worker_id: str) -> list[str]:
         proc = next(p for p in self.plan.processes if p.worker_id == worker_id)
-        self.logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index",
                str(proc.index), "--config", self.config, "--stack", self.stack_dir]
+        port = self.metrics_ports().get(worker_id)
+        return cmd + ["--metrics-port", str(port)] if port else cmd
+
+    def start(self, worker_id: str) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(worker_id)
         with open(self.logs / f"{worker_id}.log", "ab") as out:
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.worker_env())
         self.children[worker_id] = child
@@ -132,16 +152,27 @@ class JobProcesses:
     def wait(self, worker_id: str, timeout: float | None = None) -> int:
         return self.children[worker_id].wait(timeout)
 
-    def steps(self) -> dict[str, int]:
-        out = {}
+    def statuses(self) -> dict[str, dict[str, Any]]:
+        """Each worker's status file (empty for one not written yet)."""
+        out: dict[str, dict[str, Any]] = {}
         for proc in self.plan.processes:
             try:
-                body: dict[str, Any] = json.loads(
-                    (self.run_dir / "status" / f"{proc.worker_id}.json").read_text())
-                out[proc.worker_id] = int(body.get("step", 0))
+                out[proc.worker_id] = json.loads((self.run_dir / "status" / f"{proc.worker_id}.json").read_text())
             except (OSError, ValueError):
-                out[proc.worker_id] = 0
+                out[proc.worker_id] = {}
         return out
+
+    def steps(self) -> dict[str, int]:
+        return {w: int(body.get("step", 0)) for w, body in self.statuses().items()}
+
+    def loss(self) -> float | None:
+        """The latest loss a worker reports (the first that has one: ELECTRA's total_loss)."""
+        for body in self.statuses().values():
+            values = body.get("values") or {}
+            for key in ("loss", "total_loss"):
+                if isinstance(values.get(key), (int, float)):
+                    return float(values[key])
+        return None
 
     def slowest_step(self) -> int:
         return min(self.steps().values(), default=0)

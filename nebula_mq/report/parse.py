@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nebula_mq.errors import DataError
 from nebula_mq.report.records import Fault, RunData, WorkerMetrics, WorkerRun, WorkerStatus
+from nebula_mq.runtime.metrics import IDENTITY
 
 # Same rule as CheckpointStore.steps: a step directory counts once its meta.json exists.
 _STEP_DIR = re.compile(r"^step-(\d{9})$")
@@ -57,13 +58,15 @@ def read_prometheus(text: str, source: str) -> WorkerMetrics:
             if name in ("nebula_raw_bytes_total", "nebula_wire_bytes_total", "nebula_messages_total"):
                 key = (labels.get("flow", ""), labels.get("direction", ""))
                 by_flow_dir.setdefault(name, {})[key] = value
-            elif name in ("nebula_redeliveries_total", "nebula_duplicates_total", "nebula_queue_messages"):
+            elif name in ("nebula_redeliveries_total", "nebula_duplicates_total"):
                 by_flow.setdefault(name, {})[labels.get("flow", "")] = value
+            elif name == "nebula_queue_messages":
+                by_flow.setdefault(name, {})[labels.get("queue", labels.get("flow", ""))] = value
             elif name == "nebula_dead_letters_total":
                 dead[(labels.get("flow", ""), labels.get("reason", ""))] = value
             elif name == "nebula_value":
                 values[labels.get("name", "")] = value
-            elif not labels:
+            elif set(labels) <= set(IDENTITY):  # the worker's own labels only: one per file
                 scalars[name] = value
     if "nebula_steps_total" not in scalars:
         raise DataError(f"{source}: no nebula_steps_total sample; not a nebula-mq worker metrics file")

@@ -120,7 +120,9 @@ class Inbox:
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.max_bytes = worker.settings.transport.max_message_bytes
         prefetch = worker.settings.transport.prefetch + held
-        self.consumer = worker.transport.consume(worker.transport.queue_for(flow), prefetch)
+        queue = worker.transport.queue_for(flow)
+        worker.watched_queues.add(queue)
+        self.consumer = worker.transport.consume(queue, prefetch)
 
     def get(self, timeout: float | None = None) -> Received | None:
         """The next trusted, new message; None when nothing came within ``timeout``."""

@@ -49,7 +49,8 @@ class Hook:
 
     def on_wait(self, seconds: float) -> None: ...
 
-    def on_queue_depth(self, flow: str, messages: int, size_bytes: int) -> None: ...
+    def on_queue_depth(self, queue: str, messages: int) -> None:
+        """Ready messages in a queue the worker reads (sampled every few seconds)."""
 
 
 class Hooks(Hook):
@@ -89,5 +90,5 @@ class Hooks(Hook):
     def on_wait(self, seconds: float) -> None:
         self._fan("on_wait", seconds)
 
-    def on_queue_depth(self, flow: str, messages: int, size_bytes: int) -> None:
-        self._fan("on_queue_depth", flow, messages, size_bytes)
+    def on_queue_depth(self, queue: str, messages: int) -> None:
+        self._fan("on_queue_depth", queue, messages)

@@ -1,8 +1,12 @@
 """Prometheus metrics of one worker, as a hook.
 
 Each worker has its own registry. It is served over HTTP when a port is given
-(``/metrics``) and always written to ``<run_dir>/metrics/<role>.prom`` after
+(``/metrics``) and always written to ``<run_dir>/metrics/<worker>.prom`` after
 each step, so ``nebula-mq status`` can read a worker's figures without a port.
+
+Every series carries the worker's identity (``job``, ``worker``, ``role``,
+``cluster``), so one Prometheus scraping every worker of every job can tell
+them apart without relabelling.
 """
 
 from __future__ import annotations
@@ -11,41 +15,53 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, write_to_textfile
+from prometheus_client.metrics import MetricWrapperBase
 
 from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.hooks import Hook, MessageEvent
 
 
+IDENTITY = ("job", "worker", "role", "cluster")
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
 class MetricsHook(Hook):
     def __init__(self, role: str, textfile: str | os.PathLike[str] | None = None,
-                 port: int | None = None) -> None:
+                 port: int | None = None, identity: Mapping[str, str] | None = None) -> None:
+        """``identity``: the job, worker and cluster labels (the role is ``role``)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.textfile = Path(textfile) if textfile else None
-        self.steps = Counter("nebula_steps", "Optimisation steps done", registry=r)
-        self.step = Gauge("nebula_step", "Current step", registry=r)
-        self.raw_bytes = Counter("nebula_raw_bytes", "Tensor bytes before compression",
-                                 ["flow", "direction"], registry=r)
-        self.wire_bytes = Counter("nebula_wire_bytes", "Envelope bytes on the wire",
-                                  ["flow", "direction"], registry=r)
-        self.messages = Counter("nebula_messages", "Messages", ["flow", "direction"], registry=r)
-        self.redeliveries = Counter("nebula_redeliveries", "Deliveries flagged redelivered",
-                                    ["flow"], registry=r)
-        self.duplicates = Counter("nebula_duplicates", "Deliveries discarded as duplicates",
-                                  ["flow"], registry=r)
-        self.dead_letters = Counter("nebula_dead_letters", "Messages dead-lettered",
-                                    ["flow", "reason"], registry=r)
-        self.compute_s = Counter("nebula_compute_seconds", "Time spent computing", registry=r)
-        self.wait_s = Counter("nebula_wait_seconds", "Time spent waiting on the queues",
-                              registry=r)
-        self.queue_messages = Gauge("nebula_queue_messages", "Queue depth", ["flow"], registry=r)
-        self.queue_bytes = Gauge("nebula_queue_bytes", "Queue size", ["flow"], registry=r)
-        self.values = Gauge("nebula_value", "Last value of a training quantity (loss...)",
-                            ["name"], registry=r)
-        self.started = Gauge("nebula_started_timestamp", "Worker start time", registry=r)
-        self.started.set(time.time())
+        given = dict(identity or {})
+        self.identity = tuple(given.get(k, role if k == "role" else "") for k in IDENTITY)
+
+        def counter(name: str, text: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, text, [*IDENTITY, *labels], registry=r)
+
+        def gauge(name: str, text: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(name, text, [*IDENTITY, *labels], registry=r)
+
+        self.steps = counter("nebula_steps", "Optimisation steps done")
+        self.step = gauge("nebula_step", "Current step")
+        self.raw_bytes = counter("nebula_raw_bytes", "Tensor bytes before compression", ("flow", "direction"))
+        self.wire_bytes = counter("nebula_wire_bytes", "Envelope bytes on the wire", ("flow", "direction"))
+        self.messages = counter("nebula_messages", "Messages", ("flow", "direction"))
+        self.redeliveries = counter("nebula_redeliveries", "Deliveries flagged redelivered", ("flow",))
+        self.duplicates = counter("nebula_duplicates", "Deliveries discarded as duplicates", ("flow",))
+        self.dead_letters = counter("nebula_dead_letters", "Messages dead-lettered", ("flow", "reason"))
+        self.compute_s = counter("nebula_compute_seconds", "Time spent computing")
+        self.wait_s = counter("nebula_wait_seconds", "Time spent waiting on the queues")
+        # Sampled by the worker from its local broker every few seconds (Worker.sample_queues).
+        self.queue_messages = gauge("nebula_queue_messages", "Ready messages in a queue this worker reads",
+                                    ("queue",))
+        self.values = gauge("nebula_value", "Last value of a training quantity (loss...)", ("name",))
+        self.started = gauge("nebula_started_timestamp", "Worker start time")
+        self.of(self.started).set(time.time())
+        for unlabelled in (self.steps, self.step, self.compute_s, self.wait_s):
+            self.of(unlabelled)  # exported from the start (at 0), as a series without labels would be
         self.role = role
         if port:
             try:
@@ -56,40 +72,43 @@ class MetricsHook(Hook):
             except (OverflowError, ValueError):
                 raise WorkerError(f"metrics port must be in 1..65535, got {port}") from None
 
+    def of(self, metric: M, *labels: str) -> M:
+        """``metric``'s series for this worker and ``labels``."""
+        return metric.labels(*self.identity, *labels)
+
     def on_published(self, event: MessageEvent) -> None:
-        self.messages.labels(event.flow, "out").inc()
-        self.raw_bytes.labels(event.flow, "out").inc(event.raw_bytes)
-        self.wire_bytes.labels(event.flow, "out").inc(event.wire_bytes)
+        self.of(self.messages, event.flow, "out").inc()
+        self.of(self.raw_bytes, event.flow, "out").inc(event.raw_bytes)
+        self.of(self.wire_bytes, event.flow, "out").inc(event.wire_bytes)
 
     def on_received(self, event: MessageEvent) -> None:
-        self.messages.labels(event.flow, "in").inc()
-        self.raw_bytes.labels(event.flow, "in").inc(event.raw_bytes)
-        self.wire_bytes.labels(event.flow, "in").inc(event.wire_bytes)
+        self.of(self.messages, event.flow, "in").inc()
+        self.of(self.raw_bytes, event.flow, "in").inc(event.raw_bytes)
+        self.of(self.wire_bytes, event.flow, "in").inc(event.wire_bytes)
         if event.redelivered:
-            self.redeliveries.labels(event.flow).inc()
+            self.of(self.redeliveries, event.flow).inc()
 
     def on_duplicate(self, event: MessageEvent) -> None:
-        self.duplicates.labels(event.flow).inc()
+        self.of(self.duplicates, event.flow).inc()
 
     def on_dead_letter(self, event: MessageEvent, reason: str, detail: str) -> None:
-        self.dead_letters.labels(event.flow, reason).inc()
+        self.of(self.dead_letters, event.flow, reason).inc()
 
     def on_step(self, step: int, values: Mapping[str, float]) -> None:
-        self.steps.inc()
-        self.step.set(step)
+        self.of(self.steps).inc()
+        self.of(self.step).set(step)
         for name, value in values.items():
-            self.values.labels(name).set(value)
+            self.of(self.values, name).set(value)
         self.flush()
 
     def on_compute(self, seconds: float) -> None:
-        self.compute_s.inc(seconds)
+        self.of(self.compute_s).inc(seconds)
 
     def on_wait(self, seconds: float) -> None:
-        self.wait_s.inc(seconds)
+        self.of(self.wait_s).inc(seconds)
 
-    def on_queue_depth(self, flow: str, messages: int, size_bytes: int) -> None:
-        self.queue_messages.labels(flow).set(messages)
-        self.queue_bytes.labels(flow).set(size_bytes)
+    def on_queue_depth(self, queue: str, messages: int) -> None:
+        self.of(self.queue_messages, queue).set(messages)
 
     def flush(self) -> None:
         if self.textfile is not None:

@@ -1,10 +1,11 @@
 """Progress bars for long work (training steps, data preparation, studies).
 
 A bar is drawn (with tqdm) only when the stream, stderr by default, is a
-terminal. Under a daemon, in CI or piped to a file nothing is written at all:
-the structured logs are the record there, and a bar's carriage returns would
-only corrupt them. Callers always get the same object, so code never branches
-on whether a bar is shown::
+terminal. Under a daemon, in CI or piped to a file, a bar's carriage returns
+would only corrupt the output: there a plain line (done/total, rate, ETA and the
+figures of ``set_postfix``) is written at most every ``every_s`` seconds, so a
+long job is never silent for hours. Callers always get the same object, so code
+never branches on whether a bar is shown::
 
     with progress(total=steps, desc="train") as bar:
         for _ in range(steps):
@@ -16,19 +17,29 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
 
-class Progress:
-    """Counts work done; forwards it to a tqdm bar when one is shown."""
+# Off a terminal: one line at most this often (seconds).
+LINE_EVERY_S = 30.0
 
-    def __init__(self, total: int | None, bar: Any | None) -> None:
+
+class Progress:
+    """Counts work done; forwards it to a tqdm bar when one is shown, else writes a line at
+    most every ``every_s`` seconds to ``stream``."""
+
+    def __init__(self, total: int | None, bar: Any | None, *, desc: str = "", unit: str = "it",
+                 stream: TextIO | None = None, every_s: float = LINE_EVERY_S) -> None:
         self.total = total
         # Units done so far, whether or not a bar is drawn.
         self.n = 0
         self._bar = bar
+        self.desc, self.unit, self.stream, self.every_s = desc, unit, stream, every_s
+        self.postfix: dict[str, float | str] = {}
+        self._t0 = self._last_line = time.monotonic()
 
     @property
     def shown(self) -> bool:
@@ -38,17 +49,39 @@ class Progress:
         self.n += n
         if self._bar is not None:
             self._bar.update(n)
+        elif self.stream is not None and time.monotonic() - self._last_line >= self.every_s:
+            self._last_line = time.monotonic()
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+
+    def line(self) -> str:
+        """``train: 120/900 (13%), 2.10 it/s, ETA 6m11s, loss=3.21``."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        rate = self.n / elapsed
+        parts = [f"{self.desc}: {self.n}" + (f"/{self.total} ({100 * self.n / self.total:.0f}%)" if self.total else ""),
+                 f"{rate:.2f} {self.unit}/s"]
+        if self.total and rate > 0:
+            parts.append(f"ETA {_duration((self.total - self.n) / rate)}")
+        parts += [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.postfix.items()]
+        return ", ".join(parts)
 
     def set_postfix(self, **values: float | str) -> None:
-        """Figures shown after the bar (e.g. loss=0.31); ignored without a bar."""
+        """Figures shown after the bar or in the line (e.g. loss=0.31)."""
+        self.postfix = dict(values)
         if self._bar is not None:
             self._bar.set_postfix(values, refresh=False)
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 @contextmanager
 def progress(total: int | None, desc: str, *, stream: TextIO | None = None,
-             unit: str = "it") -> Iterator[Progress]:
-    """A :class:`Progress` for ``total`` units (None: unknown), a bar only on a TTY."""
+             unit: str = "it", every_s: float = LINE_EVERY_S) -> Iterator[Progress]:
+    """A :class:`Progress` for ``total`` units (None: unknown): a bar on a TTY, else a line
+    at most every ``every_s`` seconds."""
     out = stream if stream is not None else sys.stderr
     bar = None
     if _is_tty(out):
@@ -63,7 +96,7 @@ def progress(total: int | None, desc: str, *, stream: TextIO | None = None,
             bar = tqdm(total=total, desc=desc, file=out, unit=unit, leave=True,
                        dynamic_ncols=sized, ncols=None if sized else 80)
     try:
-        yield Progress(total, bar)
+        yield Progress(total, bar, desc=desc, unit=unit, stream=out, every_s=every_s)
     finally:
         if bar is not None:
             bar.close()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, NebulaError
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -36,6 +36,11 @@ from nebula_mq.wire.auth import EnvelopeAuth
 from nebula_mq.atomic import write_json_atomic
 
 log = get_logger(__name__)
+
+# How often a worker samples the depth of the queues it reads (seconds).
+QUEUE_SAMPLE_S = 10.0
+# How often a worker logs a progress line (step, rate, ETA, values), in seconds.
+PROGRESS_LOG_S = 30.0
 
 
 def make_transport(settings: Settings, cluster: str) -> Transport:
@@ -81,12 +86,17 @@ class Worker(ABC):
         # Always a textfile (read by `nebula-mq status`); also served over HTTP at /metrics
         # when [job] metrics_port is set (`nebula-mq worker --metrics-port`).
         port = settings.job.metrics_port
-        self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom", port=port or None)
+        self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom", port=port or None,
+                                   identity={"job": settings.job.id, "worker": worker_id, "cluster": cluster})
         self.hooks = Hooks([self.metrics, *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
         self._pending_acks: list[Delivery] = []
+        # Queues this worker reads (its inboxes register them), sampled into the metrics.
+        self.watched_queues: set[str] = set()
+        self._queues_sampled = 0.0
+        self._progress_logged: tuple[float, int] | None = None  # (time, step) of the last line
         self.step = 0
         self.values: dict[str, float] = {}
         self.history: list[dict[str, float]] = []
@@ -146,8 +156,43 @@ class Worker(ABC):
     def record_step(self, values: Mapping[str, float]) -> None:
         self.values = {k: float(v) for k, v in values.items()}
         self.history.append({"step": float(self.step), "time": time.time(), **self.values})
+        self.sample_queues()
+        self.log_progress()
         self.hooks.on_step(self.step, self.values)
         self.write_status("running")
+
+    def log_progress(self) -> None:
+        """One ``progress`` log line every :data:`PROGRESS_LOG_S` seconds: the step, steps/s
+        since the last line, the ETA to the job's last step, and the step's values."""
+        now = time.monotonic()
+        if self._progress_logged is None:
+            self._progress_logged = (now, self.step)
+            return
+        t0, step0 = self._progress_logged
+        if now - t0 < PROGRESS_LOG_S:
+            return
+        self._progress_logged = (now, self.step)
+        rate = (self.step - step0) / (now - t0)
+        total = self.settings.job.steps
+        eta = round((total - self.step) / rate) if rate > 0 and self.step < total else None
+        log.info("progress", step=self.step, total=total, steps_per_s=round(rate, 3), eta_s=eta,
+                 **{k: round(v, 5) for k, v in self.values.items()})
+
+    def sample_queues(self) -> None:
+        """The depth of the queues this worker reads (and of its dead-letter queue), at most
+        every :data:`QUEUE_SAMPLE_S` seconds: one passive declare each on the local broker."""
+        now = time.monotonic()
+        if now - self._queues_sampled < QUEUE_SAMPLE_S:
+            return
+        self._queues_sampled = now
+        for queue in sorted(self.watched_queues | {self.transport.dead_letter_queue}):
+            try:
+                depth = self.transport.queue_depth(queue)
+            except NebulaError as exc:  # a broker hiccup costs a sample, never a step
+                log.warning("queue_sample_failed", queue=queue, error=str(exc))
+                return
+            if depth is not None:
+                self.hooks.on_queue_depth(queue, depth)
 
     def write_status(self, state: str, **extra: Any) -> None:
         path = status_dir(self.settings) / f"{self.worker_id}.json"

@@ -3,6 +3,7 @@ counted, and the consumer keeps going; good traffic still flows."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,14 +61,18 @@ def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Bar
     assert inbox.get(timeout=0.2) is None  # the second copy of `good` is a duplicate
     inbox.close()
     receiver.commit({}, {})
-    assert sorted(dead_letters(receiver)) == sorted(
-        ["bad_checksum", "bad_tag", "unknown_job", "non_finite", "replayed", "replayed",
-         "unknown_codec", "bad_shape"])
+    dead_reasons = ["bad_checksum", "bad_tag", "unknown_job", "non_finite", "replayed", "replayed",
+                    "unknown_codec", "bad_shape"]
+    assert sorted(dead_letters(receiver)) == sorted(dead_reasons)
     metrics = receiver.metrics
-    assert metrics.dead_letters.labels("activations", "bad_tag")._value.get() == 1
-    assert metrics.duplicates.labels("activations")._value.get() == 1
+    assert metrics.of(metrics.dead_letters, "activations", "bad_tag")._value.get() == 1
+    assert metrics.of(metrics.duplicates, "activations")._value.get() == 1
     audit = (Path(receiver.settings.run_dir) / "audit" / "audit.jsonl").read_text()
     assert audit.count('"message_rejected"') >= 3  # tag and replay failures are audited
+    # Every dead letter is audited, with its reason, whatever caught it.
+    dead = [json.loads(line) for line in audit.splitlines() if '"message_dead_lettered"' in line]
+    assert sorted(r["reason"] for r in dead) == sorted(dead_reasons)
+    assert {r["consumer"] for r in dead} == {"dec-0"} and all(r["message_id"] for r in dead)
 
 
 def test_sealed_payloads_round_trip_and_hide_tensors(tmp_path: Path) -> None:
@@ -143,8 +148,8 @@ def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> N
     sender, _, _ = pair
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     Outbox(sender, FLOW, "enc-0").send(step=0, micro_batch=0, tensors={"x": (x, FP16())})
-    raw = sender.metrics.raw_bytes.labels("activations", "out")._value.get()
-    wire = sender.metrics.wire_bytes.labels("activations", "out")._value.get()
+    raw = sender.metrics.of(sender.metrics.raw_bytes, "activations", "out")._value.get()
+    wire = sender.metrics.of(sender.metrics.wire_bytes, "activations", "out")._value.get()
     assert raw == x.nbytes
     assert 0.5 < wire / raw < 0.7  # fp16 halves the payload; the envelope adds a little
 
@@ -161,7 +166,13 @@ def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path) -> None:
     worker.step = 3
     worker.record_step({"loss": 1.5})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert "nebula_step 3.0" in body and 'nebula_value{name="loss"} 1.5' in body
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels.get("name", "")): (s.value, s.labels)
+               for f in text_string_to_metric_families(body) for s in f.samples}
+    assert samples[("nebula_step", "")][0] == 3.0 and samples[("nebula_value", "loss")][0] == 1.5
+    assert {k: samples[("nebula_step", "")][1][k] for k in ("job", "worker", "role", "cluster")} == {
+        "job": "chan", "worker": "enc-0", "role": "test", "cluster": "s"}
 
 
 def test_the_decoded_bytes_cap_comes_from_the_job_and_dead_letters_what_would_pass_it(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Progress bars: drawn on a terminal, silent everywhere else."""
+"""Progress: a bar on a terminal, a plain line now and then everywhere else."""
 
 from __future__ import annotations
 
@@ -14,7 +14,19 @@ import pytest
 from nebula_mq.runtime.progress import progress
 
 
-def test_no_output_when_the_stream_is_not_a_terminal() -> None:
+def test_off_a_terminal_a_line_at_most_every_interval() -> None:
+    stream = io.StringIO()
+    with progress(total=40, desc="training", stream=stream, unit="step", every_s=0.0) as bar:
+        bar.set_postfix(loss=3.21)
+        for _ in range(4):
+            bar.update(10)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4 and "\r" not in stream.getvalue()
+    assert lines[0].startswith("training: 10/40 (25%), ") and " step/s, ETA " in lines[0] and lines[0].endswith("loss=3.21")
+    assert lines[-1].startswith("training: 40/40 (100%)")
+
+
+def test_no_output_off_a_terminal_within_the_first_interval() -> None:
     stream = io.StringIO()
     with progress(total=50, desc="train", stream=stream) as bar:
         for _ in range(50):

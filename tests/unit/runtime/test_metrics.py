@@ -1,0 +1,50 @@
+"""A worker's Prometheus series: who they belong to, and the depth of the queues it reads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nebula_mq.codecs import Identity
+from nebula_mq.runtime.channel import Inbox, Outbox
+from nebula_mq.transport.dedup import Deduplicator
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.channels import FLOW, Bare
+
+
+def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
+        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+    sender, receiver, _ = pair
+    outbox = Outbox(sender, FLOW, "enc-0")
+    for mb in range(3):
+        outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.ones(3, np.float32), Identity())})
+    outbox.close()
+    inbox = Inbox(receiver, FLOW, Deduplicator())  # the worker now reads this queue
+    receiver.record_step({"loss": 1.5})  # samples the queues, writes the textfile
+    inbox.close()
+    assert receiver.metrics.textfile is not None
+    samples = [s for f in text_string_to_metric_families(receiver.metrics.textfile.read_text()) for s in f.samples]
+    assert samples and all({k: s.labels.get(k) for k in ("job", "worker", "role", "cluster")}
+                           == {"job": "chan", "worker": "dec-0", "role": "test", "cluster": "t"} for s in samples)
+    depth = {s.labels["queue"]: s.value for s in samples if s.name == "nebula_queue_messages"}
+    queue = receiver.transport.queue_for(FLOW)
+    assert depth == {queue: 3.0, receiver.transport.dead_letter_queue: 0.0}
+
+
+def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare, MemoryBroker],
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from nebula_mq.runtime import worker
+
+    monkeypatch.setattr(worker, "PROGRESS_LOG_S", 0.0)
+    _, receiver, _ = pair
+    for step in (1, 2, 3):
+        receiver.step = step
+        receiver.record_step({"loss": 4.0 - step})
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if '"progress"' in line]
+    assert [r["step"] for r in lines] == [2, 3]  # the first step starts the clock
+    assert lines[-1]["total"] == receiver.settings.job.steps and lines[-1]["loss"] == 1.0
+    assert lines[-1]["steps_per_s"] > 0 and lines[-1]["eta_s"] >= 0
