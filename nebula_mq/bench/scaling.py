@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default=DEFAULT_RANKS, help="HEADSxTAILS rows, comma separated")
     parser.add_argument("--steps", type=int, default=60, help="steps per row")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate")
-    parser.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
-                        help="local stack run dir (started if needed)")
+    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
+                        default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
+                        help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
 
 

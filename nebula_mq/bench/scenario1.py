@@ -58,12 +58,12 @@ preset = "{preset}"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", default="1,2", help="discriminator ranks to try, comma separated")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=40, help="steps of each run (default 40)")
     parser.add_argument("--warmup", type=int, default=8, help="steps left out of the rate")
     parser.add_argument("--delay-ms", type=float, default=20.0, help="one-way WAN delay of the across run")
-    parser.add_argument("--rate-mbit", type=float, default=170.0)
-    parser.add_argument("--max-lead", type=int, default=2)
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--rate-mbit", type=float, default=170.0, help="WAN rate of the across run (default 170)")
+    parser.add_argument("--max-lead", type=int, default=2, help="steps the generator may run ahead (default 2)")
+    parser.add_argument("--preset", default="tiny", help="ELECTRA model preset (default tiny)")
 
 
 def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,

@@ -1,6 +1,6 @@
 """``nebula-mq bench transport``: what the RabbitMQ transport delivers across the emulated WAN.
 
-One run, on a TLS stack of its own (or ``--run-dir``), with its own job (fresh id,
+One run, on a TLS stack of its own (or ``--stack``), with its own job (fresh id,
 one flow per measurement so no run sees another's leftovers):
 
 * **goodput** of tensor messages (real ``nebula_mq.wire`` envelopes, one fp32
@@ -17,7 +17,7 @@ one flow per measurement so no run sees another's leftovers):
   drain, and an exactly-once check by message id (repeats counted separately).
 
 ``python -m nebula_mq.bench.transport`` takes the same options as ``nebula-mq
-bench transport`` plus ``--run-dir``, ``--repeats`` and ``--cut-s``. Library use
+bench transport`` plus ``--stack``, ``--repeats`` and ``--cut-s``. Library use
 (the integration test): provision a job with ``throughput_flows(cfg)`` and ``IDENTITIES``,
 and a second job for ``RECOVERY_FLOW`` (see ``recovery``), then
 ``run_bench(stack, job, recovery_job, cfg)``.
@@ -190,7 +190,8 @@ def targets(result: dict[str, Any]) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--run-dir", help="use the stack in this run dir (started if down) instead of a fresh one")
+    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
+                        help="use the stack in this directory (started if down) instead of a fresh one")
     parser.add_argument("--repeats", type=int, help="repeats of each goodput point (default 3, quick 1)")
     parser.add_argument("--cut-s", type=float, help="seconds the WAN stays cut (default 30, quick 5)")
 
@@ -221,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, repeats=args.repeats)
     if getattr(args, "cut_s", None):
         cfg = replace(cfg, cut_s=args.cut_s)
-    run_dir = getattr(args, "run_dir", None)
+    run_dir = getattr(args, "stack", None)
     tmp = None if run_dir else tempfile.mkdtemp(prefix="nebula-bench-", dir="/tmp")
     if run_dir and layout.StackLayout.load(run_dir) is not None:
         stack = Stack.open(run_dir)

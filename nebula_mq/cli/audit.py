@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from nebula_mq.cli.options import add_stack_option
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("audit", help="verify or read the audit log")
@@ -14,12 +16,12 @@ def register(subparsers: Any) -> None:
     v.add_argument("--expect-head", help="hash the last record must have (detects a truncated tail)")
     v.set_defaults(func=_verify)
     s = sub.add_parser("show", help="print records, optionally of one event type")
-    s.add_argument("--log")
+    s.add_argument("--log", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
     s.add_argument("--event", help="only this event (e.g. message_rejected)")
     s.set_defaults(func=_show)
     b = sub.add_parser("scan-broker", help="record the connections (accepted/refused) the stack's brokers logged")
-    b.add_argument("--log")
-    b.add_argument("--run-dir", help="stack directory (default $NEBULA_RUN_DIR or run/stack)")
+    b.add_argument("--log", help="audit log to append to (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
+    add_stack_option(b)
     b.set_defaults(func=_scan)
 
 
@@ -60,7 +62,7 @@ def _scan(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
     from nebula_mq.stack.node import log_file
 
-    stack = Stack.open(args.run_dir)
+    stack = Stack.open(args.stack)
     audit = AuditLog(_path(args))
     for n in stack.layout.nodes:
         events = BrokerLogAuditor(log_file(n), audit, n.cluster, n.path / "audit.cursor").scan()

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
+
+from nebula_mq.cli.options import add_stack_option, default_stack
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("chaos", help="run a job under WAN cuts, broker restarts, SIGKILLs and stalls")
     p.add_argument("config", help="job TOML file")
-    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"))
-    p.add_argument("--cuts", default="5,10,20,30,60", help="WAN cut lengths in seconds")
+    add_stack_option(p, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)",
+                     default_stack())
+    p.add_argument("--cuts", default="5,10,20,30,60", help="WAN cut lengths in seconds, comma separated")
     p.add_argument("--stall", type=float, default=120.0, help="seconds a consumer is frozen")
-    p.add_argument("--timeout", type=float, default=3600.0)
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds each of the two runs (clean, then under faults) may take")
     p.set_defaults(func=_chaos)
 
 

@@ -20,9 +20,10 @@ def register(subparsers: Any) -> None:
     b.add_argument("--no-download", action="store_true", help="use only cached Debian packages")
     b.add_argument("--no-tokenize", action="store_true", help="skip the tokenized arrays")
     b.add_argument("--languages", nargs="+", default=None, metavar="ISO", help="languages of the multilingual corpus")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="seed of the train/valid/test split (default 0)")
     b.add_argument("--max-len", type=int, default=128, help="token limit per sentence in the tokenized arrays")
-    b.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    b.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="log detail (default warning; debug lists every skipped input)")
     b.set_defaults(func=_build)
 
     s = sub.add_parser("stats", help="print the manifest of a built data directory")

@@ -13,14 +13,14 @@ def register(subparsers: Any) -> None:
                              ("revoke", _revoke, "withdraw the grant")):
         p = sub.add_parser(name, help=text)
         p.add_argument("root", metavar="ROOT", help="data root (datasets/, owners/, grants/)")
-        p.add_argument("owner", metavar="OWNER")
-        p.add_argument("job", metavar="JOB")
-        p.add_argument("dataset", metavar="DATASET")
+        p.add_argument("owner", metavar="OWNER", help="the data owner who signs the grant")
+        p.add_argument("job", metavar="JOB", help="the job id the grant is for")
+        p.add_argument("dataset", metavar="DATASET", help="one of OWNER's datasets under ROOT/datasets")
         p.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
         p.set_defaults(func=func)
     ls = sub.add_parser("list", help="OWNER's grants (after checking their signature)")
-    ls.add_argument("root", metavar="ROOT")
-    ls.add_argument("owner", metavar="OWNER")
+    ls.add_argument("root", metavar="ROOT", help="data root (datasets/, owners/, grants/)")
+    ls.add_argument("owner", metavar="OWNER", help="whose grants to list")
     ls.set_defaults(func=_list)
 
 

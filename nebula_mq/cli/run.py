@@ -12,14 +12,14 @@ its own is restarted with its group (``--restarts``, ``nebula_mq.launch.supervis
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_STACK = "run/stack"
+from nebula_mq.cli.options import add_stack_option, default_stack
+
 DEFAULT_RESTARTS = 5
 
 
@@ -37,8 +37,8 @@ def positive_seconds(text: str) -> float:
 def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run every role of a job against the local stack")
     p.add_argument("config", help="job TOML file")
-    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK),
-                   help="local stack run dir (started if needed)")
+    add_stack_option(p, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)",
+                     default_stack())
     p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
     p.add_argument("--metrics-port", type=int, default=0, metavar="BASE",
                    help="serve each worker's Prometheus metrics over HTTP: worker i (in `status` order) on BASE + i")
@@ -48,8 +48,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="build the data, then run the flagship ABNet job end to end")
-    d.add_argument("--config", default="config/demo.toml")
-    d.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK))
+    d.add_argument("--config", default="config/demo.toml", help="the job file to run (default config/demo.toml)")
+    add_stack_option(d, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)",
+                     default_stack())
     d.add_argument("--keep-stack", action="store_true", help="leave the stack running afterwards")
     d.set_defaults(func=_demo)
 

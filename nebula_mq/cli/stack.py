@@ -6,9 +6,11 @@ import argparse
 import time
 from typing import Any
 
+from nebula_mq.cli.options import add_stack_option
+
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--run-dir", help="stack directory (default $NEBULA_RUN_DIR or run/stack)")
+    add_stack_option(p)
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +34,7 @@ def _up(args: argparse.Namespace) -> int:
     from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
 
     clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
-    stack = Stack(args.run_dir, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix)
+    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix)
     t0 = time.monotonic()
     stack.up()
     print(f"stack up in {time.monotonic() - t0:.1f} s ({stack.layout.run_dir})")
@@ -42,7 +44,7 @@ def _up(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
-    stack = Stack.open(args.run_dir)
+    stack = Stack.open(args.stack)
     _print(stack)
     return 0 if all(s.running for s in stack.status().values()) else 3
 
@@ -50,7 +52,7 @@ def _status(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
-    Stack.open(args.run_dir).down()
+    Stack.open(args.stack).down()
     print("stack down")
     return 0
 

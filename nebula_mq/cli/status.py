@@ -16,14 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.cli.options import add_stack_option, default_stack
+
 from nebula_mq.runtime.metrics import read_metrics
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show each worker's step, queues, link and compression figures")
     p.add_argument("job", help="job TOML file")
-    p.add_argument("--stack", default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
-                   help="the local stack's directory, for queue depths (default $NEBULA_RUN_DIR or run/stack)")
+    add_stack_option(p, "the local stack's directory, for queue depths (default $NEBULA_RUN_DIR or run/stack)",
+                     default_stack())
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_status)
 

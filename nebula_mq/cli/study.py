@@ -32,7 +32,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("study", help="experiments of the paper (Scenario II)")
     sub = parser.add_subparsers(dest="study", metavar="STUDY", required=True)
     p = sub.add_parser("compression", help="Table 5 / Figure 10: BLEU, ratios and s/step per codec chain")
-    p.add_argument("--run-dir", default="run/study", help="results go to RUN_DIR/study (default run/study)")
+    p.add_argument("--out", "--run-dir", dest="out", metavar="DIR", default="run/study",
+                   help="results go to DIR/study (default run/study; --run-dir is its older name)")
     p.add_argument("--preset", choices=["tiny", "small", "full"], help="model preset (tiny; --real: small)")
     p.add_argument("--data", choices=["synthetic", "corpus"], help="training data (synthetic; --real: corpus)")
     p.add_argument("--data-dir", default="run/data", help="`nebula-mq data build` output (default run/data)")
@@ -56,8 +57,9 @@ def register(subparsers: Any) -> None:
                    help="stack: a private two-node TLS stack with the shaped WAN relay")
     p.add_argument("--rates", type=_rates, default=["auto", "60"],
                    help="link rates in Mbit/s; 'auto' = uncompressed wire time WIRE_FACTOR x compute")
-    p.add_argument("--wire-factor", type=float, default=4.0)
-    p.add_argument("--delay-ms", type=float, default=0.0)
+    p.add_argument("--wire-factor", type=float, default=4.0,
+                   help="for --rates auto: an uncompressed step's wire time as a multiple of its compute (default 4)")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="one-way WAN delay added by the relay (default 0)")
     p.add_argument("--real", action="store_true",
                    help="real-data mode: pretrained e5-small (4 layers) and MiniLM (3 layers) on the gettext "
                         "corpus (`nebula-mq data build`), the rows of the real-data table (baselines, FP16+INT8, "
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     mode = REAL if args.real else SYNTHETIC  # what the command line does not set
     cfg = StudyConfig(**{**mode, **given, "data_dir": args.data_dir, "in_flight": args.in_flight,
                          "seed": args.seed, "eval_beam": args.beam})
-    out = Path(args.run_dir) / "study"
+    out = Path(args.out) / "study"
     from_steps = args.from_steps if args.from_steps is not None else [cfg.steps // 10, cfg.steps // 3]
     if args.real:
         todo = real_rows()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
+
+from nebula_mq.cli.options import add_stack_option
 
 
 def register(subparsers: Any) -> None:
@@ -22,15 +25,17 @@ def register(subparsers: Any) -> None:
                              ("status", _status, "print each link's shape and counters")):
         p = sub.add_parser(name, help=text)
         p.set_defaults(func=func)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print the relays' raw state as JSON")
     for p in sub.choices.values():
-        p.add_argument("--run-dir", help="stack directory (default $NEBULA_RUN_DIR or run/stack)")
+        add_stack_option(p)
         p.add_argument("--to", metavar="CLUSTER", help="only the link leading to this cluster")
 
 
 def _stack(args: argparse.Namespace) -> Any:
     from nebula_mq.stack import Stack
 
-    return Stack.open(args.run_dir)
+    return Stack.open(args.stack)
 
 
 def _shape(args: argparse.Namespace) -> int:
@@ -50,8 +55,34 @@ def _heal(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    for name, st in _stack(args).wan_status().items():
-        if args.to and name != f"to-{args.to}":
-            continue
-        print(f"{name}: {json.dumps(st, sort_keys=True)}" if st else f"{name}: relay not running")
+    links = {name: st for name, st in _stack(args).wan_status().items() if not args.to or name == f"to-{args.to}"}
+    if getattr(args, "json", False):
+        print(json.dumps(links, sort_keys=True, indent=1))
+        return 0
+    for line in status_lines(links):
+        print(line)
     return 0
+
+
+def status_lines(links: dict[str, Any]) -> list[str]:
+    """One readable line per relay: its shape, connections and bytes each way."""
+    lines = [f"{'link':<16}{'state':<8}{'rate':>12}{'delay':>10}{'conns':>7}{'up':>11}{'down':>11}  as of"]
+    for name, st in links.items():
+        if not st:
+            lines.append(f"{name:<16}{'down':<8}  relay not running")
+            continue
+        shape, counters = st.get("shape", {}), st.get("counters", {})
+        rate = float(shape.get("rate_mbit") or 0)
+        lines.append(f"{name:<16}{'CUT' if shape.get('cut') else 'up':<8}"
+                     f"{(f'{rate:g} Mbit/s' if rate else 'unlimited'):>12}{float(shape.get('delay_ms') or 0):>7g} ms"
+                     f"{int(st.get('connections', 0)):>7}{_size(counters.get('up', 0)):>11}"
+                     f"{_size(counters.get('down', 0)):>11}  {time.strftime('%H:%M:%S', time.localtime(st.get('time', 0)))}")
+    return lines
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -15,6 +15,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
+from nebula_mq.cli.options import add_stack_option
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import ClusterSettings, Settings, load_settings
 
@@ -38,8 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--role", required=True, help="e.g. abnet-encoder, abnet-decoder, electra-generator")
     p.add_argument("--config", required=True, help="job TOML file")
     p.add_argument("--index", type=int, default=0, help="index among workers of the same role")
-    p.add_argument("--stack", default=None, help="take broker settings from this local stack run dir")
-    p.add_argument("--log-level", default="info")
+    add_stack_option(p, "take broker settings from this local stack directory (default: the job file's "
+                        "[clusters.<name>.broker])")
+    p.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     p.add_argument("--metrics-port", type=port_number, default=None,
                    help="also serve Prometheus metrics over HTTP on this port (/metrics)")
     p.set_defaults(func=_run)

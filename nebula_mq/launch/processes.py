@@ -61,8 +61,8 @@ class JobProcesses:
                           f"{did_you_mean(name, known)}" for name in missing)
         return (f"unknown cluster {names}: the stack in {self.stack_dir} has {', '.join(known)}. "
                 f"If the job really runs on more clusters, restart the stack with them: "
-                f"`nebula-mq stack down --run-dir {self.stack_dir}`, then "
-                f"`nebula-mq stack up --run-dir {self.stack_dir} --clusters {','.join(needed)}`")
+                f"`nebula-mq stack down --stack {self.stack_dir}`, then "
+                f"`nebula-mq stack up --stack {self.stack_dir} --clusters {','.join(needed)}`")
 
     @property
     def run_dir(self) -> Path:

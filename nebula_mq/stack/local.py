@@ -153,7 +153,7 @@ class Stack:
         text = (f"stopped what this `stack up` had started ({', '.join(stopped)})" if stopped
                 else "this `stack up` had started nothing else")
         if failed:
-            text += f"; could NOT stop {', '.join(failed)}: `nebula-mq stack down --run-dir {self.layout.run_dir}`"
+            text += f"; could NOT stop {', '.join(failed)}: `nebula-mq stack down --stack {self.layout.run_dir}`"
         return text
 
     def down(self) -> None:

@@ -70,13 +70,19 @@ def test_wan_cli_shapes_cuts_and_heals_a_running_relay(stack: StackHandle) -> No
         assert out.returncode == 0, out.stderr
         applied = stack.stack.wan_status()["to-cluster-b"]["shape"]
         assert (applied["rate_mbit"], applied["delay_ms"], applied["cut"]) == (25.0, 7.0, False)
-        assert _cli("wan", "cut", "--run-dir", stack.run_dir, "--to", "cluster-b").returncode == 0
+        assert _cli("wan", "cut", "--stack", stack.run_dir, "--to", "cluster-b").returncode == 0
         assert stack.stack.wan_status()["to-cluster-b"]["shape"]["cut"] is True
         assert stack.stack.wan_status()["to-cluster-a"]["shape"]["cut"] is False
-        out = _cli("wan", "heal", "--run-dir", stack.run_dir)
+        # `wan status`: one readable line per link (--json for the raw state).
+        table = _cli("wan", "status", "--stack", stack.run_dir).stdout.splitlines()
+        assert table[0].split()[:3] == ["link", "state", "rate"], table
+        assert next(ln for ln in table if ln.startswith("to-cluster-b")).split()[1:4] == ["CUT", "25", "Mbit/s"]
+        assert next(ln for ln in table if ln.startswith("to-cluster-a")).split()[1] == "up"
+        out = _cli("wan", "heal", "--stack", stack.run_dir)  # (--run-dir, the older spelling, works too)
         assert out.returncode == 0, out.stderr
-        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("to-cluster-b: "))
-        assert json.loads(line.split(": ", 1)[1])["shape"]["cut"] is False
+        assert next(ln for ln in out.stdout.splitlines() if ln.startswith("to-cluster-b")).split()[1] == "up"
+        raw = json.loads(_cli("wan", "status", "--stack", stack.run_dir, "--json").stdout)
+        assert raw["to-cluster-b"]["shape"]["cut"] is False
     finally:
         stack.clean_wan()
 

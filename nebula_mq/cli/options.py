@@ -1,0 +1,24 @@
+"""Options every command spells the same way.
+
+``--stack DIR`` is the local stack's directory in every command (``run``, ``status``,
+``worker``, ``chaos``, ``demo``, ``stack``, ``wan``, ``audit scan-broker``, ``bench``);
+``--run-dir``, its older spelling in some of them, is still read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+DEFAULT_STACK = "run/stack"
+STACK_HELP = "local stack directory (default $NEBULA_RUN_DIR or run/stack)"
+
+
+def add_stack_option(parser: argparse.ArgumentParser, help_text: str = STACK_HELP,
+                     default: str | None = None) -> None:
+    """``--stack DIR`` (also read as ``--run-dir``), stored as ``args.stack``."""
+    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR", default=default, help=help_text)
+
+
+def default_stack() -> str:
+    return os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK)

@@ -1,0 +1,41 @@
+"""The CLI speaks one vocabulary: every option and argument explains itself, and the local
+stack's directory is ``--stack`` in every command that takes it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from nebula_mq.cli import build_parser
+
+
+def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("nebula-mq",),
+             ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield " ".join(path), parser
+    for action in parser._actions:  # noqa: SLF001 - argparse exposes its tree only this way
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, sub in action.choices.items():
+                yield from commands(sub, (*path, name))
+
+
+def test_every_option_and_positional_argument_has_help() -> None:
+    missing = [f"{path} {'/'.join(a.option_strings) or a.dest}"
+               for path, parser in commands(build_parser()) for a in parser._actions  # noqa: SLF001
+               if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]  # noqa: SLF001
+    assert missing == []
+
+
+def test_the_stack_directory_is_stack_everywhere_and_run_dir_still_reads() -> None:
+    takes_stack = {path: parser for path, parser in commands(build_parser())
+                   if any("--stack" in a.option_strings for a in parser._actions)}  # noqa: SLF001
+    run_dirs = {a.dest for _, parser in commands(build_parser()) for a in parser._actions  # noqa: SLF001
+                if "--run-dir" in a.option_strings}
+    assert run_dirs == {"stack", "out"}  # an older spelling of --stack, or of study's --out
+    assert {"nebula-mq run", "nebula-mq status", "nebula-mq worker", "nebula-mq chaos", "nebula-mq stack up",
+            "nebula-mq wan cut", "nebula-mq audit scan-broker", "nebula-mq bench scaling"} <= set(takes_stack)
+    for path, parser in takes_stack.items():
+        option = next(a for a in parser._actions if "--stack" in a.option_strings)  # noqa: SLF001
+        assert option.dest == "stack" and "--run-dir" in option.option_strings, path
+    args = build_parser().parse_args(["wan", "cut", "--run-dir", "/x"])
+    assert args.stack == "/x"
+    assert build_parser().parse_args(["study", "compression", "--out", "/r"]).out == "/r"
