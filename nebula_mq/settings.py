@@ -27,9 +27,12 @@ DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
 class BrokerSettings:
     """How a worker reaches its *local* broker (never the remote one)."""
 
+    # The local broker's address and AMQPS port (`nebula-mq worker --stack` fills them from the stack).
     host: str = "127.0.0.1"
     port: int = 5671
+    # The job's vhost (nebula-<job id>).
     vhost: str = "/"
+    # TLS with client certificates (EXTERNAL auth); false only for a plaintext development broker.
     tls: bool = True
     # Files of the worker's own identity; required when tls is true.
     ca_file: str = ""
@@ -129,7 +132,9 @@ class JobSettings:
     id: str
     # Names the subpackage of ``workers`` that plans and runs the job (``workers.registry``).
     scenario: Literal["abnet", "electra", "split"] = "abnet"
+    # Seeds data order, initialisation and dropout (every draw is a function of the seed and the step).
     seed: int = 0
+    # Optimisation steps to train.
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go.
     run_dir: str = ""  # "" = run/jobs/<id>: jobs never share a directory by default

@@ -46,6 +46,8 @@ class AbnetJob(Placement):
     # Micro-batches whose gradient is not back yet; bounds staleness and memory.
     in_flight: int = 4
 
+    # "tiny": a small random model (tests); "small": pretrained e5-small encoder and MiniLM
+    # decoder cut to encoder_layers / decoder_layers; "full": every pretrained layer.
     preset: Literal["tiny", "small", "full"] = "tiny"
     # Layers kept from each pretrained stack (small preset); fewer = faster on CPU.
     encoder_layers: int = 6

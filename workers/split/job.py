@@ -58,6 +58,7 @@ class Placement:
     tail_id: str = "tail-0"
     # Micro-batches whose gradient is not back yet (1 = exact, lockstep training).
     in_flight: int = 1
+    # Steps between checkpoints (and at the last step): what a restart may have to redo.
     checkpoint_every: int = 10
     # Learning rate handed to both sides' optimizers.
     lr: float = 1e-3
@@ -125,7 +126,7 @@ class SplitJob(Placement):
     # "module:function" returning a HeadSpec / TailSpec from the Settings; only needed
     # by `nebula-mq run` (a user's own script passes the spec directly).
     head: str = ""
-    tail: str = ""
+    tail: str = ""  # the same for the tail: a function returning a TailSpec
 
 
 def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
