@@ -28,6 +28,11 @@ def register(subparsers: Any) -> None:
         p = sub.add_parser(name, help=text)
         _add_common(p)
         p.set_defaults(func=func)
+    restart = sub.add_parser("restart", help="stop and start one cluster's broker node (workers reconnect and "
+                                             "federation links come back; queued messages survive)")
+    restart.add_argument("cluster", metavar="CLUSTER", help="the cluster whose node to restart (see `stack status`)")
+    _add_common(restart)
+    restart.set_defaults(func=_restart)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -47,6 +52,16 @@ def _status(args: argparse.Namespace) -> int:
     stack = Stack.open(args.stack)
     _print(stack)
     return 0 if all(s.running for s in stack.status().values()) else 3
+
+
+def _restart(args: argparse.Namespace) -> int:
+    from nebula_mq.stack import Stack
+
+    stack = Stack.open(args.stack)
+    t0 = time.monotonic()
+    stack.restart_node(args.cluster)  # an unknown cluster is a StackError naming the known ones
+    print(f"{args.cluster}: restarted in {time.monotonic() - t0:.1f} s")
+    return _print(stack)
 
 
 def _down(args: argparse.Namespace) -> int:

@@ -87,6 +87,16 @@ def test_wan_cli_shapes_cuts_and_heals_a_running_relay(stack: StackHandle) -> No
         stack.clean_wan()
 
 
+def test_stack_restart_restarts_one_node_and_a_misspelt_cluster_is_named(stack: StackHandle) -> None:
+    out = _cli("stack", "restart", "cluster-b", "--stack", stack.run_dir)
+    assert out.returncode == 0, out.stderr
+    assert "cluster-b: restarted in" in out.stdout
+    assert all(s.running for s in stack.stack.status().values())
+    out = _cli("stack", "restart", "clustr-b", "--stack", stack.run_dir)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "unknown cluster 'clustr-b'" in out.stderr and "did you mean 'cluster-b'?" in out.stderr
+
+
 def test_stack_status_without_a_stack_is_a_clear_error(tmp_path) -> None:
     out = _cli("stack", "status", "--run-dir", str(tmp_path))
     assert out.returncode == 1
