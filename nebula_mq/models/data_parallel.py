@@ -31,7 +31,9 @@ machine this runs on in CI).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
+import io
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -162,11 +164,14 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
         "PADDLE_MASTER": master,
         "PADDLE_DISTRI_BACKEND": "nccl" if paddle.get_device().startswith("gpu") else "gloo",
     })
+    banner = io.StringIO()  # paddle writes its "Modified FLAGS detected" banner to sys.stderr
     try:
-        with deadline("group rendezvous", rank, timeout_s):
+        with deadline("group rendezvous", rank, timeout_s), contextlib.redirect_stderr(banner):
             dist.init_parallel_env()
     except (RuntimeError, OSError, ValueError) as exc:
         raise WorkerError(f"cannot join the gloo group as rank {rank}/{world_size} via {master}: {exc}") from None
+    if banner.getvalue().strip():  # one log line, not a block of text in a JSON log
+        log.info("paddle_distributed_output", text=" ".join(banner.getvalue().split()))
     if dist.get_rank() != rank or dist.get_world_size() != world_size:
         raise WorkerError(f"paddle reports rank {dist.get_rank()}/{dist.get_world_size()}, "
                           f"expected {rank}/{world_size}")

@@ -3,12 +3,18 @@
 Every line a worker logs carries ``job``, ``role``, ``step`` and ``micro_batch``:
 workers bind them with :func:`bind_context` and the values travel through
 ``contextvars`` so library code (transport, codecs) inherits them.
+
+Libraries' records (pika's, and Python warnings such as paddle's) go through the
+same renderer, so a worker's log is JSON lines only. A library's exception becomes
+one ``error`` field (type and message), not a traceback: a broker outage used to
+leave about twenty pika tracebacks in every worker's log.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -41,6 +47,20 @@ def configure_logging(
         if use_json
         else structlog.dev.ConsoleRenderer(colors=out.isatty())
     )
+    # The stdlib's records (pika, py.warnings) rendered like our own: one line each.
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True), _library_error_in_one_line,
+                           structlog.stdlib.add_logger_name],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)
+    # Re-installed on every call: captureWarnings(True) is a no-op once it has run, even after
+    # someone (a test runner's catch_warnings) has put the original showwarning back.
+    logging.captureWarnings(False)
+    logging.captureWarnings(True)
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(
@@ -52,6 +72,17 @@ def configure_logging(
     # pika logs every connection attempt at INFO; our transport logs what matters.
     logging.getLogger("pika").setLevel(logging.WARNING)
     _configured = True
+
+
+def _library_error_in_one_line(_logger: Any, _method: str, event_dict: MutableMapping[str, Any],
+                               ) -> MutableMapping[str, Any]:
+    """A library record's exception as ``error: "Type: message"`` instead of a traceback."""
+    exc_info = event_dict.pop("exc_info", None)
+    if exc_info:
+        exc = exc_info[1] if isinstance(exc_info, tuple) else sys.exc_info()[1]
+        if exc is not None:
+            event_dict["error"] = f"{type(exc).__name__}: {exc}"
+    return event_dict
 
 
 class CurrentStderr:
