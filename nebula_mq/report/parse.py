@@ -228,9 +228,27 @@ def load_run(run_dir: str | Path) -> RunData:
         if doc is not None:
             bench[stem] = doc
     evaluation = guarded(root / "eval.json", _read_json) if (root / "eval.json").is_file() else None
+    depths: list[tuple[float, str, float]] = []
+    for path in each("queues", "*.jsonl").values():
+        depths.extend(guarded(path, read_queue_depths) or ())
     return RunData(run_dir=root, workers=workers, study=tuple(study), faults=faults,
                    bench=bench, problems=tuple(problems),
-                   evaluation=evaluation if isinstance(evaluation, Mapping) else None)
+                   evaluation=evaluation if isinstance(evaluation, Mapping) else None,
+                   queue_depths=tuple(sorted(depths)))
+
+
+def read_queue_depths(text: str, source: str) -> list[tuple[float, str, float]]:
+    """A worker's queue samples (``queues/<worker>.jsonl``); a torn last line is skipped."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+            rows.append((float(row["time"]), str(row["queue"]), float(row["messages"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+    if text.strip() and not rows:
+        raise DataError(f"{source}: no queue samples")
+    return rows
 
 
 def _read_json(text: str, source: str) -> Any:

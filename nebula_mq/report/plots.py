@@ -139,6 +139,30 @@ def throughput(run: RunData, origin: float) -> bytes | None:
     return _png(fig)
 
 
+def queue_depths(run: RunData, origin: float) -> bytes | None:
+    """Ready messages per queue over time: where backpressure holds the work."""
+    by_queue: dict[str, list[tuple[float, float]]] = {}
+    for t, queue, messages in run.queue_depths:
+        by_queue.setdefault(queue, []).append((t - origin, messages))
+    if not by_queue:
+        return None
+    span = max(t for pts in by_queue.values() for t, _ in pts) or 1.0
+    div, xlabel = _time_unit(span)
+    fig = _figure(9.5, 3.0)
+    ax = fig.subplots()
+    for i, (queue, pts) in enumerate(sorted(by_queue.items())):
+        times, depth = (np.array(v, dtype=np.float64) for v in zip(*pts))
+        ax.plot(times / div, depth, drawstyle="steps-post", color=COLORS[i % len(COLORS)], linewidth=_width(i),
+                label=queue.rsplit(".", 1)[-1])
+    _mark_faults(ax, run.faults, origin, div)
+    ax.set_ylabel("ready messages", fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylim(bottom=0)
+    _style(ax)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
 def link_utilisation(run: RunData, origin: float) -> bytes | None:
     """Estimated wire bits/s each worker sent: steps/s(t) x mean wire bytes per step."""
     curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -39,6 +39,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         "training": plots.training_curves(run),
         "throughput": plots.throughput(run, origin),
         "link": plots.link_utilisation(run, origin),
+        "queues": plots.queue_depths(run, origin),
         "compute_wait": plots.compute_wait(run),
         "study": plots.study_tradeoff(run.study),
     }
@@ -250,6 +251,12 @@ def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: fl
         ("evaluation", "Evaluation", evaluation_section(run.evaluation, figures.get("training"))),
         ("throughput", "Throughput", _throughput(run, figures)),
         ("link", "Link utilisation", _link(run, figures)),
+        ("queues", "Queues and backpressure", _figure(
+            figures.get("queues"), "ready messages per queue over time",
+            "Each worker samples the queues it reads (and its dead-letter queue) every 10 s "
+            "(queues/*.jsonl). A queue that grows while its consumer is busy is backpressure at work; "
+            "the sending side's queue is capped, so the producer waits instead of the broker filling up.",
+            "No queues/*.jsonl samples: workers older than this report, or a run shorter than a sample.")),
         ("compression", "Compression", _compression(run, figures)),
         ("time", "Compute vs wait", _compute_wait(run, figures)),
         ("integrity", "Dead letters and duplicates", _integrity(run)),

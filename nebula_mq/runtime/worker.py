@@ -185,6 +185,7 @@ class Worker(ABC):
         if now - self._queues_sampled < QUEUE_SAMPLE_S:
             return
         self._queues_sampled = now
+        rows = []
         for queue in sorted(self.watched_queues | {self.transport.dead_letter_queue}):
             try:
                 depth = self.transport.queue_depth(queue)
@@ -193,6 +194,12 @@ class Worker(ABC):
                 return
             if depth is not None:
                 self.hooks.on_queue_depth(queue, depth)
+                rows.append({"time": time.time(), "queue": queue, "messages": depth})
+        # Over time, for the report's backpressure plot (the gauges only hold the latest).
+        path = self.settings.run_dir / "queues" / f"{self.worker_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
 
     def write_status(self, state: str, **extra: Any) -> None:
         path = status_dir(self.settings) / f"{self.worker_id}.json"

@@ -207,3 +207,20 @@ def test_units() -> None:
     assert derive.human_duration(30) == "30.0 s" and derive.human_duration(900) == "15.0 min"
     smoothed = derive.ema(np.array([np.nan, 1.0, 1.0, 3.0]), span=3)
     assert np.isnan(smoothed[0]) and smoothed[1] == 1.0 and smoothed[3] == 2.0
+
+
+def test_queue_samples_over_time_become_the_backpressure_plot(tmp_path: Path) -> None:
+    """Workers append their queue samples to queues/<worker>.jsonl; the report plots them."""
+    from nebula_mq.report.parse import load_run
+    from nebula_mq.report.render import build_report
+
+    (tmp_path / "status").mkdir()
+    (tmp_path / "status" / "dec-0.json").write_text(json.dumps({"worker": "dec-0", "role": "r", "state": "running"}))
+    (tmp_path / "queues").mkdir()
+    rows = [{"time": 1000.0 + 10 * i, "queue": "nebula.j.activations", "messages": n} for i, n in enumerate([0, 4, 9, 3])]
+    (tmp_path / "queues" / "dec-0.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"time": 1040.0, "queue"')  # a torn last line
+    run = load_run(tmp_path)
+    assert [(t, n) for t, _, n in run.queue_depths] == [(1000.0, 0.0), (1010.0, 4.0), (1020.0, 9.0), (1030.0, 3.0)]
+    html = build_report(tmp_path, tmp_path / "out").read_text()
+    assert "Queues and backpressure" in html and (tmp_path / "out" / "figures" / "queues.png").is_file()

@@ -38,7 +38,9 @@ def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare,
     import json
 
     from nebula_mq.runtime import worker
+    from nebula_mq.runtime.logs import configure_logging
 
+    configure_logging("info", json=True)  # JSON lines on stderr, as in a worker process
     monkeypatch.setattr(worker, "PROGRESS_LOG_S", 0.0)
     _, receiver, _ = pair
     for step in (1, 2, 3):
