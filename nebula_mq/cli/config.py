@@ -1,7 +1,7 @@
 """``nebula-mq config show JOB.toml`` and ``nebula-mq config reference``.
 
 ``show`` prints the settings a job really runs with: the file, the ``NEBULA__``
-overrides and every default, section by section. ``reference`` prints every key
+overrides and every default, section by section, each default and override marked. ``reference`` prints every key
 with its type, default and meaning, read from the settings dataclasses and the
 comments above their fields, so the reference (``docs/CONFIG.md``) cannot drift
 from the code: a test compares the two.
@@ -67,14 +67,54 @@ def plain(value: Any) -> Any:
     return value
 
 
-def toml_text(values: dict[str, Any]) -> str:
+def origins(path: str, environ: Mapping[str, str] | None = None) -> dict[tuple[str, str], str]:
+    """(section, key) -> where its value came from: the job file, or the override variable.
+    Keys found in neither are defaults."""
+    import os
+    import tomllib
+
+    from nebula_mq.config import env_overrides
+    from workers.abnet.job import PLACEMENT_ALIASES
+
+    with open(path, "rb") as fh:
+        raw = tomllib.load(fh)
+    out: dict[tuple[str, str], str] = {}
+
+    def mark(section: str, body: Any, source: str) -> None:
+        for key in body if isinstance(body, Mapping) else ():
+            name = str(key)
+            out[(section, PLACEMENT_ALIASES.get(name, name) if section == "abnet" else name)] = source
+
+    for section, body in raw.items():
+        if section == "clusters" and isinstance(body, Mapping):
+            for name, cluster in body.items():
+                mark(f"clusters.{name}.broker", cluster.get("broker", {}) if isinstance(cluster, Mapping) else {},
+                     "file")
+        else:
+            mark(section, body, "file")
+    for override in env_overrides(os.environ if environ is None else environ):
+        if len(override.path) >= 2:
+            section = ".".join(override.path[:-1]) if override.path[0] == "clusters" else override.path[0]
+            out[(section, override.path[-1])] = override.variable
+    return out
+
+
+def toml_text(values: dict[str, Any], marks: Mapping[tuple[str, str], str] | None = None) -> str:
+    """``values`` as TOML; with ``marks``, each key says where it came from (``# default``,
+    ``# NEBULA__...``; keys from the job file are left plain)."""
+    def note(section: str, key: str) -> str:
+        if marks is None:
+            return ""
+        source = marks.get((section, key), "default")
+        return "" if source == "file" else f"  # {source}"
+
     lines: list[str] = []
     for section, body in values.items():
         nested = {k: v for k, v in body.items() if isinstance(v, dict)}
         lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in body.items() if k not in nested]
+        lines += [f"{k} = {_toml_value(v)}{note(section, k)}" for k, v in body.items() if k not in nested]
         for k, v in nested.items():
-            lines.append(f"\n[{section}.{k}]")
+            lines.append(f"\n[{section}.{k}]{note(section, k)}")
             lines += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items()]
         lines.append("")
     return "\n".join(lines)
@@ -146,7 +186,11 @@ def _show(args: argparse.Namespace) -> int:
     from nebula_mq.settings import load_settings
 
     values = effective(load_settings(args.config))
-    print(json.dumps(values, indent=1, default=str) if args.json else toml_text(values), end="" if not args.json else "\n")
+    if args.json:
+        print(json.dumps(values, indent=1, default=str))
+    else:
+        print(f"# {args.config}: keys marked '# default' are not in the file; '# NEBULA__...' were overridden")
+        print(toml_text(values, origins(args.config)), end="")
     return 0
 
 

@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
     p.add_argument("--metrics-port", type=int, default=0, metavar="BASE",
                    help="serve each worker's Prometheus metrics over HTTP: worker i (in `status` order) on BASE + i")
-    p.add_argument("--restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
+    p.add_argument("--max-restarts", "--restarts", dest="restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
                    help="restart a worker (and its gloo group) that dies on its own, at most N times in all "
                         f"(default {DEFAULT_RESTARTS}; 0: stop the job at the first failure)")
     p.set_defaults(func=_run)
@@ -121,7 +121,8 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
     reasons: list[str] = []  # why the job was stopped, besides failed workers
     stopping = killed = False
     stop_since = 0.0
-    policy = RestartPolicy(max(0, restarts), say=lambda line: print(line, file=sys.stderr))
+    policy = RestartPolicy(max(0, restarts), say=lambda line: print(line, file=sys.stderr),
+                           faults_log=job.run_dir / "faults.jsonl")
     try:
         with progress(job.settings.job.steps, "training (slowest worker)") as bar:
             done = 0
@@ -145,6 +146,7 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
                     reasons.append("stop grace exceeded")
                     job.signal_all(signal.SIGKILL)
                 time.sleep(0.2)
+                policy.poll(job)
                 slowest = job.slowest_step()
                 loss = job.loss()
                 if loss is not None:
@@ -167,6 +169,7 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
                     stopping = True
                     job.signal_all(signal.SIGTERM)
     finally:
+        policy.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     interrupted = received.is_set()

@@ -20,6 +20,9 @@ from nebula_mq.cli.options import add_stack_option, default_stack
 
 from nebula_mq.runtime.metrics import read_metrics
 
+# States of a worker process that should be alive ("resuming": restored a checkpoint, no new step yet).
+LIVE_STATES = ("running", "starting", "resuming")
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser("status", help="show each worker's step, queues, link and compression figures")
@@ -63,12 +66,12 @@ def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]
     for worker, st in read_statuses(run_dir).items():
         m = read_metrics(run_dir / "metrics" / f"{worker}.prom")
         # Rates over the worker's own run: a finished or stopped worker's stop when it did.
-        end = now if st.get("state") in ("running", "starting") else float(st.get("updated", now))
+        end = now if st.get("state") in LIVE_STATES else float(st.get("updated", now))
         elapsed = max(1e-9, end - m.get("nebula_started_timestamp", end))
         compute, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
         raw, wire = m.get("nebula_raw_bytes_total", 0.0), m.get("nebula_wire_bytes_total", 0.0)
         state = st.get("state", "?")
-        if state in ("running", "starting") and not _alive(int(st.get("pid", 0))):
+        if state in LIVE_STATES and not _alive(int(st.get("pid", 0))):
             state = "dead"
         rows.append({
             "worker": worker, "role": st.get("role"), "cluster": st.get("cluster"), "state": state,

@@ -13,12 +13,19 @@ came after them (nothing lost, nothing applied twice). The policy:
 * a group that fails again without having made a step since its last restart
   is not restarted: the failure repeats (bad data, a mistake in the job file),
   and restarting would only hide it.
+
+Every restart is written to the job's ``faults.jsonl`` (kind ``restart``, the
+worker, and how long after the restart its group made its next step), where
+the report shows it beside injected faults.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 MAX_PAUSE_S = 30.0
@@ -41,6 +48,10 @@ class RestartPolicy:
     # and how many times in a row it has failed.
     restarted_at: dict[str, int] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    # Where restarts are recorded (the job's faults.jsonl), and those not yet recovered:
+    # (worker, its group, unix time of the restart, the group's step then).
+    faults_log: Path | None = None
+    pending: list[tuple[str, tuple[str, ...], float, int]] = field(default_factory=list)
 
     def restart(self, job: Restartable, worker: str, code: int | None) -> bool:
         """Restart ``worker``'s group if the policy allows (True); False: the job must stop."""
@@ -63,4 +74,28 @@ class RestartPolicy:
                  f"(restart {self.made} of {self.budget}); it resumes from its checkpoint")
         job.kill_and_restart(worker, pause)
         self.restarted_at[key] = step
+        self.pending.append((worker, members, time.time(), step))
         return True
+
+    def poll(self, job: Restartable) -> None:
+        """Record the restarts whose group has made a step since (recovered)."""
+        steps = job.steps()
+        for item in list(self.pending):
+            worker, members, at, step = item
+            if min(steps.get(m, 0) for m in members) > step:
+                self.pending.remove(item)
+                self._record(worker, at, time.time() - at)
+
+    def close(self) -> None:
+        """Record the restarts that had not recovered when the run ended."""
+        for worker, _, at, _ in self.pending:
+            self._record(worker, at, None)
+        self.pending.clear()
+
+    def _record(self, worker: str, at: float, recovered_after_s: float | None) -> None:
+        if self.faults_log is None:
+            return
+        self.faults_log.parent.mkdir(parents=True, exist_ok=True)
+        with self.faults_log.open("a") as fh:
+            fh.write(json.dumps({"time": at, "ended": at, "kind": "restart", "target": worker, "duration_s": 0.0,
+                                 "recovered_after_s": recovered_after_s}, sort_keys=True) + "\n")

@@ -128,7 +128,7 @@ def job_state(workers: Iterable[WorkerRun]) -> str:
     states = {w.status.state for w in workers if w.status is not None}
     if not states:
         return "unknown"
-    for state, when in (("failed", {"failed"}), ("running", {"running", "starting"}),
+    for state, when in (("failed", {"failed"}), ("running", {"running", "starting", "resuming"}),
                         ("stopped", {"stopped"})):
         if states & when:
             return state

@@ -69,7 +69,7 @@ STALE_AFTER_S = 300.0  # a "running" worker silent this long before the report i
 
 def _state_badge(state: str, updated: float, generated: float) -> str:
     badge = f'<span class="state {e(state)}">{e(state)}</span>'
-    if state in ("running", "starting") and updated > 0 and generated - updated > STALE_AFTER_S:
+    if state in ("running", "starting", "resuming") and updated > 0 and generated - updated > STALE_AFTER_S:
         badge += (f' <span class="stale" title="no status update for a while: crashed or hung?">'
                   f"silent {e(derive.human_duration(generated - updated))}</span>")
     return badge

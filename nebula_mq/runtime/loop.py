@@ -87,7 +87,8 @@ class LoopWorker(Worker, Generic[InboxT]):
         self.transport.declare_dead_letter_queue()
         self.open()
         self.restore()
-        self.write_status("running")  # at the restored step, not "starting" at 0 until the next step
+        if self.step > 0:  # resumed: say so, at the restored step, until the next step is done
+            self.write_status("resuming")
         inbox = self.open_inbox()
         try:
             while self.keep_going():

@@ -243,6 +243,9 @@ def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: Stack
     text = log.read_text()
     assert "worker dec-0 exited -9" in text and "restarting dec-0" in text and "(restart 1 of 5)" in text, text[-3000:]
     assert {w: final_checkpoint(run_dir, w).step for w in ("enc-0", "dec-0")} == {"enc-0": 40, "dec-0": 40}
+    faults = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
+    assert [(f["kind"], f["target"]) for f in faults] == [("restart", "dec-0")]
+    assert faults[0]["recovered_after_s"] is not None  # the restarted decoder made steps again
     audit = [json.loads(line) for line in (run_dir / "audit" / "audit.jsonl").read_text().splitlines()]
     submitted = [r for r in audit if r["event"] == "job_submitted"]
     assert len(submitted) == 1 and submitted[0]["workers"] == ["dec-0", "enc-0"], submitted

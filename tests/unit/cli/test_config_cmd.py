@@ -34,7 +34,11 @@ def test_show_prints_the_file_the_overrides_and_every_default_as_toml(
     job.write_text('[job]\nid = "shown"\n[abnet]\nencoder_ranks = 2\nbatch_size = 8\n')
     monkeypatch.setenv("NEBULA__JOB__STEPS", "7")
     assert main(["config", "show", str(job)]) == 0
-    shown = tomllib.loads(capsys.readouterr().out)
+    text = capsys.readouterr().out
+    shown = tomllib.loads(text)
+    # Each default and override is marked; what the file says is left plain.
+    assert "steps = 7  # NEBULA__JOB__STEPS" in text and 'id = "shown"\n' in text
+    assert 'device = "auto"  # default' in text and "head_ranks = 2\n" in text  # (the file's encoder_ranks)
     assert shown["job"]["steps"] == 7 and shown["job"]["run_dir"] == "" and shown["job"]["device"] == "auto"
     assert shown["abnet"]["head_ranks"] == 2 and shown["abnet"]["tail_ranks"] == 1  # the alias, resolved
     assert shown["abnet"]["tail_cluster"] == "cluster-b" and shown["codec"]["backward"] == "int8"

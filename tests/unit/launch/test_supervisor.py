@@ -54,3 +54,20 @@ def test_a_failure_that_repeats_without_progress_or_past_the_budget_stops_the_jo
     assert not policy.restart(job, "enc-0", -9)  # progress, but the budget is spent
     assert "no restarts left (2 made)" in said[-1]
     assert len(job.restarts) == 2
+
+
+def test_every_restart_is_recorded_in_the_faults_log_with_its_recovery_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    job = RecordingJob({}, {"dec-0": 5, "enc-0": 5})
+    log = tmp_path / "faults.jsonl"
+    policy = RestartPolicy(budget=3, say=lambda _line: None, faults_log=log)
+    assert policy.restart(job, "dec-0", -9) and policy.restart(job, "enc-0", -9)
+    policy.poll(job)
+    assert not log.exists()  # neither group has made a step since
+    job.at["dec-0"] = 6
+    policy.poll(job)
+    policy.close()  # enc-0 never recovered before the run ended
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["kind"], r["target"]) for r in rows] == [("restart", "dec-0"), ("restart", "enc-0")]
+    assert rows[0]["recovered_after_s"] >= 0 and rows[1]["recovered_after_s"] is None
