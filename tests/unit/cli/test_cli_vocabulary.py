@@ -39,3 +39,20 @@ def test_the_stack_directory_is_stack_everywhere_and_run_dir_still_reads() -> No
     args = build_parser().parse_args(["wan", "cut", "--run-dir", "/x"])
     assert args.stack == "/x"
     assert build_parser().parse_args(["study", "compression", "--out", "/r"]).out == "/r"
+
+
+def test_every_verb_has_an_example_that_its_own_parser_accepts() -> None:
+    import shlex
+
+    from nebula_mq.cli.examples import EXAMPLES, verbs
+
+    parser = build_parser()
+    names = {verb for verb, _ in verbs(parser)}
+    assert names == set(EXAMPLES), (names ^ set(EXAMPLES))
+    for verb, sub in verbs(parser):
+        assert sub.epilog and all(line in sub.epilog for line in EXAMPLES[verb])
+        for line in EXAMPLES[verb]:
+            words = [w for w in shlex.split(line) if "=" not in w or w.startswith("-")]
+            words = words[: words.index(">")] if ">" in words else words
+            assert words[0] == "nebula-mq" and " ".join(words[1:]).startswith(verb), line
+            build_parser().parse_args(words[1:])  # argparse exits on a bad example

@@ -1,0 +1,67 @@
+"""An example under every verb's ``--help`` (the argparse epilog), kept in one place so that
+a test can check every verb has one and that each names its own command."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "audit verify": ("nebula-mq audit verify --log run/jobs/demo/audit/audit.jsonl",),
+    "audit show": ("nebula-mq audit show --log run/jobs/demo/audit/audit.jsonl --event message_dead_lettered",),
+    "audit scan-broker": ("nebula-mq audit scan-broker --stack run/stack",),
+    "bench codecs": ("nebula-mq bench codecs --quick --json run/bench/codecs.json",),
+    "bench transport": ("nebula-mq bench transport --quick",),
+    "bench scenario1": ("nebula-mq bench scenario1 --n 1,2 --delay-ms 20",),
+    "bench compute": ("nebula-mq bench compute config/demo.toml",),
+    "bench scaling": ("nebula-mq bench scaling config/demo.toml --steps 40",),
+    "certs init": ("nebula-mq certs init run/certs --clusters cluster-a,cluster-b",),
+    "certs issue": ("nebula-mq certs issue run/certs cluster-a demo.enc-0",),
+    "certs rotate": ("nebula-mq certs rotate run/certs cluster-b server",),
+    "certs revoke": ("nebula-mq certs revoke run/certs cluster-a demo.enc-0",),
+    "certs list": ("nebula-mq certs list run/certs",),
+    "certs export-ca": ("nebula-mq certs export-ca run/certs cluster-a > cluster-a-ca.pem",),
+    "certs import-ca": ("nebula-mq certs import-ca run/certs cluster-b cluster-a cluster-a-ca.pem",),
+    "chaos": ("nebula-mq chaos config/demo.toml --cuts 5,10,30 --stall 20",),
+    "config show": ("nebula-mq config show config/demo.toml", "NEBULA__JOB__STEPS=50 nebula-mq config show config/demo.toml"),
+    "config reference": ("nebula-mq config reference > docs/CONFIG.md",),
+    "data build": ("nebula-mq data build",),
+    "data stats": ("nebula-mq data stats --json",),
+    "data-access grant": ("nebula-mq data-access grant run/data-root alice demo gettext",),
+    "data-access revoke": ("nebula-mq data-access revoke run/data-root alice demo gettext",),
+    "data-access list": ("nebula-mq data-access list run/data-root alice",),
+    "eval": ("nebula-mq eval config/demo.toml --src my.src --ref my.ref --out run/eval.json",),
+    "probe": ("nebula-mq probe config/electra-tiny.toml --json run/probe.json",),
+    "report": ("nebula-mq report run/jobs/demo --out run/report",),
+    "run": ("nebula-mq run config/demo.toml", "nebula-mq run config/demo.toml --metrics-port 9300 --max-restarts 10"),
+    "demo": ("nebula-mq demo",),
+    "stack up": ("nebula-mq stack up --clusters cluster-a,cluster-b",),
+    "stack status": ("nebula-mq stack status",),
+    "stack down": ("nebula-mq stack down",),
+    "stack restart": ("nebula-mq stack restart cluster-b",),
+    "status": ("nebula-mq status config/demo.toml", "nebula-mq status config/demo.toml --json"),
+    "study compression": ("nebula-mq study compression --real --rates auto --out run/study-real",),
+    "wan shape": ("nebula-mq wan shape --rate 60 --delay 20",),
+    "wan cut": ("nebula-mq wan cut --to cluster-b",),
+    "wan heal": ("nebula-mq wan heal",),
+    "wan status": ("nebula-mq wan status",),
+    "worker": ("nebula-mq worker --role abnet-encoder --index 0 --config job.toml --stack run/stack",),
+}
+
+
+def verbs(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Every leaf command (``"stack up"``) with its parser."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]  # noqa: SLF001
+    if not subs and path:
+        yield " ".join(path), parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from verbs(sub, (*path, name))
+
+
+def add_examples(parser: argparse.ArgumentParser) -> None:
+    for verb, sub in verbs(parser):
+        lines = EXAMPLES.get(verb)
+        if lines:
+            sub.epilog = "example" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(f"  {x}" for x in lines)
+            sub.formatter_class = argparse.RawDescriptionHelpFormatter
