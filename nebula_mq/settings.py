@@ -99,6 +99,10 @@ class TransportSettings:
     # Most bytes one envelope may decode to, every tensor and intermediate array counted
     # (0 = 4 x max_message_bytes): a malformed or hostile frame cannot exhaust memory.
     max_decoded_bytes: int = 0
+    # A dead-letter queue holding more messages than this raises an alarm (a log error, the
+    # nebula_dead_letter_alarm gauge, a line in `nebula-mq status`). The queue itself is never
+    # capped: a condemned message is evidence, and every one is in the audit log too.
+    dead_letter_alarm: int = 100
 
     @property
     def decoded_bytes_cap(self) -> int:
@@ -110,6 +114,8 @@ class TransportSettings:
                                self.max_decoded_bytes)
         if self.prefetch < 1:
             raise InvalidField("prefetch", "an integer >= 1", self.prefetch)
+        if self.dead_letter_alarm < 1:
+            raise InvalidField("dead_letter_alarm", "a number of messages >= 1", self.dead_letter_alarm)
         if self.max_queue_bytes < 1024 * 1024:
             raise InvalidField("max_queue_bytes", "at least 1 MiB (1048576)", self.max_queue_bytes)
 

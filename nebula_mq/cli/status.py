@@ -115,11 +115,21 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for name, d in sorted(qs.items()):
                 print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
+        for line in dead_letter_alarms(queues, settings.transport.dead_letter_alarm):
+            print(line)
     if not rows:
         print(f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
               f"{settings.run_dir / 'status'} (start it with `nebula-mq run {args.job}`)", file=sys.stderr)
         return 1
     return 0
+
+
+def dead_letter_alarms(queues: dict[str, Any], bound: int) -> list[str]:
+    """An ALARM line per dead-letter queue holding more than ``bound`` messages."""
+    return [f"ALARM: {cluster}/{name} holds {d['messages']} dead letters (more than [transport] "
+            f"dead_letter_alarm = {bound}); each is in the job's audit log as message_dead_lettered"
+            for cluster, qs in queues.items() if isinstance(qs, dict)
+            for name, d in sorted(qs.items()) if name.endswith("dead-letter") and d["messages"] > bound]
 
 
 # (title, row key, width, number format; "" = text, left-aligned): the header and every row.

@@ -58,9 +58,11 @@ class MetricsHook(Hook):
         self.queue_messages = gauge("nebula_queue_messages", "Ready messages in a queue this worker reads",
                                     ("queue",))
         self.values = gauge("nebula_value", "Last value of a training quantity (loss...)", ("name",))
+        self.dead_letter_alarm = gauge("nebula_dead_letter_alarm",
+                                       "1 while the dead-letter queue holds more than [transport] dead_letter_alarm")
         self.started = gauge("nebula_started_timestamp", "Worker start time")
         self.of(self.started).set(time.time())
-        for unlabelled in (self.steps, self.step, self.compute_s, self.wait_s):
+        for unlabelled in (self.steps, self.step, self.compute_s, self.wait_s, self.dead_letter_alarm):
             self.of(unlabelled)  # exported from the start (at 0), as a series without labels would be
         self.role = role
         if port:

@@ -96,6 +96,7 @@ class Worker(ABC):
         # Queues this worker reads (its inboxes register them), sampled into the metrics.
         self.watched_queues: set[str] = set()
         self._queues_sampled = 0.0
+        self._dead_letter_alarm = False
         self._progress_logged: tuple[float, int] | None = None  # (time, step) of the last line
         self.step = 0
         self.values: dict[str, float] = {}
@@ -195,11 +196,24 @@ class Worker(ABC):
             if depth is not None:
                 self.hooks.on_queue_depth(queue, depth)
                 rows.append({"time": time.time(), "queue": queue, "messages": depth})
+                if queue == self.transport.dead_letter_queue:
+                    self.check_dead_letters(depth)
         # Over time, for the report's backpressure plot (the gauges only hold the latest).
         path = self.settings.run_dir / "queues" / f"{self.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as fh:
             fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+
+    def check_dead_letters(self, depth: int) -> None:
+        """Raise the alarm when the dead-letter queue passes ``[transport] dead_letter_alarm``
+        (once per crossing), and lower it when someone has drained it."""
+        bound = self.settings.transport.dead_letter_alarm
+        alarm = depth > bound
+        if alarm and not self._dead_letter_alarm:
+            log.error("dead_letter_alarm", queue=self.transport.dead_letter_queue, messages=depth, bound=bound,
+                      hint="inspect them (each is in the audit log as message_dead_lettered) and drain the queue")
+        self._dead_letter_alarm = alarm
+        self.metrics.of(self.metrics.dead_letter_alarm).set(1.0 if alarm else 0.0)
 
     def write_status(self, state: str, **extra: Any) -> None:
         path = status_dir(self.settings) / f"{self.worker_id}.json"

@@ -50,3 +50,31 @@ def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare,
     assert [r["step"] for r in lines] == [2, 3]  # the first step starts the clock
     assert lines[-1]["total"] == receiver.settings.job.steps and lines[-1]["loss"] == 1.0
     assert lines[-1]["steps_per_s"] > 0 and lines[-1]["eta_s"] >= 0
+
+
+def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
+        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+    import dataclasses
+
+    from nebula_mq.cli.status import dead_letter_alarms
+
+    sender, receiver, _ = pair
+    receiver.settings = dataclasses.replace(
+        receiver.settings, transport=dataclasses.replace(receiver.settings.transport, dead_letter_alarm=2))
+    pub = sender.transport.publisher()
+    for i in range(3):
+        pub.publish(sender.transport.queue_for(FLOW), b"not an envelope", f"junk-{i}")
+    pub.close()
+    inbox = Inbox(receiver, FLOW, Deduplicator())
+    assert inbox.get(timeout=0.3) is None  # all three dead-lettered
+    inbox.close()
+    receiver.record_step({"loss": 1.0})
+    alarm = receiver.metrics.of(receiver.metrics.dead_letter_alarm)._value.get()
+    assert alarm == 1.0
+    receiver.check_dead_letters(0)  # drained: the alarm falls
+    assert receiver.metrics.of(receiver.metrics.dead_letter_alarm)._value.get() == 0.0
+    queues = {"cluster-b": {"nebula.j.dead-letter": {"messages": 3, "bytes": 90},
+                            "nebula.j.activations": {"messages": 50, "bytes": 9}},
+              "cluster-a": {"nebula.j.dead-letter": {"messages": 2, "bytes": 60}}}
+    lines = dead_letter_alarms(queues, bound=2)
+    assert len(lines) == 1 and lines[0].startswith("ALARM: cluster-b/nebula.j.dead-letter holds 3 dead letters")
