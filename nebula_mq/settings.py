@@ -151,6 +151,9 @@ class JobSettings:
     # head_device / tail_device): cpu, gpu (each rank its own), gpu:N, or auto (a GPU when
     # paddle sees one, else the CPU).
     device: str = "auto"
+    # Also write each worker's per-step values as TensorBoard event files under
+    # <run_dir>/tensorboard/<worker> (tensorboardX).
+    tensorboard: bool = True
 
     def validate(self) -> None:
         if not DEVICE_PATTERN.match(self.device):

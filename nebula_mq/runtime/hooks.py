@@ -52,6 +52,9 @@ class Hook:
     def on_queue_depth(self, queue: str, messages: int) -> None:
         """Ready messages in a queue the worker reads (sampled every few seconds)."""
 
+    def close(self) -> None:
+        """The worker is exiting: flush and release what the hook holds."""
+
 
 class Hooks(Hook):
     """Fans every call out to a list of hooks, isolating their failures."""
@@ -92,3 +95,6 @@ class Hooks(Hook):
 
     def on_queue_depth(self, queue: str, messages: int) -> None:
         self._fan("on_queue_depth", queue, messages)
+
+    def close(self) -> None:
+        self._fan("close")

@@ -30,6 +30,7 @@ from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.metrics import MetricsHook
 from nebula_mq.runtime.signals import StopFlag, install_stop_handlers
+from nebula_mq.runtime.tracking import tensorboard_hook
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Delivery, Transport
 from nebula_mq.wire.auth import EnvelopeAuth
@@ -88,7 +89,8 @@ class Worker(ABC):
         port = settings.job.metrics_port
         self.metrics = MetricsHook(self.role, run_dir / "metrics" / f"{worker_id}.prom", port=port or None,
                                    identity={"job": settings.job.id, "worker": worker_id, "cluster": cluster})
-        self.hooks = Hooks([self.metrics, *hooks])
+        tracking = tensorboard_hook(run_dir / "tensorboard" / worker_id) if settings.job.tensorboard else None
+        self.hooks = Hooks([self.metrics, *([tracking] if tracking else []), *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
@@ -121,6 +123,8 @@ class Worker(ABC):
             except BaseException:
                 self.write_status("failed")
                 raise
+            finally:
+                self.hooks.close()
         self.write_status("finished" if code == 0 and not self.stop_requested.is_set()
                           else "stopped")
         return code

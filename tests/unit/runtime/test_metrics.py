@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -78,3 +80,33 @@ def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
               "cluster-a": {"nebula.j.dead-letter": {"messages": 2, "bytes": 60}}}
     lines = dead_letter_alarms(queues, bound=2)
     assert len(lines) == 1 and lines[0].startswith("ALARM: cluster-b/nebula.j.dead-letter holds 3 dead letters")
+
+
+def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """TensorBoard event records (length, crc, Event proto, crc), decoded with tensorboardX's protos."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        at = 0
+        while at + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[at:at + 8])
+            event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+            at += 12 + length + 4
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return out
+
+
+def test_each_workers_values_are_tensorboard_scalars(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+    _, receiver, _ = pair
+    for step in (1, 2, 3):
+        receiver.step = step
+        receiver.record_step({"loss": 4.0 - step, "lr": 1e-3, "acc": float("nan")})
+    receiver.hooks.close()  # as Worker.main does on its way out
+    scalars = read_scalars(receiver.settings.run_dir / "tensorboard" / "dec-0")
+    assert scalars["loss"] == [(1, 3.0), (2, 2.0), (3, 1.0)]
+    assert [s for s, _ in scalars["lr"]] == [1, 2, 3] and "acc" not in scalars  # NaN is not plotted

@@ -1,0 +1,52 @@
+"""Training scalars as TensorBoard event files, one run per worker (``<run_dir>/tensorboard/<worker>``).
+
+``tensorboard --logdir run/jobs/demo/tensorboard`` then shows every worker's loss, learning
+rate, accuracy and the other values it records, as ML users are used to.
+
+Why tensorboardX: it writes the event files TensorBoard reads without TensorFlow or torch,
+it is maintained (2.6.x), and it needs only numpy, protobuf and packaging, which paddle
+already brings. VisualDL, Paddle's own viewer, would add Flask, pandas and matplotlib to
+every worker and has had no release since 2023; a home-made event writer would be a
+substitute for a real component.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.logs import get_logger
+
+log = get_logger(__name__)
+
+# Seconds between flushes of the event file (tensorboardX's default is 120).
+FLUSH_S = 10
+
+
+class TensorBoardHook(Hook):
+    """Each step's values as scalars tagged by name, at the step."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.writer: Any = SummaryWriter(str(logdir), flush_secs=FLUSH_S)
+
+    def on_step(self, step: int, values: Mapping[str, float]) -> None:
+        for name, value in values.items():
+            if math.isfinite(value):
+                self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def tensorboard_hook(logdir: Path) -> TensorBoardHook | None:
+    """The hook, or None (logged once) where tensorboardX is not installed (the ``train`` extra has it)."""
+    try:
+        return TensorBoardHook(logdir)
+    except ImportError:
+        log.warning("tensorboard_unavailable", hint="pip install tensorboardX (the [train] extra has it)")
+        return None
