@@ -179,7 +179,7 @@ def _row_time(run_dir: Path, worker: str, step: int) -> float:
 @pytest.fixture
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     clock = VirtualClock(1_760_000_000.0)
-    fake_time = types.SimpleNamespace(time=clock.time)
+    fake_time = types.SimpleNamespace(time=clock.time, monotonic=clock.time)  # both clocks virtual
     monkeypatch.setattr(worker_module, "time", fake_time)
     monkeypatch.setattr(metrics_module, "time", fake_time)
     root = tmp_path / "run"
@@ -213,7 +213,7 @@ def test_report_renders_in_a_browser_with_all_figures(run_dir: Path, tmp_path: P
     figures = re.search(r'<html[^>]*data-figures="(\d+)/(\d+)"', dom)
     assert figures is not None, dom[:500]
     loaded, total = map(int, figures.groups())
-    assert total == 5 and loaded == total  # training, throughput, link, compute/wait, study
+    assert total == 6 and loaded == total  # training, throughput, link, queues, compute/wait, study
     from PIL import Image
 
     for src, natural in re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*data-natural="(\d+x\d+)"', dom):
@@ -221,7 +221,7 @@ def test_report_renders_in_a_browser_with_all_figures(run_dir: Path, tmp_path: P
             assert natural == f"{im.width}x{im.height}"
     assert len(re.findall(r"data-natural=", dom)) == total
     assert sorted(p.name for p in (out / "figures").iterdir()) == [
-        "compute_wait.png", "link.png", "study.png", "throughput.png", "training.png"]
+        "compute_wait.png", "link.png", "queues.png", "study.png", "throughput.png", "training.png"]
 
     text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
     assert "report-demo" in text and "enc-s0" in text and "dec-t0" in text
@@ -300,4 +300,4 @@ def test_the_evaluation_shows_scores_per_domain_and_examples_beside_the_loss_cur
     # The loss curves sit beside the scores, and the figure decoded in the browser.
     assert re.search(r'<img src="data:image/png;base64,[^"]+" alt="training values per step"[^>]*data-natural=', html)
     figures = re.search(r'<html[^>]*data-figures="(\d+)/(\d+)"', dom)
-    assert figures is not None and figures.group(1) == figures.group(2) == "6"
+    assert figures is not None and figures.group(1) == figures.group(2) == "7"  # with the queues plot
