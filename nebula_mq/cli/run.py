@@ -151,6 +151,7 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
                 loss = job.loss()
                 if loss is not None:
                     bar.set_postfix(loss=loss)
+                bar.set_phase(job.phase())
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
                 # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches

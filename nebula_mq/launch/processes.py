@@ -165,6 +165,13 @@ class JobProcesses:
     def steps(self) -> dict[str, int]:
         return {w: int(body.get("step", 0)) for w, body in self.statuses().items()}
 
+    def phase(self) -> str:
+        """What a worker says it is doing besides training steps (e.g. "evaluating ..."), if any."""
+        for body in self.statuses().values():
+            if body.get("state") == "running" and body.get("phase"):
+                return str(body["phase"])
+        return ""
+
     def loss(self) -> float | None:
         """The latest loss a worker reports (the first that has one: ELECTRA's total_loss)."""
         for body in self.statuses().values():

@@ -30,8 +30,9 @@ from nebula_mq.report.style import CSS, SCRIPT
 STUDY_COLUMNS = ("chain", "bleu", "forward_ratio", "backward_ratio", "s_per_step")
 
 
-def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
-    """Read ``run_dir``, write ``report.html`` (and ``figures/*.png``) to ``out_dir``."""
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None, refresh_s: float | None = None) -> Path:
+    """Read ``run_dir``, write ``report.html`` (and ``figures/*.png``) to ``out_dir``; with
+    ``refresh_s`` the page reloads itself that often (``report --serve``)."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir is not None else run.run_dir / "report"
     origin = derive.time_origin(run) or 0.0
@@ -48,7 +49,9 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         if png is not None:
             (out / "figures" / f"{name}.png").write_bytes(png)
     page = out / "report.html"
-    page.write_text(render_html(run, figures, generated=time.time()), encoding="utf-8")
+    tmp = out / ".report.html.tmp"  # a browser reloading mid-write never sees half a page
+    tmp.write_text(render_html(run, figures, generated=time.time(), refresh_s=refresh_s), encoding="utf-8")
+    tmp.replace(page)
     return page
 
 
@@ -237,7 +240,8 @@ def _bench(run: RunData) -> str:
 # --------------------------------------------------------------------------- page
 
 
-def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: float) -> str:
+def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: float,
+                refresh_s: float | None = None) -> str:
     origin = derive.time_origin(run) or 0.0
     jobs = sorted({w.status.job for w in run.workers.values() if w.status})
     job = ", ".join(jobs) if jobs else run.run_dir.name
@@ -270,8 +274,9 @@ def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: fl
         problems = (f'<div class="problems"><b>{len(run.problems)} problem(s) reading the run directory</b>'
                     f" (shown data excludes these):<ul>{items}</ul></div>")
     body = "".join(_section(a, t, b) for a, t, b in sections)
+    refresh = f'\n<meta http-equiv="refresh" content="{max(1, round(refresh_s))}">' if refresh_s else ""
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
+<html lang="en"><head><meta charset="utf-8">{refresh}
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>nebula-mq report: {e(job)}</title>
 <style>{CSS}</style></head>

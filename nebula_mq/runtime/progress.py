@@ -39,6 +39,7 @@ class Progress:
         self._bar = bar
         self.desc, self.unit, self.stream, self.every_s = desc, unit, stream, every_s
         self.postfix: dict[str, float | str] = {}
+        self.phase = ""
         self._t0 = self._last_line = time.monotonic()
 
     @property
@@ -63,7 +64,18 @@ class Progress:
         if self.total and rate > 0:
             parts.append(f"ETA {_duration((self.total - self.n) / rate)}")
         parts += [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.postfix.items()]
+        if self.phase:
+            parts.append(self.phase)
         return ", ".join(parts)
+
+    def set_phase(self, text: str) -> None:
+        """What is happening now, besides counting (e.g. "evaluating 24 sentences"): the bar's
+        description on a terminal, a field of the line elsewhere."""
+        if text == self.phase:
+            return
+        self.phase = text
+        if self._bar is not None:
+            self._bar.set_description(text or self.desc, refresh=True)
 
     def set_postfix(self, **values: float | str) -> None:
         """Figures shown after the bar or in the line (e.g. loss=0.31)."""

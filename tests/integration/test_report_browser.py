@@ -301,3 +301,46 @@ def test_the_evaluation_shows_scores_per_domain_and_examples_beside_the_loss_cur
     assert re.search(r'<img src="data:image/png;base64,[^"]+" alt="training values per step"[^>]*data-natural=', html)
     figures = re.search(r'<html[^>]*data-figures="(\d+)/(\d+)"', dom)
     assert figures is not None and figures.group(1) == figures.group(2) == "7"  # with the queues plot
+
+
+def rows_of(dom: str, worker: str) -> int:
+    """The throughput table's history-row count of ``worker``, as the browser shows it."""
+    found = re.search(rf'<td class=""><code>{worker}</code></td><td class="num">([\d,]+)</td>', dom)
+    assert found is not None, dom[:2000]
+    return int(found.group(1).replace(",", ""))
+
+
+@needs_chromium
+def test_report_serve_shows_the_run_growing_in_a_browser(run_dir: Path, tmp_path: Path) -> None:
+    """``report --serve``: on loopback, rebuilt every --every seconds, and the page reloads itself."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "nebula_mq", "report", str(run_dir), "--out", str(tmp_path / "live"),
+                             "--serve", "--port", str(port), "--every", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "serving http://127.0.0.1:" in proc.stdout.readline()
+        url = f"http://127.0.0.1:{port}/report.html"
+        first = chromium(f"--user-data-dir={tmp_path / 'p1'}", "--dump-dom", url).stdout
+        assert 'http-equiv="refresh" content="1"' in first
+        before = rows_of(first, "dec-t0")
+        history = run_dir / "history" / "dec-t0.jsonl"
+        last = json.loads(history.read_text().splitlines()[-1])
+        with history.open("a") as fh:  # the job goes on: ten more steps
+            for k in range(1, 11):
+                fh.write(json.dumps({**last, "step": last["step"] + k, "time": last["time"] + k}) + "\n")
+        deadline = time.monotonic() + 30
+        while True:
+            after = rows_of(chromium(f"--user-data-dir={tmp_path / 'p2'}", "--dump-dom", url).stdout, "dec-t0")
+            if after == before + 10 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert after == before + 10
+    finally:
+        proc.terminate()
+        proc.wait(10)

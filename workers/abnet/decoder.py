@@ -79,8 +79,10 @@ class AbnetDecoderWorker(SplitTail):
     def evaluate(self, inbox: OrderedStreams, received: Received) -> None:
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
+        total = int(received.meta.get("batches", 0))
+        self.write_status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
         try:
-            self.evaluation.on_batch(self.model, received.micro_batch, int(received.meta.get("batches", 0)),
+            self.evaluation.on_batch(self.model, received.micro_batch, total,
                                      t["enc_out"], t["src_mask"], t["sample_ids"])
         except MalformedMessage as exc:
             inbox.reject(received, exc)

@@ -121,6 +121,7 @@ class AbnetEncoderWorker(SplitHead):
         batches = -(-n // size)
         codec = self.outgoing[0].schedule.codec_for(self.total)
         outbox = Outbox(self, self.act_flows[0], eval_producer(self.worker_id))
+        self.write_status("running", phase=f"evaluating {n} sentences: encoding and sending them")
         self.model.eval()
         try:
             for k in range(batches):

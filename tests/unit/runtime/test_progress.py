@@ -26,6 +26,14 @@ def test_off_a_terminal_a_line_at_most_every_interval() -> None:
     assert lines[-1].startswith("training: 40/40 (100%)")
 
 
+def test_the_phase_joins_the_line_off_a_terminal() -> None:
+    stream = io.StringIO()
+    with progress(total=10, desc="training", stream=stream, every_s=0.0) as bar:
+        bar.set_phase("evaluating 24 sentences: encoding and sending them")
+        bar.update(10)
+    assert stream.getvalue().rstrip().endswith(", evaluating 24 sentences: encoding and sending them")
+
+
 def test_no_output_off_a_terminal_within_the_first_interval() -> None:
     stream = io.StringIO()
     with progress(total=50, desc="train", stream=stream) as bar:
