@@ -66,6 +66,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def status_lines(links: dict[str, Any]) -> list[str]:
     """One readable line per relay: its shape, connections and bytes each way."""
+    from nebula_mq.report.derive import human_bytes
+
     lines = [f"{'link':<16}{'state':<8}{'rate':>12}{'delay':>10}{'conns':>7}{'up':>11}{'down':>11}  as of"]
     for name, st in links.items():
         if not st:
@@ -75,14 +77,6 @@ def status_lines(links: dict[str, Any]) -> list[str]:
         rate = float(shape.get("rate_mbit") or 0)
         lines.append(f"{name:<16}{'CUT' if shape.get('cut') else 'up':<8}"
                      f"{(f'{rate:g} Mbit/s' if rate else 'unlimited'):>12}{float(shape.get('delay_ms') or 0):>7g} ms"
-                     f"{int(st.get('connections', 0)):>7}{_size(counters.get('up', 0)):>11}"
-                     f"{_size(counters.get('down', 0)):>11}  {time.strftime('%H:%M:%S', time.localtime(st.get('time', 0)))}")
+                     f"{int(st.get('connections', 0)):>7}{human_bytes(counters.get('up', 0)):>11}"
+                     f"{human_bytes(counters.get('down', 0)):>11}  {time.strftime('%H:%M:%S', time.localtime(st.get('time', 0)))}")
     return lines
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -117,6 +117,16 @@ def training_curves(run: RunData) -> bytes | None:
     return _png(fig)
 
 
+def _time_plot(fig: Figure, ax: Axes, ylabel: str, xlabel: str) -> bytes:
+    """A per-series plot over time, from 0 up, its legend outside on the right."""
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_ylim(bottom=0)
+    _style(ax)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
 def throughput(run: RunData, origin: float) -> bytes | None:
     series = {w.worker_id: s for w in run.workers.values()
               if (s := step_rate(w.history, origin)) is not None}
@@ -131,12 +141,7 @@ def throughput(run: RunData, origin: float) -> bytes | None:
                 label=wid)
     _mark_faults(ax, run.faults, origin, div)
     _mark_restarts(ax, run, origin, div)
-    ax.set_ylabel("steps / s", fontsize=8)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylim(bottom=0)
-    _style(ax)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return _time_plot(fig, ax, "steps / s", xlabel)
 
 
 def queue_depths(run: RunData, origin: float) -> bytes | None:
@@ -155,12 +160,7 @@ def queue_depths(run: RunData, origin: float) -> bytes | None:
         ax.plot(times / div, depth, drawstyle="steps-post", color=COLORS[i % len(COLORS)], linewidth=_width(i),
                 label=queue.rsplit(".", 1)[-1])
     _mark_faults(ax, run.faults, origin, div)
-    ax.set_ylabel("ready messages", fontsize=8)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylim(bottom=0)
-    _style(ax)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return _time_plot(fig, ax, "ready messages", xlabel)
 
 
 def link_utilisation(run: RunData, origin: float) -> bytes | None:
