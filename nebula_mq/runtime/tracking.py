@@ -27,20 +27,34 @@ FLUSH_S = 10
 
 
 class TensorBoardHook(Hook):
-    """Each step's values as scalars tagged by name, at the step."""
+    """Each step's values as scalars tagged by name, at the step. The writer (and its thread)
+    starts at the first step, so a worker that never trains leaves nothing behind."""
 
     def __init__(self, logdir: Path) -> None:
         from tensorboardX import SummaryWriter
 
-        self.writer: Any = SummaryWriter(str(logdir), flush_secs=FLUSH_S)
+        self.logdir = logdir
+        self.make_writer = SummaryWriter
+        self.writer: Any = None
 
     def on_step(self, step: int, values: Mapping[str, float]) -> None:
+        if self.writer is None:
+            self.writer = self.make_writer(str(self.logdir), flush_secs=FLUSH_S)
         for name, value in values.items():
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, step)
 
     def close(self) -> None:
+        if self.writer is None:
+            return
+        # tensorboardX closes its event queue without joining the queue's feeder thread, which
+        # then lingers for a moment after the worker is done: join it, so closing is complete.
+        file_writer = getattr(self.writer, "file_writer", None)
+        queue = getattr(getattr(file_writer, "event_writer", None), "_event_queue", None)
         self.writer.close()
+        if queue is not None:
+            queue.join_thread()
+        self.writer = None
 
 
 def tensorboard_hook(logdir: Path) -> TensorBoardHook | None:
