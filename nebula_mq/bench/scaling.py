@@ -22,10 +22,8 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +103,7 @@ def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) ->
     job = JobProcesses(config, stack_dir, env=env)
     job.provision()
     job.start_all()
-    deadline = time.monotonic() + timeout
-    while job.running() and not job.failed() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    job.signal_all(signal.SIGKILL)
-    codes = {w: c.wait(10) for w, c in job.children.items()}
+    codes = job.wait_all(timeout)
     if any(codes.values()):
         raise WorkerError(f"job {job.settings.job.id} did not finish ({codes}): see the logs in {job.logs}")
     return job

@@ -146,12 +146,13 @@ def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS
                     reasons.append("stop grace exceeded")
                     job.signal_all(signal.SIGKILL)
                 time.sleep(0.2)
-                policy.poll(job)
-                slowest = job.slowest_step()
-                loss = job.loss()
+                statuses = job.statuses()  # one read of the status files per tick
+                policy.poll(job.steps(statuses))
+                slowest = job.slowest_step(statuses)
+                loss = job.loss(statuses)
                 if loss is not None:
                     bar.set_postfix(loss=loss)
-                bar.set_phase(job.phase())
+                bar.set_phase(job.phase(statuses))
                 bar.update(max(0, slowest - done))
                 done = max(done, slowest)
                 # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches

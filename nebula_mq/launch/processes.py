@@ -149,6 +149,16 @@ class JobProcesses:
     def failed(self) -> list[str]:
         return [w for w, c in self.children.items() if c.poll() not in (None, 0)]
 
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        """Wait for every worker to exit, at most ``timeout`` seconds; the first failure ends the
+        wait (its peers would only sit out their own timeouts). Whatever still runs is killed.
+        Returns each worker's exit code."""
+        deadline = time.monotonic() + timeout
+        while self.running() and not self.failed() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.signal_all(signal.SIGKILL)
+        return {w: c.wait(10) for w, c in self.children.items()}
+
     def wait(self, worker_id: str, timeout: float | None = None) -> int:
         return self.children[worker_id].wait(timeout)
 
@@ -162,27 +172,30 @@ class JobProcesses:
                 out[proc.worker_id] = {}
         return out
 
-    def steps(self) -> dict[str, int]:
-        return {w: int(body.get("step", 0)) for w, body in self.statuses().items()}
+    # The readers below take one snapshot of the status files (``statuses``), so a caller
+    # polling several figures reads the files once; without it they read them afresh.
 
-    def phase(self) -> str:
+    def steps(self, statuses: dict[str, dict[str, Any]] | None = None) -> dict[str, int]:
+        return {w: int(body.get("step", 0)) for w, body in (statuses or self.statuses()).items()}
+
+    def phase(self, statuses: dict[str, dict[str, Any]] | None = None) -> str:
         """What a worker says it is doing besides training steps (e.g. "evaluating ..."), if any."""
-        for body in self.statuses().values():
+        for body in (statuses or self.statuses()).values():
             if body.get("state") == "running" and body.get("phase"):
                 return str(body["phase"])
         return ""
 
-    def loss(self) -> float | None:
+    def loss(self, statuses: dict[str, dict[str, Any]] | None = None) -> float | None:
         """The latest loss a worker reports (the first that has one: ELECTRA's total_loss)."""
-        for body in self.statuses().values():
+        for body in (statuses or self.statuses()).values():
             values = body.get("values") or {}
             for key in ("loss", "total_loss"):
                 if isinstance(values.get(key), (int, float)):
                     return float(values[key])
         return None
 
-    def slowest_step(self) -> int:
-        return min(self.steps().values(), default=0)
+    def slowest_step(self, statuses: dict[str, dict[str, Any]] | None = None) -> int:
+        return min(self.steps(statuses).values(), default=0)
 
 
 def _where_named(settings: Settings, cluster: str, overrides: Sequence[EnvOverride]) -> str:

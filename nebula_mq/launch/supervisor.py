@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -77,9 +77,9 @@ class RestartPolicy:
         self.pending.append((worker, members, time.time(), step))
         return True
 
-    def poll(self, job: Restartable) -> None:
-        """Record the restarts whose group has made a step since (recovered)."""
-        steps = job.steps()
+    def poll(self, steps: Mapping[str, int]) -> None:
+        """Record the restarts whose group has made a step since (recovered); ``steps``: each
+        worker's step now."""
         for item in list(self.pending):
             worker, members, at, step = item
             if min(steps.get(m, 0) for m in members) > step:

@@ -60,12 +60,9 @@ def run_to_end(config: Path, stack_dir: Path, timeout: float = 240, **env: str) 
 
 def finish(job: JobProcesses, timeout: float) -> JobProcesses:
     """Wait for every worker of ``job`` (the first failure ends the wait); all must exit 0."""
-    deadline = time.monotonic() + timeout
-    while job.running() and not job.failed() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    job.signal_all(signal.SIGKILL)
+    codes = job.wait_all(timeout)
     logs = {w: (job.logs / f"{w}.log").read_text()[-1500:] for w in job.children}
-    assert {w: c.wait(10) for w, c in job.children.items()} == {w: 0 for w in job.children}, logs
+    assert codes == {w: 0 for w in job.children}, logs
     return job
 
 

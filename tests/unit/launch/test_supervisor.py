@@ -63,10 +63,10 @@ def test_every_restart_is_recorded_in_the_faults_log_with_its_recovery_time(tmp_
     log = tmp_path / "faults.jsonl"
     policy = RestartPolicy(budget=3, say=lambda _line: None, faults_log=log)
     assert policy.restart(job, "dec-0", -9) and policy.restart(job, "enc-0", -9)
-    policy.poll(job)
+    policy.poll(job.steps())
     assert not log.exists()  # neither group has made a step since
     job.at["dec-0"] = 6
-    policy.poll(job)
+    policy.poll(job.steps())
     policy.close()  # enc-0 never recovered before the run ended
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["kind"], r["target"]) for r in rows] == [("restart", "dec-0"), ("restart", "enc-0")]
