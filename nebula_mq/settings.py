@@ -45,10 +45,22 @@ class BrokerSettings:
     password: str = "guest"
     # Seconds; pika's I/O thread answers heartbeats while compute runs elsewhere.
     heartbeat_s: int = 30
+    # The broker's management API (HTTPS on `host`, same CA and client certificate as AMQP), read
+    # with the job's read-only monitoring user: queue sizes in bytes for the metrics and the report.
+    # 0 = no management API: queue depth comes from AMQP alone, in messages.
+    management_port: int = 0
+    management_user: str = ""
+    # A file holding that user's password (never the password itself in the job file).
+    management_password_file: str = ""
 
     def validate(self) -> None:
         if not 0 < self.port < 65536:
             raise InvalidField("port", "a port in 1..65535", self.port)
+        if not 0 <= self.management_port < 65536:
+            raise InvalidField("management_port", "a port in 1..65535, or 0 for none", self.management_port)
+        if self.management_port and not (self.management_user and self.management_password_file):
+            raise InvalidField("management_user", "a user and a management_password_file (management_port is set)",
+                               self.management_user)
         missing = [f for f in ("ca_file", "cert_file", "key_file") if not getattr(self, f)]
         if self.tls and missing:
             raise InvalidField(missing[0], "a file path (tls = true needs ca_file, cert_file and key_file)",

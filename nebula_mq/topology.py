@@ -74,6 +74,13 @@ def vhost(job_id: str) -> str:
     return f"{PREFIX}-{_check(job_id, 'job id')}"
 
 
+def job_of_vhost(name: str) -> str | None:
+    """The job whose vhost is ``name``; None for a vhost of no job (such as "/")."""
+    head = f"{PREFIX}-"
+    job_id = name[len(head):] if name.startswith(head) else ""
+    return job_id if _SLUG.match(job_id) else None
+
+
 def queue_name(job_id: str, flow: str) -> str:
     """Name of a flow's queue; the same on both clusters of a cross-cluster flow."""
     return f"{PREFIX}.{_check(job_id, 'job id')}.{_check(flow, 'flow name')}"
@@ -118,6 +125,11 @@ def federation_policy(job_id: str) -> str:
 def cap_policy(job_id: str) -> str:
     """Policy bounding the upstream copies of a cluster's outbound cross-cluster flows."""
     return f"{PREFIX}-{_check(job_id, 'job id')}-cap"
+
+
+def monitoring_user(job_id: str) -> str:
+    """The job's read-only user of the brokers' management API (queue sizes, the live view)."""
+    return f"{PREFIX}-monitor-{_check(job_id, 'job id')}"
 
 
 def upstream_name(cluster: str) -> str:

@@ -77,6 +77,7 @@ def _print(stack: Any) -> int:
         state = "running" if s.running else "stopped"
         relay = f"relay pid {s.relay_pid}" if s.relay_pid else "relay stopped"
         link = "CUT" if s.shape.cut else f"{s.shape.rate_mbit:g} Mbit/s, +{s.shape.delay_ms:g} ms"
+        mgmt = f"  management https://localhost:{s.mgmt_port}/" if s.mgmt_port else ""
         print(f"{s.cluster:12} {s.node:32} {state:8} amqps://localhost:{s.tls_port}  "
-              f"wan :{s.relay_port} ({relay}; {link})")
+              f"wan :{s.relay_port} ({relay}; {link}){mgmt}")
     return 0

@@ -228,7 +228,7 @@ def load_run(run_dir: str | Path) -> RunData:
         if doc is not None:
             bench[stem] = doc
     evaluation = guarded(root / "eval.json", _read_json) if (root / "eval.json").is_file() else None
-    depths: list[tuple[float, str, float]] = []
+    depths: list[tuple[float, str, float, float]] = []
     for path in each("queues", "*.jsonl").values():
         depths.extend(guarded(path, read_queue_depths) or ())
     return RunData(run_dir=root, workers=workers, study=tuple(study), faults=faults,
@@ -237,13 +237,14 @@ def load_run(run_dir: str | Path) -> RunData:
                    queue_depths=tuple(sorted(depths)))
 
 
-def read_queue_depths(text: str, source: str) -> list[tuple[float, str, float]]:
+def read_queue_depths(text: str, source: str) -> list[tuple[float, str, float, float]]:
     """A worker's queue samples (``queues/<worker>.jsonl``); a torn last line is skipped."""
     rows = []
     for line in text.splitlines():
         try:
             row = json.loads(line)
-            rows.append((float(row["time"]), str(row["queue"]), float(row["messages"])))
+            rows.append((float(row["time"]), str(row["queue"]), float(row["messages"]),
+                         float(row.get("bytes", "nan"))))
         except (ValueError, KeyError, TypeError):
             continue
     if text.strip() and not rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -145,22 +146,36 @@ def throughput(run: RunData, origin: float) -> bytes | None:
 
 
 def queue_depths(run: RunData, origin: float) -> bytes | None:
-    """Ready messages per queue over time: where backpressure holds the work."""
-    by_queue: dict[str, list[tuple[float, float]]] = {}
-    for t, queue, messages in run.queue_depths:
-        by_queue.setdefault(queue, []).append((t - origin, messages))
+    """Ready messages per queue over time (where backpressure holds the work) and, when the
+    brokers' management API gave them, their bytes (what the queue caps bound) below."""
+    by_queue: dict[str, list[tuple[float, float, float]]] = {}
+    for t, queue, messages, size in run.queue_depths:
+        by_queue.setdefault(queue, []).append((t - origin, messages, size))
     if not by_queue:
         return None
-    span = max(t for pts in by_queue.values() for t, _ in pts) or 1.0
+    span = max(t for pts in by_queue.values() for t, _, _ in pts) or 1.0
     div, xlabel = _time_unit(span)
-    fig = _figure(9.5, 3.0)
-    ax = fig.subplots()
+    sized = any(np.isfinite(size) for pts in by_queue.values() for _, _, size in pts)
+    fig = _figure(9.5, 5.0 if sized else 3.0)
+    axes = fig.subplots(2, 1, sharex=True) if sized else [fig.subplots()]
+    peak = max((size for pts in by_queue.values() for _, _, size in pts if np.isfinite(size)), default=0.0)
+    ydiv, yunit = next(((d, u) for d, u in ((2.0**30, "GiB"), (2.0**20, "MiB"), (2.0**10, "KiB")) if peak >= d),
+                       (1.0, "B"))
     for i, (queue, pts) in enumerate(sorted(by_queue.items())):
-        times, depth = (np.array(v, dtype=np.float64) for v in zip(*pts))
-        ax.plot(times / div, depth, drawstyle="steps-post", color=COLORS[i % len(COLORS)], linewidth=_width(i),
-                label=queue.rsplit(".", 1)[-1])
-    _mark_faults(ax, run.faults, origin, div)
-    return _time_plot(fig, ax, "ready messages", xlabel)
+        times, depth, sizes = (np.array(v, dtype=np.float64) for v in zip(*pts))
+        style: dict[str, Any] = {"drawstyle": "steps-post", "color": COLORS[i % len(COLORS)], "linewidth": _width(i),
+                 "label": queue.rsplit(".", 1)[-1]}
+        axes[0].plot(times / div, depth, **style)
+        if sized:
+            axes[1].plot(times / div, sizes / ydiv, **style)
+    for ax in axes:
+        _mark_faults(ax, run.faults, origin, div)
+    if sized:
+        axes[0].set_ylabel("ready messages", fontsize=8)
+        axes[0].set_ylim(bottom=0)
+        _style(axes[0])
+        return _time_plot(fig, axes[1], f"ready {yunit}", xlabel)
+    return _time_plot(fig, axes[0], "ready messages", xlabel)
 
 
 def link_utilisation(run: RunData, origin: float) -> bytes | None:

@@ -77,6 +77,7 @@ class RunData:
     problems: tuple[str, ...]
     # eval.json: the job's evaluation (scores per domain, hypotheses, references); None if absent.
     evaluation: Mapping[str, Any] | None = None
-    # queues/*.jsonl: (unix time, queue, ready messages), as the workers sampled them.
-    queue_depths: tuple[tuple[float, str, float], ...] = ()
+    # queues/*.jsonl: (unix time, queue, ready messages, their bytes or NaN when the broker has no
+    # management API), as the workers sampled them.
+    queue_depths: tuple[tuple[float, str, float, float], ...] = ()
 

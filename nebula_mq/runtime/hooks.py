@@ -49,8 +49,9 @@ class Hook:
 
     def on_wait(self, seconds: float) -> None: ...
 
-    def on_queue_depth(self, queue: str, messages: int) -> None:
-        """Ready messages in a queue the worker reads (sampled every few seconds)."""
+    def on_queue_depth(self, queue: str, messages: int, message_bytes: int | None = None) -> None:
+        """Ready messages in a queue the worker reads, and their bytes when the broker says
+        (sampled every few seconds)."""
 
     def close(self) -> None:
         """The worker is exiting: flush and release what the hook holds."""
@@ -93,8 +94,8 @@ class Hooks(Hook):
     def on_wait(self, seconds: float) -> None:
         self._fan("on_wait", seconds)
 
-    def on_queue_depth(self, queue: str, messages: int) -> None:
-        self._fan("on_queue_depth", queue, messages)
+    def on_queue_depth(self, queue: str, messages: int, message_bytes: int | None = None) -> None:
+        self._fan("on_queue_depth", queue, messages, message_bytes)
 
     def close(self) -> None:
         self._fan("close")

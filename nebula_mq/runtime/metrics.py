@@ -57,6 +57,9 @@ class MetricsHook(Hook):
         # Sampled by the worker from its local broker every few seconds (Worker.sample_queues).
         self.queue_messages = gauge("nebula_queue_messages", "Ready messages in a queue this worker reads",
                                     ("queue",))
+        # From the broker's management API, when the worker's broker settings name one.
+        self.queue_bytes = gauge("nebula_queue_bytes", "Bytes of the ready messages in a queue this worker reads",
+                                 ("queue",))
         self.values = gauge("nebula_value", "Last value of a training quantity (loss...)", ("name",))
         self.dead_letter_alarm = gauge("nebula_dead_letter_alarm",
                                        "1 while the dead-letter queue holds more than [transport] dead_letter_alarm")
@@ -109,8 +112,10 @@ class MetricsHook(Hook):
     def on_wait(self, seconds: float) -> None:
         self.of(self.wait_s).inc(seconds)
 
-    def on_queue_depth(self, queue: str, messages: int) -> None:
+    def on_queue_depth(self, queue: str, messages: int, message_bytes: int | None = None) -> None:
         self.of(self.queue_messages, queue).set(messages)
+        if message_bytes is not None:
+            self.of(self.queue_bytes, queue).set(message_bytes)
 
     def flush(self) -> None:
         if self.textfile is not None:

@@ -185,7 +185,8 @@ class Worker(ABC):
 
     def sample_queues(self) -> None:
         """The depth of the queues this worker reads (and of its dead-letter queue), at most
-        every :data:`QUEUE_SAMPLE_S` seconds: one passive declare each on the local broker."""
+        every :data:`QUEUE_SAMPLE_S` seconds: one passive declare each on the local broker, and
+        their size in bytes from the management API when the broker settings name one."""
         now = time.monotonic()
         if now - self._queues_sampled < QUEUE_SAMPLE_S:
             return
@@ -194,12 +195,14 @@ class Worker(ABC):
         for queue in sorted(self.watched_queues | {self.transport.dead_letter_queue}):
             try:
                 depth = self.transport.queue_depth(queue)
+                size = self.transport.queue_bytes(queue) if depth is not None else None
             except NebulaError as exc:  # a broker hiccup costs a sample, never a step
                 log.warning("queue_sample_failed", queue=queue, error=str(exc))
                 return
             if depth is not None:
-                self.hooks.on_queue_depth(queue, depth)
-                rows.append({"time": time.time(), "queue": queue, "messages": depth})
+                self.hooks.on_queue_depth(queue, depth, size)
+                row = {"time": time.time(), "queue": queue, "messages": depth}
+                rows.append(row if size is None else {**row, "bytes": size})
                 if queue == self.transport.dead_letter_queue:
                     self.check_dead_letters(depth)
         # Over time, for the report's backpressure plot (the gauges only hold the latest).

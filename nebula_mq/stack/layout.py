@@ -1,8 +1,8 @@
 """Where each node of a local stack keeps its files, and which ports it uses.
 
 Port plan for cluster number ``i`` (0-based) of a stack with base port ``B``:
-TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, Erlang distribution
-``B+20000+i``. The default ``B = 5681`` stays clear of the system node's
+TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, management API
+(HTTPS, loopback only) ``B+30+i``, Erlang distribution ``B+20000+i``. The default ``B = 5681`` stays clear of the system node's
 5672/15672/25672. The layout is saved as ``stack.json`` in the run directory so
 ``stack status|down`` and ``wan ...`` find a running stack without repeating flags.
 """
@@ -24,6 +24,7 @@ DEFAULT_CLUSTERS = ("cluster-a", "cluster-b")
 DEFAULT_BASE_PORT = 5681
 DEFAULT_PREFIX = "nebula"
 RELAY_OFFSET = 10
+MGMT_OFFSET = 30
 DIST_OFFSET = 20000
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 
@@ -45,6 +46,8 @@ class NodeLayout:
     relay_port: int
     # Absolute directory holding the node's home, config, mnesia and logs.
     dir: str
+    # The management plugin's HTTPS listener on 127.0.0.1 (0: a layout saved before it existed).
+    mgmt_port: int = 0
 
     @property
     def path(self) -> Path:
@@ -162,6 +165,7 @@ def plan(
             dist_port=base_port + DIST_OFFSET + i,
             relay_port=base_port + RELAY_OFFSET + i,
             dir=str(root / "nodes" / c),
+            mgmt_port=base_port + MGMT_OFFSET + i,
         )
         for i, c in enumerate(clusters)
     )

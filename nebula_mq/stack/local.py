@@ -16,15 +16,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
+from nebula_mq.security.pem import write_private
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
@@ -45,6 +47,8 @@ class NodeStatus:
     # Relay in front of this node: its pid (None = not running) and current shape.
     relay_pid: int | None
     shape: Shape
+    # The management API's HTTPS port on loopback (0: none).
+    mgmt_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,7 +172,7 @@ class Stack:
         out = {}
         for n, link in zip(self.layout.nodes, wan.links(self.layout)):
             out[n.cluster] = NodeStatus(n.cluster, n.node, nodes.is_running(n), n.tls_port,
-                                        n.relay_port, link.pid(), link.shape())
+                                        n.relay_port, link.pid(), link.shape(), n.mgmt_port)
         return out
 
     def restart_node(self, cluster: str, timeout: float = 90.0) -> None:
@@ -186,10 +190,25 @@ class Stack:
         """TLS settings for worker ``identity`` on its local ``cluster`` (issues its cert if needed)."""
         n = self.layout.node(cluster)
         ident = self.ca(cluster).ensure_client(identity)
-        return BrokerSettings(host="127.0.0.1", port=n.tls_port, vhost=vhost, tls=True,
-                              ca_file=str(ident.ca_file), cert_file=str(ident.cert_file),
-                              key_file=str(ident.key_file), server_name="localhost",
-                              heartbeat_s=heartbeat_s)
+        settings = BrokerSettings(host="127.0.0.1", port=n.tls_port, vhost=vhost, tls=True,
+                                  ca_file=str(ident.ca_file), cert_file=str(ident.cert_file),
+                                  key_file=str(ident.key_file), server_name="localhost",
+                                  heartbeat_s=heartbeat_s)
+        password = self.monitoring_password_file(vhost)
+        job_id = topology.job_of_vhost(vhost)
+        if n.mgmt_port and job_id and password.is_file():
+            # A provisioned job: its workers read queue sizes as the job's monitoring user.
+            settings = replace(settings, management_port=n.mgmt_port, management_user=topology.monitoring_user(job_id),
+                               management_password_file=str(password))
+        return settings
+
+    def monitoring_password_file(self, vhost: str) -> Path:
+        """The password of a job's read-only management user (0600; made by ``provision_job``)."""
+        return self.layout.path / "monitoring" / f"{vhost}.password"
+
+    def management_url(self, cluster: str) -> str:
+        """The management API and UI of ``cluster``'s node (HTTPS, loopback, client certificate)."""
+        return f"https://localhost:{self.layout.node(cluster).mgmt_port}/"
 
     def provision_job(
         self,
@@ -216,6 +235,10 @@ class Stack:
                 topology.queue_name(job_id, f.name)
         except ValueError as exc:
             raise StackError(str(exc)) from None
+        password_file = self.monitoring_password_file(vhost)
+        if not password_file.is_file():
+            write_private(password_file, secrets.token_urlsafe(24).encode())
+        monitoring_password = password_file.read_text().strip()
         upstreams = {}
         for n in self.layout.nodes:
             for peer in self.clusters:
@@ -229,7 +252,7 @@ class Stack:
             peers = [p for p in self.clusters if p != cluster]
             ups = {src: up for (dst, src), up in upstreams.items() if dst == cluster}
             defs = provision.definitions(job_id, cluster, flows, identities.get(cluster, ()), peers, ups,
-                                         max_queue_bytes)
+                                         max_queue_bytes, monitoring_password)
             path = self.layout.node(cluster).path / f"definitions-{job_id}.json"
             path.write_text(json.dumps(defs, indent=1))
             self.rabbitmqctl(cluster, "import_definitions", str(path))

@@ -65,6 +65,7 @@ def render(node: NodeLayout, server: Identity) -> None:
     conf = Template(_template("rabbitmq.conf.template")).substitute(
         node=node.node,
         tls_port=node.tls_port,
+        mgmt_port=node.mgmt_port,
         ca_file=server.ca_file,
         cert_file=server.cert_file,
         key_file=server.key_file,
@@ -148,8 +149,9 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
     """Start the node detached and wait until its TLS listener answers a handshake."""
     if is_running(node):
         return
-    for port, kind in ((node.tls_port, "TLS"), (node.dist_port, "Erlang distribution")):
-        if not port_free(port):
+    ports = ((node.tls_port, "TLS"), (node.mgmt_port, "management HTTPS"), (node.dist_port, "Erlang distribution"))
+    for port, kind in ports:
+        if port and not port_free(port):
             raise StackError(f"{node.node}: {kind} port {port} is already in use (another stack or service?)")
     node.pid_file.unlink(missing_ok=True)
     server = str(RABBITMQ_BIN / "rabbitmq-server")

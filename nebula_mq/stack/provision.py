@@ -23,6 +23,9 @@ Per cluster ``C`` (see the layout in ``nebula_mq.topology``):
   of a cross-cluster flow and the dead-letter queue, plus the cap for a local
   flow (``max_queue_bytes`` must be the workers' ``TransportSettings`` value).
   Deleting a queue drops its binding: provision again after that;
+* the job's monitoring user ``topology.monitoring_user(job)``: a password login for the
+  management API only (tag ``management``), with permissions that match nothing, so it
+  sees the job's vhost and its queues and can change, publish or consume nothing;
 * for each cluster ``S`` that has flows *into* C: upstream ``nebula-upstream-S``
   pointing at S through the emulated WAN relay, and a policy making exactly those
   flows' queues federated queues here. Flows whose destination is not C never
@@ -31,6 +34,9 @@ Per cluster ``C`` (see the layout in ``nebula_mq.topology``):
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,10 +91,20 @@ def upstream_uri(job_id: str, up: Upstream) -> str:
     return f"amqps://{up.host}:{up.port}/{quote(topology.vhost(job_id), safe='')}?{query}"
 
 
-def _user(name: str) -> dict[str, Any]:
+def _user(name: str, password_hash: str = "", tags: Sequence[str] = ()) -> dict[str, Any]:
     # Empty hash = no password (what `clear_password` sets): certificate login only.
-    return {"name": name, "password_hash": "", "hashing_algorithm": "rabbit_password_hashing_sha256",
-            "tags": []}
+    return {"name": name, "password_hash": password_hash, "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": list(tags)}
+
+
+def password_hash(password: str, salt: bytes | None = None) -> str:
+    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt + sha256(salt + password)),
+    with a 4-byte random salt (what ``rabbitmqctl add_user`` stores)."""
+    salt = os.urandom(4) if salt is None else salt
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+NOTHING = "^$"  # a permission pattern that matches no resource
 
 
 def publish_path(job_id: str, cluster: str, flows: Sequence[Flow], max_queue_bytes: int) -> dict[str, Any]:
@@ -121,8 +137,10 @@ def definitions(
     peers: Sequence[str],
     upstreams: Mapping[str, Upstream],
     max_queue_bytes: int = TransportSettings().max_queue_bytes,
+    monitoring_password: str = "",
 ) -> dict[str, Any]:
-    """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster."""
+    """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster.
+    With a ``monitoring_password``, it also holds the job's read-only monitoring user."""
     vhost = topology.vhost(job_id)
     perms: dict[str, Permissions] = {}
     for p in peers:
@@ -143,6 +161,11 @@ def definitions(
         "parameters": [],
         "policies": [],
     }
+    if monitoring_password:
+        monitor = topology.monitoring_user(job_id)
+        defs["users"].append(_user(monitor, password_hash(monitoring_password), tags=("management",)))
+        defs["permissions"].append({"user": monitor, "vhost": vhost, "configure": NOTHING, "write": NOTHING,
+                                    "read": NOTHING})
     inbound: dict[str, list[str]] = {}
     for f in flows:
         if f.crosses_clusters and f.dst_cluster == cluster:

@@ -179,6 +179,11 @@ class Transport(abc.ABC):
     def queue_depth(self, queue: str) -> int | None:
         """Ready messages in a queue of the local broker; None when it does not exist."""
 
+    def queue_bytes(self, queue: str) -> int | None:
+        """Bytes of the ready messages in a queue of the local broker; None when the broker
+        cannot say (no management API) or the queue does not exist."""
+        return None
+
     @abc.abstractmethod
     def delete_queue(self, queue: str) -> None: ...
 

@@ -287,6 +287,11 @@ class MemoryTransport(base.Transport):
             known = self.broker.queues.get(queue)
             return None if known is None else len(known.ready)
 
+    def queue_bytes(self, queue: str) -> int | None:
+        with self.broker.cond:
+            known = self.broker.queues.get(queue)
+            return None if known is None else known.ready_bytes
+
     def delete_queue(self, queue: str) -> None:
         with self.broker.cond:
             self.broker.queues.pop(queue, None)

@@ -48,6 +48,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare
 from .connection import open_connection
+from .management import ManagementClient
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
 from .publisher import RabbitPublisher
@@ -71,6 +72,7 @@ class RabbitTransport(base.Transport):
         self._dead_letter_publisher: RabbitPublisher | None = None
         self._routes = Routes()  # queue -> exchange, learned once per queue for all children
         self._serial = 0
+        self._management: ManagementClient | None = None  # made on first use (reads the password file)
 
     def _name(self, role: str) -> str:
         with self._lock:
@@ -136,6 +138,14 @@ class RabbitTransport(base.Transport):
                 raise
 
         return self._with_channel(f"inspect queue {queue!r}", passive)
+
+    def queue_bytes(self, queue: str) -> int | None:
+        if not self.broker.management_port:
+            return None
+        if self._management is None:
+            self._management = ManagementClient(self.broker)
+        stats = self._management.queue(queue)
+        return None if stats is None else stats.message_bytes_ready
 
     def delete_queue(self, queue: str) -> None:
         self._with_channel(f"delete queue {queue!r}", lambda ch: ch.queue_delete(queue))

@@ -17,7 +17,7 @@ import pytest
 
 from nebula_mq.cli import main
 from nebula_mq.stack import Stack
-from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
+from nebula_mq.stack.layout import DIST_OFFSET, MGMT_OFFSET, RELAY_OFFSET
 from nebula_mq.stack.node import port_free
 from tests.fixtures.stack import StackHandle, pick_base_port
 
@@ -55,6 +55,7 @@ def test_stack_status_lists_running_nodes(stack: StackHandle) -> None:
     for n in stack.stack.layout.nodes:
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith(n.cluster))
         assert "running" in line and f":{n.tls_port}" in line
+        assert f"management https://localhost:{n.mgmt_port}/" in line
 
 
 def test_stack_up_on_a_running_stack_is_a_no_op(stack: StackHandle) -> None:
@@ -103,12 +104,13 @@ def test_stack_status_without_a_stack_is_a_clear_error(tmp_path) -> None:
     assert "no stack in" in out.stderr
 
 
-@pytest.mark.parametrize("busy_offset", [1, RELAY_OFFSET + 1], ids=["cluster-b-tls", "cluster-b-relay"])
+@pytest.mark.parametrize("busy_offset", [1, RELAY_OFFSET + 1, MGMT_OFFSET + 1],
+                         ids=["cluster-b-tls", "cluster-b-relay", "cluster-b-management"])
 def test_stack_up_on_a_busy_port_stops_what_it_started_and_names_the_port(busy_offset: int) -> None:
     run_dir = tempfile.mkdtemp(prefix="nebula-busy-", dir="/tmp")
     base = pick_base_port()
     busy = base + busy_offset
-    ports = [base + o + i for o in (0, RELAY_OFFSET, DIST_OFFSET) for i in range(2)]
+    ports = [base + o + i for o in (0, RELAY_OFFSET, MGMT_OFFSET, DIST_OFFSET) for i in range(2)]
     try:
         with socket.socket() as holder:
             holder.bind(("127.0.0.1", busy))
@@ -249,3 +251,7 @@ def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: Stack
     audit = [json.loads(line) for line in (run_dir / "audit" / "audit.jsonl").read_text().splitlines()]
     submitted = [r for r in audit if r["event"] == "job_submitted"]
     assert len(submitted) == 1 and submitted[0]["workers"] == ["dec-0", "enc-0"], submitted
+    # The workers sampled their queues' sizes in bytes from the management API, as the job's
+    # monitoring user (messages over AMQP, bytes over HTTPS).
+    samples = [json.loads(line) for f in (run_dir / "queues").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert any("bytes" in s for s in samples), samples

@@ -218,9 +218,12 @@ def test_queue_samples_over_time_become_the_backpressure_plot(tmp_path: Path) ->
     (tmp_path / "status" / "dec-0.json").write_text(json.dumps({"worker": "dec-0", "role": "r", "state": "running"}))
     (tmp_path / "queues").mkdir()
     rows = [{"time": 1000.0 + 10 * i, "queue": "nebula.j.activations", "messages": n} for i, n in enumerate([0, 4, 9, 3])]
+    rows[2]["bytes"] = 9 * 2**20  # sampled from the management API
     (tmp_path / "queues" / "dec-0.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows) + '{"time": 1040.0, "queue"')  # a torn last line
     run = load_run(tmp_path)
-    assert [(t, n) for t, _, n in run.queue_depths] == [(1000.0, 0.0), (1010.0, 4.0), (1020.0, 9.0), (1030.0, 3.0)]
+    assert [(t, n) for t, _, n, _ in run.queue_depths] == [(1000.0, 0.0), (1010.0, 4.0), (1020.0, 9.0), (1030.0, 3.0)]
+    assert [size for _, _, _, size in run.queue_depths][2] == 9 * 2**20
+    assert all(np.isnan(size) for i, (_, _, _, size) in enumerate(run.queue_depths) if i != 2)
     html = build_report(tmp_path, tmp_path / "out").read_text()
     assert "Queues and backpressure" in html and (tmp_path / "out" / "figures" / "queues.png").is_file()

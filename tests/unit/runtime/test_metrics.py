@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +33,16 @@ def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
     depth = {s.labels["queue"]: s.value for s in samples if s.name == "nebula_queue_messages"}
     queue = receiver.transport.queue_for(FLOW)
     assert depth == {queue: 3.0, receiver.transport.dead_letter_queue: 0.0}
+    # Their size in bytes too, where the transport can say (the in-memory broker always can).
+    size = {s.labels["queue"]: s.value for s in samples if s.name == "nebula_queue_bytes"}
+    assert size[queue] == receiver.transport.queue_bytes(queue) > 3 * 12
+    rows = [json.loads(line) for line in (receiver.settings.run_dir / "queues" / "dec-0.jsonl").read_text().splitlines()]
+    assert {r["queue"]: r["bytes"] for r in rows}[queue] == size[queue]
 
 
 def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare, MemoryBroker],
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    import json
 
     from nebula_mq.runtime import worker
     from nebula_mq.runtime.logs import configure_logging

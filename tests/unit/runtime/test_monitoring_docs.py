@@ -23,7 +23,7 @@ def exported(tmp_path: Path) -> tuple[set[str], set[str]]:
     hook.on_published(MessageEvent("reply-enc-0", raw_bytes=100, wire_bytes=30))
     hook.on_duplicate(event)
     hook.on_dead_letter(event, "malformed", "x")
-    hook.on_queue_depth("nebula.j.activations", 3)
+    hook.on_queue_depth("nebula.j.activations", 3, 4096)
     hook.on_compute(0.5)
     hook.on_wait(0.1)
     hook.on_step(1, {"loss": 2.0})

@@ -1,0 +1,91 @@
+"""Read-only access to a broker's management API: what AMQP cannot say about a queue.
+
+A passive declare gives a queue's ready messages, not their size. The management
+plugin knows both. It listens on HTTPS only, with the same mutual TLS as AMQP (the
+worker's own certificate), and each job has a read-only monitoring user
+(``topology.monitoring_user``) whose password lies in a file
+(``BrokerSettings.management_password_file``).
+
+The plugin refreshes queue statistics every few seconds (``collect_statistics_interval``),
+so a size may lag the message count read over AMQP by that much.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from nebula_mq.errors import TransportError
+from nebula_mq.settings import BrokerSettings
+from nebula_mq.transport.connection import ssl_context
+
+TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """A queue as the management API last saw it; None where it has no statistics yet."""
+
+    messages_ready: int | None
+    message_bytes_ready: int | None
+
+
+class ManagementClient:
+    """GET requests to one broker's management API, as the job's monitoring user."""
+
+    def __init__(self, broker: BrokerSettings) -> None:
+        if not broker.management_port:
+            raise TransportError("the broker settings name no management_port")
+        try:
+            password = Path(broker.management_password_file).read_text().strip()
+        except OSError as exc:
+            raise TransportError(f"cannot read the monitoring password ({exc})") from None
+        self.broker = broker
+        token = base64.b64encode(f"{broker.management_user}:{password}".encode()).decode()
+        self.headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
+        self.context = ssl_context(broker)
+
+    def get(self, path: str) -> Any:
+        """The decoded JSON of ``GET /api/<path>``; None on 404; TransportError otherwise."""
+        b = self.broker
+        # Connect to the broker's address and check its certificate against server_name, as the
+        # AMQP connection does (workers often reach their broker as 127.0.0.1).
+        conn = http.client.HTTPConnection(b.server_name, b.management_port, timeout=TIMEOUT_S)
+        try:
+            raw = socket.create_connection((b.host, b.management_port), timeout=TIMEOUT_S)
+            conn.sock = self.context.wrap_socket(raw, server_hostname=b.server_name)
+            conn.request("GET", f"/api/{path}", headers=self.headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransportError(f"management API {path}: {exc}") from None
+        finally:
+            conn.close()
+        if resp.status == 404:
+            return None
+        if resp.status != 200:
+            raise TransportError(f"management API {path}: HTTP {resp.status} {resp.reason}")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise TransportError(f"management API {path}: not JSON ({exc})") from None
+
+    def queue(self, queue: str) -> QueueStats | None:
+        """Ready messages and their bytes in ``queue`` of this broker's vhost; None when it does not exist."""
+        vhost = quote(self.broker.vhost, safe="")
+        body = self.get(f"queues/{vhost}/{quote(queue, safe='')}?columns=messages_ready,message_bytes_ready")
+        if body is None:
+            return None
+        if not isinstance(body, dict):  # a queue this new has no statistics yet: the plugin answers []
+            return QueueStats(None, None)
+        return QueueStats(_count(body.get("messages_ready")), _count(body.get("message_bytes_ready")))
+
+
+def _count(value: object) -> int | None:
+    return int(value) if isinstance(value, (int, float)) else None
