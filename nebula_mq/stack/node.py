@@ -65,7 +65,6 @@ def render(node: NodeLayout, server: Identity) -> None:
     conf = Template(_template("rabbitmq.conf.template")).substitute(
         node=node.node,
         tls_port=node.tls_port,
-        mgmt_port=node.mgmt_port,
         ca_file=server.ca_file,
         cert_file=server.cert_file,
         key_file=server.key_file,
@@ -83,7 +82,7 @@ def render(node: NodeLayout, server: Identity) -> None:
     node.env_file.write_text(_template("rabbitmq-env.conf.template"))
     node.advanced_config_file.write_text(
         Template(_template("advanced.config.template")).substitute(
-            node=node.node, ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
+            node=node.node, mgmt_port=node.mgmt_port, ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
             key_file=_erl_string(server.key_file), crl_dir=_erl_string(_crl_dir(server))))
 
 

@@ -132,3 +132,16 @@ def _listening(port: int) -> set[str]:
                 words = [bytes.fromhex(addr[i:i + 8])[::-1] for i in range(0, 32, 8)]
                 out.add(socket.inet_ntop(socket.AF_INET6, b"".join(words)))
     return out
+
+
+def test_a_revoked_certificate_is_refused_by_the_management_listener_too(stack: StackHandle, tmp_path: Any) -> None:
+    from nebula_mq.security.audit import AuditLog
+    from nebula_mq.security.lifecycle import revoke_cert
+
+    job = stack.new_job(prefix="mg")
+    settings = job.settings(A, f"mon-rev-{job.job_id}")
+    client = ManagementClient(settings)
+    assert client.queue(job.queue("activations")) is not None  # valid before
+    revoke_cert(stack.stack.layout.certs_dir, A, f"mon-rev-{job.job_id}", AuditLog(tmp_path / "audit.jsonl"))
+    with pytest.raises(TransportError, match="(?i)revoked"):
+        ManagementClient(settings).queue(job.queue("activations"))
