@@ -68,9 +68,40 @@ class BrokerSettings:
 
 
 @dataclass(frozen=True)
+class FederationSettings:
+    """How the *other* clusters' brokers reach this cluster's broker, and where this broker keeps
+    its own federation client identity. Read by ``nebula-mq provision`` (the local stack fills
+    its own)."""
+
+    # The broker's address and AMQPS port as peer brokers see it (a hostname, for a real deployment).
+    host: str = ""
+    port: int = 5671
+    # The name its server certificate carries (`nebula-mq certs issue-server --hostname`); "" = host.
+    server_name: str = ""
+    # On this broker's own host: the directory holding its federation client identity (trust.pem,
+    # cert.pem, key.pem, issued for CN federation-<cluster>), readable by the broker.
+    cert_dir: str = "/etc/rabbitmq/certs/federation"
+
+    @property
+    def sni(self) -> str:
+        return self.server_name or self.host
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise InvalidField("port", "a port in 1..65535", self.port)
+        if self.host and not re.match(r"^[A-Za-z0-9.:\[\]-]+$", self.host):
+            raise InvalidField("host", "a hostname or an IP address", self.host)
+        if self.cert_dir and not self.cert_dir.startswith("/"):
+            raise InvalidField("cert_dir", "an absolute path on the broker's host", self.cert_dir)
+
+
+@dataclass(frozen=True)
 class ClusterSettings:
     name: str
+    # How this cluster's workers reach their own broker.
     broker: BrokerSettings = field(default_factory=BrokerSettings)
+    # How the other clusters' brokers reach this one (nebula-mq provision).
+    federation: FederationSettings = field(default_factory=FederationSettings)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""``nebula-mq certs init|issue|rotate|revoke|list|export-ca|import-ca``: TLS certificate lifecycle.
+"""``nebula-mq certs init|issue|rotate|revoke|list|export-ca|import-ca|request|sign|install``: TLS
+certificate lifecycle. ``request``/``sign``/``install`` issue a certificate whose private key never
+leaves the host that uses it (``nebula_mq.security.csr``).
 
 Every change is recorded in the audit log (``--audit``, default ``$NEBULA_AUDIT_LOG``
 or ``run/audit/audit.jsonl``).
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -30,7 +33,34 @@ def register(subparsers: Any) -> None:
         p.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA signs (or signed) the certificate")
         p.add_argument("cn", metavar="CN", help="the certificate's common name (a worker identity; 'server' = the broker)")
         p.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
+        if name != "revoke":
+            p.add_argument("--hostname", action="append", default=[], metavar="H",
+                           help="with CN server: also put H in the broker's certificate (the name peers and "
+                                "workers reach it by; repeatable; names it already has are kept)")
         p.set_defaults(func=func)
+    req = sub.add_parser("request", help="make a key and a certificate signing request for CN on this host "
+                                         "(the key stays here; send the CSR to the CA's host)")
+    req.add_argument("dir", metavar="DIR", help="certificate directory on this host")
+    req.add_argument("cluster", metavar="CLUSTER", help="the cluster the identity belongs to")
+    req.add_argument("cn", metavar="CN", help="the identity ('server' = this cluster's broker)")
+    req.add_argument("--hostname", action="append", default=[], metavar="H",
+                     help="with CN server: a name the broker is reached by (repeatable)")
+    req.set_defaults(func=_request)
+    sig = sub.add_parser("sign", help="sign a CSR with CLUSTER's CA (on the host that holds it); "
+                                      "print or write the certificate")
+    sig.add_argument("dir", metavar="DIR", help="certificate directory holding CLUSTER's CA")
+    sig.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA signs")
+    sig.add_argument("csr", metavar="CSR", help="the request (PEM, from `certs request`)")
+    sig.add_argument("--server", action="store_true", help="a broker's certificate: keep the request's host names")
+    sig.add_argument("--out", metavar="FILE", help="write the certificate here (default: standard output)")
+    sig.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
+    sig.set_defaults(func=_sign)
+    ins = sub.add_parser("install", help="put a signed certificate in place with the key its request made")
+    ins.add_argument("dir", metavar="DIR", help="certificate directory on this host (where `certs request` ran)")
+    ins.add_argument("cluster", metavar="CLUSTER", help="the cluster the identity belongs to")
+    ins.add_argument("cn", metavar="CN", help="the identity ('server' = this cluster's broker)")
+    ins.add_argument("cert", metavar="CERT", help="the signed certificate (PEM, from `certs sign`)")
+    ins.set_defaults(func=_install)
     ls = sub.add_parser("list", help="every certificate with its expiry; warns about expiring ones")
     ls.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
     ls.set_defaults(func=_list)
@@ -75,7 +105,7 @@ def _init(args: argparse.Namespace) -> int:
 def _issue(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import issue
 
-    ident = issue(args.dir, args.cluster, args.cn, _audit(args))
+    ident = issue(args.dir, args.cluster, args.cn, _audit(args), hostnames=args.hostname)
     print(f"{args.cluster}/{args.cn}: {ident.cert_file}")
     return 0
 
@@ -83,7 +113,7 @@ def _issue(args: argparse.Namespace) -> int:
 def _rotate(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import rotate
 
-    ident = rotate(args.dir, args.cluster, args.cn, _audit(args))
+    ident = rotate(args.dir, args.cluster, args.cn, _audit(args), hostnames=args.hostname)
     print(f"{args.cluster}/{args.cn}: rotated, new certificate {ident.cert_file}")
     return 0
 
@@ -136,4 +166,45 @@ def _import(args: argparse.Namespace) -> int:
     trust = import_peer_ca(_ca(args.dir, args.cluster), args.peer, pem)
     _audit(args).record("ca_imported", cluster=args.cluster, peer=args.peer)
     print(f"{args.cluster}: now trusts {args.peer}'s CA ({trust})")
+    return 0
+
+
+def _read(path: str) -> bytes:
+    from nebula_mq.errors import CertificateError
+
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise CertificateError(f"{path}: {exc}") from None
+
+
+def _request(args: argparse.Namespace) -> int:
+    from nebula_mq.security.csr import request
+
+    csr = request(args.dir, args.cluster, args.cn, args.hostname)
+    print(f"{args.cluster}/{args.cn}: request {csr} (the key stays beside it); send the request to the host "
+          f"holding {args.cluster}'s CA: `nebula-mq certs sign DIR {args.cluster} {csr.name}"
+          f"{' --server' if args.cn == 'server' else ''} --out cert.pem`")
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    from nebula_mq.security.csr import sign
+
+    pem = sign(args.dir, args.cluster, _read(args.csr), _audit(args), server=args.server)
+    if args.out:
+        from nebula_mq.security.pem import write_public
+
+        write_public(Path(args.out), pem)
+        print(f"{args.cluster}: signed {args.csr} -> {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(pem.decode())
+    return 0
+
+
+def _install(args: argparse.Namespace) -> int:
+    from nebula_mq.security.csr import install
+
+    ident = install(args.dir, args.cluster, args.cn, _read(args.cert))
+    print(f"{args.cluster}/{args.cn}: installed {ident.cert_file} with its key {ident.key_file}")
     return 0

@@ -181,7 +181,7 @@ class ClusterCA:
 
     def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str],
                      force: bool = False) -> None:
-        ca_cert, ca_key = self._ca()
+        ca_cert = self.ensure_ca()
         cert, key = load_cert(ident.cert_file), load_key(ident.key_file)
         if (
             not force and cert is not None and key is not None and _fresh(cert)
@@ -191,16 +191,25 @@ class ClusterCA:
         ):
             return
         key = new_key()
+        cert = self.sign(ident.cn, key.public_key(), server=server, dns=dns, ips=ips)
+        write_private(ident.key_file, key_pem(key))
+        write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
+
+    def sign(self, cn: str, public_key: ec.EllipticCurvePublicKey, *, server: bool, dns: Sequence[str] = (),
+             ips: Sequence[str] = ()) -> x509.Certificate:
+        """A leaf certificate for ``cn`` and ``public_key``, signed by this CA (issue, rotate, and
+        ``certs sign`` of a request whose key never left its host)."""
+        ca_cert, ca_key = self._ca()
         now = _now()
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"nebula-mq {self.cluster}"),
-                x509.NameAttribute(NameOID.COMMON_NAME, ident.cn),
+                x509.NameAttribute(NameOID.COMMON_NAME, _check_name(cn, "certificate CN")),
             ]))
             .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
+            .public_key(public_key)
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(min(now + dt.timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc))
@@ -211,9 +220,7 @@ class ClusterCA:
             sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(dns)]
             sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
-        write_private(ident.key_file, key_pem(key))
-        write_public(ident.cert_file, cert.public_bytes(serialization.Encoding.PEM))
+        return builder.sign(ca_key, hashes.SHA256())
 
     def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
         """Trust bundle: this cluster's CA first, then each peer's CA, then imported peer CAs."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,24 +55,45 @@ def _serial(ident: Identity) -> int | None:
     return None if cert is None else cert.serial_number
 
 
-def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog) -> Identity:
-    """Issue (or keep, while valid and not revoked) client ``cn``'s certificate from ``cluster``'s CA."""
+def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
+          hostnames: Sequence[str] = ()) -> Identity:
+    """Issue (or keep, while valid and not revoked) ``cn``'s certificate from ``cluster``'s CA:
+    a client's, or with ``cn = "server"`` the broker's, whose names then include ``hostnames``
+    (the names peers and workers reach it by)."""
     ca = _ca(certs_dir, cluster)
-    before = _serial(ca.client(cn))
-    ident = ca.ensure_client(cn)
+    server = cn == "server"
+    if hostnames and not server:
+        raise CertificateError("--hostname is for a broker's certificate (CN server)")
+    before = _serial(ca.server() if server else ca.client(cn))
+    ident = ca.ensure_server([*_names(ca.server()), *hostnames]) if server else ca.ensure_client(cn)
     after = _serial(ident)
     if after != before:
-        audit.record("cert_issued", cluster=cluster, cn=cn, serial=str(after))
+        audit.record("cert_issued", cluster=cluster, cn=cn, serial=str(after), names=list(hostnames))
     return ident
 
 
+def _names(ident: Identity) -> list[str]:
+    """The DNS names a broker's current certificate carries (kept when it is reissued)."""
+    from cryptography import x509
+
+    cert = load_cert(ident.cert_file)
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value if cert else None
+    except x509.ExtensionNotFound:
+        sans = None
+    return list(sans.get_values_for_type(x509.DNSName)) if sans is not None else []
+
+
 def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
-           revoke_old: bool = True) -> Identity:
-    """New key and certificate for ``cn`` (``"server"`` for the broker); the old one is revoked."""
+           revoke_old: bool = True, hostnames: Sequence[str] = ()) -> Identity:
+    """New key and certificate for ``cn`` (``"server"`` for the broker, keeping its names and
+    adding ``hostnames``); the old one is revoked."""
     ca = _ca(certs_dir, cluster)
     server = cn == "server"
+    if hostnames and not server:
+        raise CertificateError("--hostname is for a broker's certificate (CN server)")
     old = _serial(ca.server() if server else ca.client(cn))
-    ident = ca.reissue_server() if server else ca.reissue_client(cn)
+    ident = ca.reissue_server([*_names(ca.server()), *hostnames]) if server else ca.reissue_client(cn)
     if old is not None and revoke_old and not server:
         revoke(certs_dir, ca, cn, serial=old)
     audit.record("cert_rotated", cluster=cluster, cn=cn, old_serial=str(old), serial=str(_serial(ident)),

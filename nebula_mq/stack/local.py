@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from nebula_mq.security.pem import write_private
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
+from nebula_mq.stack.admin import CtlAdmin
 from nebula_mq.stack.layout import (
     DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, NodeLayout, StackLayout, default_run_dir, plan,
 )
@@ -184,6 +184,11 @@ class Stack:
     def rabbitmqctl(self, cluster: str, *args: str, timeout: float = 60.0) -> str:
         return nodes.rabbitmqctl(self.layout.node(cluster), *args, timeout=timeout)
 
+    def admin(self, cluster: str) -> CtlAdmin:
+        """``cluster``'s node as its administrator (what provisioning applies definitions through)."""
+        n = self.layout.node(cluster)
+        return CtlAdmin(n.node, lambda *args, timeout=60.0: nodes.rabbitmqctl(n, *args, timeout=timeout), n.path)
+
     # ------------------------------------------------------------------ clients
 
     def broker_settings(self, cluster: str, identity: str, vhost: str = "/", heartbeat_s: int = 30) -> BrokerSettings:
@@ -253,16 +258,7 @@ class Stack:
             ups = {src: up for (dst, src), up in upstreams.items() if dst == cluster}
             defs = provision.definitions(job_id, cluster, flows, identities.get(cluster, ()), peers, ups,
                                          max_queue_bytes, monitoring_password)
-            path = self.layout.node(cluster).path / f"definitions-{job_id}.json"
-            path.write_text(json.dumps(defs, indent=1))
-            self.rabbitmqctl(cluster, "import_definitions", str(path))
-            outbound = [re.escape(topology.queue_name(job_id, f.name)) for f in flows
-                        if f.crosses_clusters and f.src_cluster == cluster]
-            if outbound:
-                cap = {"max-length-bytes": max_queue_bytes, "overflow": "reject-publish"}
-                self.rabbitmqctl(cluster, "set_policy", "-p", vhost, "--apply-to", "queues",
-                                 topology.cap_policy(job_id), f"^({'|'.join(outbound)})$",
-                                 json.dumps(cap))
+            self.admin(cluster).import_definitions(defs)
 
         with ThreadPoolExecutor(len(self.clusters)) as pool:
             list(pool.map(apply, self.clusters))

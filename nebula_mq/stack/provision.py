@@ -40,6 +40,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -61,14 +62,16 @@ RECONNECT_DELAY_S = 1  # a healed WAN carries traffic again within ~1 s (issue: 
 
 @dataclass(frozen=True)
 class Upstream:
-    """How cluster ``dst`` reaches the broker of cluster ``src``."""
+    """How cluster ``dst``'s broker reaches the broker of cluster ``src``."""
 
     src: str
     host: str
-    # The relay port forwarding to src's TLS listener (the emulated WAN).
+    # src's AMQPS port as dst sees it (on the local stack: the relay that emulates the WAN).
     port: int
-    # dst's federation client identity, trusted by src.
+    # dst's federation client identity, trusted by src: file paths on dst's broker host.
     client: Identity
+    # The name in src's server certificate (SNI and the hostname check).
+    server_name: str = "localhost"
 
 
 def _alternation(names: Iterable[str]) -> str:
@@ -85,7 +88,7 @@ def upstream_uri(job_id: str, up: Upstream) -> str:
     c = up.client
     query = (
         f"cacertfile={c.ca_file}&certfile={c.cert_file}&keyfile={c.key_file}"
-        "&verify=verify_peer&server_name_indication=localhost&auth_mechanism=external"
+        f"&verify=verify_peer&server_name_indication={up.server_name}&auth_mechanism=external"
         "&heartbeat=10&connection_timeout=5000"
     )
     return f"amqps://{up.host}:{up.port}/{quote(topology.vhost(job_id), safe='')}?{query}"
@@ -188,4 +191,36 @@ def definitions(
             "vhost": vhost, "name": name, "pattern": _alternation(names), "apply-to": "queues",
             "priority": 0, "definition": {"federation-upstream": topology.upstream_name(src)},
         })
+    # The backpressure point: the sending-side copy of each cross-cluster flow published here
+    # (never a queue downstream of a federation link: RABBITMQ.md, "Backpressure").
+    outbound = [topology.queue_name(job_id, f.name) for f in flows if f.crosses_clusters and f.src_cluster == cluster]
+    if outbound:
+        defs["policies"].append({
+            "vhost": vhost, "name": topology.cap_policy(job_id), "pattern": _alternation(outbound),
+            "apply-to": "queues", "priority": 0,
+            "definition": {"max-length-bytes": max_queue_bytes, "overflow": "reject-publish"},
+        })
     return defs
+
+
+def federation_upstreams(clusters: Mapping[str, Any], cluster: str, flows: Sequence[Flow],
+                         source: str = "<job>") -> dict[str, Upstream]:
+    """The upstreams ``cluster``'s broker needs, from a job's ``[clusters.<name>.federation]``
+    tables (``settings.ClusterSettings``): one per cluster that has flows into ``cluster``, at
+    that cluster's public address, with ``cluster``'s own federation identity (its files on
+    ``cluster``'s broker host). A cluster the job does not describe is a ConfigError's job."""
+    from nebula_mq.errors import ConfigError
+
+    here = clusters.get(cluster)
+    sources = sorted({f.src_cluster for f in flows if f.crosses_clusters and f.dst_cluster == cluster})
+    out = {}
+    for src in sources:
+        peer = clusters.get(src)
+        if peer is None or not peer.federation.host:
+            raise ConfigError(source, f"[clusters.{src}.federation].host",
+                              f"the address at which {cluster}'s broker reaches {src}'s broker (a hostname)")
+        cert_dir = Path((here.federation.cert_dir if here is not None else "") or "/etc/rabbitmq/certs/federation")
+        client = Identity(federation_identity(cluster), cert_dir / "cert.pem", cert_dir / "key.pem",
+                          cert_dir / "trust.pem")
+        out[src] = Upstream(src, peer.federation.host, peer.federation.port, client, peer.federation.sni)
+    return out

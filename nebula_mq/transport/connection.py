@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import pika
 import structlog
 
-from nebula_mq.errors import ConnectionLost, TransportError
+from nebula_mq.errors import AccessRefused, ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings
 
 from .backoff import Backoff
@@ -91,7 +91,15 @@ def open_connection(broker: BrokerSettings, name: str = "nebula-mq") -> pika.Blo
     try:
         return pika.BlockingConnection(params)
     except PIKA_ERRORS as exc:
-        raise translate(exc, f"connect to {broker.host}:{broker.port}/{broker.vhost}") from None
+        err = translate(exc, f"connect to {broker.host}:{broker.port}/{broker.vhost}")
+        if isinstance(err, AccessRefused) and broker.tls and "Login was refused" in str(err):
+            # The broker knows no user for this certificate's CN on this vhost: most often a job
+            # nobody provisioned on this broker.
+            raise AccessRefused(
+                f"{broker.host}:{broker.port} refused the login of this worker's certificate ({broker.cert_file}) "
+                f"on vhost {broker.vhost}: is the job provisioned on this broker? `nebula-mq provision "
+                f"JOB.toml --cluster NAME` does it (`nebula-mq run` does it on the local stack)") from None
+        raise err from None
 
 
 class IoThread:

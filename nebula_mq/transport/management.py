@@ -45,7 +45,7 @@ class ManagementClient:
         try:
             password = Path(broker.management_password_file).read_text().strip()
         except OSError as exc:
-            raise TransportError(f"cannot read the monitoring password ({exc})") from None
+            raise TransportError(f"cannot read the management API password file ({exc})") from None
         self.broker = broker
         token = base64.b64encode(f"{broker.management_user}:{password}".encode()).decode()
         self.headers = {"Authorization": f"Basic {token}", "Accept": "application/json"}
@@ -53,26 +53,37 @@ class ManagementClient:
 
     def get(self, path: str) -> Any:
         """The decoded JSON of ``GET /api/<path>``; None on 404; TransportError otherwise."""
+        return self.request("GET", path)
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = TIMEOUT_S) -> Any:
+        """``METHOD /api/<path>`` with a JSON ``body``; the decoded answer (None when empty or
+        404); TransportError for any other failure. Writes need a user with the rights
+        (the provisioning administrator, never the monitoring user)."""
         b = self.broker
+        data = None if body is None else json.dumps(body).encode()
+        headers = self.headers if data is None else {**self.headers, "Content-Type": "application/json"}
         # Connect to the broker's address and check its certificate against server_name, as the
         # AMQP connection does (workers often reach their broker as 127.0.0.1).
-        conn = http.client.HTTPConnection(b.server_name, b.management_port, timeout=TIMEOUT_S)
+        conn = http.client.HTTPConnection(b.server_name, b.management_port, timeout=timeout)
         try:
-            raw = socket.create_connection((b.host, b.management_port), timeout=TIMEOUT_S)
+            raw = socket.create_connection((b.host, b.management_port), timeout=timeout)
             conn.sock = self.context.wrap_socket(raw, server_hostname=b.server_name)
-            conn.request("GET", f"/api/{path}", headers=self.headers)
+            conn.request(method, f"/api/{path}", body=data, headers=headers)
             resp = conn.getresponse()
-            body = resp.read()
+            answer = resp.read()
         except (OSError, http.client.HTTPException) as exc:
-            raise TransportError(f"management API {path}: {exc}") from None
+            raise TransportError(f"management API {method} {path}: {exc}") from None
         finally:
             conn.close()
         if resp.status == 404:
             return None
-        if resp.status != 200:
-            raise TransportError(f"management API {path}: HTTP {resp.status} {resp.reason}")
+        if resp.status not in (200, 201, 204):
+            detail = answer[:300].decode(errors="replace")
+            raise TransportError(f"management API {method} {path}: HTTP {resp.status} {resp.reason} {detail}".rstrip())
+        if not answer.strip():
+            return None
         try:
-            return json.loads(body)
+            return json.loads(answer)
         except ValueError as exc:
             raise TransportError(f"management API {path}: not JSON ({exc})") from None
 

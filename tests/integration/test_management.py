@@ -80,7 +80,7 @@ def test_the_monitoring_user_sees_its_job_only_and_changes_nothing(stack: StackH
     status, _ = _request(stack, "GET", f"/api/queues/{other.vhost}", settings, auth)
     assert status == 401
     for method, path in (("PUT", f"/api/queues/{mine.vhost}/intruder"), ("DELETE", f"/api/queues/{mine.vhost}/{q}"),
-                         ("PUT", f"/api/users/intruder"), ("PUT", f"/api/vhosts/intruder")):
+                         ("PUT", "/api/users/intruder"), ("PUT", "/api/vhosts/intruder")):
         status, _ = _request(stack, method, path, settings, auth)
         assert status in (401, 403), f"{method} {path} answered {status}"
     # And a wrong password is refused, with no data.

@@ -1,0 +1,144 @@
+"""Administering one broker: how a job's definitions get there and how they leave.
+
+One ABC, two ways in:
+
+* :class:`CtlAdmin`: ``rabbitmqctl`` on a node of the local stack (Erlang cookie, this host);
+* :class:`HttpAdmin`: the management API over HTTPS as an administrator, for any broker
+  reachable over the network (``nebula-mq provision``).
+
+Both apply the same definitions document (``provision.definitions``), so ``nebula-mq run``
+on the local stack and ``nebula-mq provision`` on a remote broker create the same objects.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from nebula_mq import topology
+from nebula_mq.errors import StackError, TransportError
+from nebula_mq.settings import BrokerSettings
+from nebula_mq.transport.management import ManagementClient
+
+# Importing definitions on a busy broker takes a few seconds.
+IMPORT_TIMEOUT_S = 60.0
+
+
+class BrokerAdmin(abc.ABC):
+    """What provisioning needs from a broker, as its administrator."""
+
+    # Where this broker is, for messages.
+    name: str = ""
+
+    @abc.abstractmethod
+    def import_definitions(self, defs: Mapping[str, Any]) -> None:
+        """Create or update every object of ``defs`` (additive: nothing else is touched)."""
+
+    @abc.abstractmethod
+    def delete_vhost(self, vhost: str) -> bool:
+        """Delete ``vhost`` and everything in it; False when it did not exist."""
+
+    @abc.abstractmethod
+    def users_of(self) -> dict[str, list[str]]:
+        """Every user, and the vhosts it holds permissions on (maybe none)."""
+
+    @abc.abstractmethod
+    def delete_user(self, user: str) -> None: ...
+
+
+class CtlAdmin(BrokerAdmin):
+    """A node of the local stack, through ``rabbitmqctl -n NODE``."""
+
+    def __init__(self, name: str, rabbitmqctl: Callable[..., str], work_dir: Path) -> None:
+        self.name = name
+        self.ctl = rabbitmqctl
+        self.work_dir = work_dir
+
+    def import_definitions(self, defs: Mapping[str, Any]) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=self.work_dir, prefix="definitions-", suffix=".json") as fh:
+            json.dump(defs, fh, indent=1)
+            fh.flush()
+            self.ctl("import_definitions", fh.name, timeout=IMPORT_TIMEOUT_S)
+
+    def delete_vhost(self, vhost: str) -> bool:
+        if vhost not in self.ctl("list_vhosts", "--quiet", "--no-table-headers").split():
+            return False
+        self.ctl("delete_vhost", vhost)
+        return True
+
+    def users_of(self) -> dict[str, list[str]]:
+        users = json.loads(self.ctl("list_users", "--formatter", "json", "--quiet") or "[]")
+        out: dict[str, list[str]] = {str(u["user"]): [] for u in users}
+        vhosts = self.ctl("list_vhosts", "--quiet", "--no-table-headers").split()
+        for vhost in vhosts:
+            rows = json.loads(self.ctl("list_permissions", "-p", vhost, "--formatter", "json", "--quiet") or "[]")
+            for row in rows:
+                out.setdefault(str(row["user"]), []).append(vhost)
+        return out
+
+    def delete_user(self, user: str) -> None:
+        self.ctl("delete_user", user)
+
+
+class HttpAdmin(BrokerAdmin):
+    """Any broker, through its management API, as a user tagged ``administrator``.
+
+    ``broker`` says how to reach it: ``host`` and ``server_name``, the TLS files
+    (``ca_file``, ``cert_file``, ``key_file``), ``management_port``,
+    ``management_user`` and ``management_password_file``.
+    """
+
+    def __init__(self, broker: BrokerSettings) -> None:
+        self.name = f"https://{broker.server_name}:{broker.management_port}"
+        try:
+            self.client = ManagementClient(broker)
+        except TransportError as exc:
+            raise StackError(f"{self.name}: {exc}") from None
+
+    def _call(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        try:
+            return self.client.request(method, path, body, timeout=timeout)
+        except TransportError as exc:
+            hint = (" (the admin user needs the administrator tag)" if " 401 " in str(exc) or " 403 " in str(exc)
+                    else "")
+            raise StackError(f"{self.name}: {exc}{hint}") from None
+
+    def import_definitions(self, defs: Mapping[str, Any]) -> None:
+        self._call("POST", "definitions", dict(defs), timeout=IMPORT_TIMEOUT_S)
+
+    def delete_vhost(self, vhost: str) -> bool:
+        if self._call("GET", f"vhosts/{quote(vhost, safe='')}") is None:
+            return False
+        self._call("DELETE", f"vhosts/{quote(vhost, safe='')}", timeout=IMPORT_TIMEOUT_S)
+        return True
+
+    def users_of(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {str(u["name"]): [] for u in self._call("GET", "users") or []}
+        for row in self._call("GET", "permissions") or []:
+            out.setdefault(str(row["user"]), []).append(str(row["vhost"]))
+        return out
+
+    def delete_user(self, user: str) -> None:
+        self._call("DELETE", f"users/{quote(user, safe='')}")
+
+
+def deprovision(admin: BrokerAdmin, job_id: str, workers: Sequence[str]) -> list[str]:
+    """Remove job ``job_id`` from ``admin``'s broker, and nothing else: its vhost (queues,
+    exchanges, policies, upstreams and permissions go with it), its monitoring user and those
+    of ``workers`` (the job's own certificate users) that hold no permission on another vhost.
+    The peer brokers' federation users serve every job: they stay. Returns what was removed."""
+    vhost = topology.vhost(job_id)
+    before = admin.users_of()
+    removed = [f"vhost {vhost}"] if admin.delete_vhost(vhost) else []
+    for user in (*workers, topology.monitoring_user(job_id)):
+        elsewhere = [v for v in before.get(user, []) if v != vhost]
+        if user in before and not elsewhere:
+            admin.delete_user(user)
+            removed.append(f"user {user}")
+    return removed
