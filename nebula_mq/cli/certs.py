@@ -68,6 +68,18 @@ def register(subparsers: Any) -> None:
     exp.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
     exp.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA certificate to print")
     exp.set_defaults(func=_export)
+    xcrl = sub.add_parser("export-crl", help="print CLUSTER's current CRL (peers need it: their brokers check "
+                                             "this cluster's certificates against it)")
+    xcrl.add_argument("dir", metavar="DIR", help="certificate directory holding CLUSTER's CA")
+    xcrl.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CRL to print")
+    xcrl.set_defaults(func=_export_crl)
+    icrl = sub.add_parser("import-crl", help="publish PEER's CRL (PEM FILE) for CLUSTER's broker; refresh it "
+                                             "before it expires (30 days)")
+    icrl.add_argument("dir", metavar="DIR", help="certificate directory on this host")
+    icrl.add_argument("cluster", metavar="CLUSTER", help="the cluster whose broker checks the peer's certificates")
+    icrl.add_argument("peer", metavar="PEER", help="the peer cluster's name (its CA imported with import-ca)")
+    icrl.add_argument("file", metavar="FILE", help="the peer's CRL (PEM, from its `certs export-crl`)")
+    icrl.set_defaults(func=_import_crl)
     imp = sub.add_parser("import-ca", help="trust PEER's CA certificate (PEM FILE) on CLUSTER")
     imp.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
     imp.add_argument("cluster", metavar="CLUSTER", help="the cluster that will trust the peer's CA")
@@ -207,4 +219,23 @@ def _install(args: argparse.Namespace) -> int:
 
     ident = install(args.dir, args.cluster, args.cn, _read(args.cert))
     print(f"{args.cluster}/{args.cn}: installed {ident.cert_file} with its key {ident.key_file}")
+    return 0
+
+
+def _export_crl(args: argparse.Namespace) -> int:
+    from nebula_mq.security.lifecycle import _ca
+    from nebula_mq.security.revocation import crl_dir, write_crl
+
+    ca = _ca(args.dir, args.cluster)
+    crl_dir(args.dir).mkdir(parents=True, exist_ok=True)
+    sys.stdout.write(write_crl(ca, crl_dir(args.dir)).read_text())  # freshly signed: valid 30 days
+    return 0
+
+
+def _import_crl(args: argparse.Namespace) -> int:
+    from nebula_mq.security.lifecycle import _ca
+    from nebula_mq.security.revocation import import_peer_crl
+
+    kept = import_peer_crl(args.dir, _ca(args.dir, args.cluster), args.peer, _read(args.file))
+    print(f"{args.cluster}: {args.peer}'s CRL published for the broker ({kept})")
     return 0

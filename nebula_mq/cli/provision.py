@@ -28,8 +28,9 @@ def register(subparsers: Any) -> None:
         p.add_argument("config", metavar="JOB.toml", help="the job file (its [clusters.<name>] tables say where "
                                                           "each broker is)")
         p.add_argument("--cluster", metavar="NAME", help="the cluster whose broker to change (required unless --stack)")
-        add_stack_option(p, "do it on every node of this local stack instead, through rabbitmqctl "
-                            "(what `nebula-mq run` does)")
+        add_stack_option(p, "administer this host's stack through rabbitmqctl instead of the management API: "
+                            "with --cluster, that cluster's node, peers as the job file names them; without, "
+                            "every node of a local stack, peers through its WAN relays (what `nebula-mq run` does)")
         p.add_argument("--management-url", metavar="URL",
                        help="the broker's management API (default https://<[clusters.NAME.broker] server_name>:15671; "
                             "the TCP connection goes to its host)")
@@ -102,17 +103,30 @@ def _provision(args: argparse.Namespace) -> int:
     from nebula_mq.stack import provision
 
     settings, plan = _job(args)
-    if args.stack and not args.dry_run:
+    if args.stack and not args.cluster and not args.dry_run:
         from nebula_mq.launch.processes import JobProcesses
 
         JobProcesses(args.config, args.stack).provision()
-        print(f"job {settings.job.id}: provisioned on the local stack in {args.stack}")
+        print(f"job {settings.job.id}: provisioned on every cluster of the local stack in {args.stack}")
         return 0
     cluster = _cluster(args, settings, plan)
     identities = plan.identities(settings.job.id).get(cluster, ())
     peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
     upstreams = provision.federation_upstreams(settings.clusters, cluster, plan.flows, settings.source)
     password_file = Path(args.monitoring_password_file or settings.run_dir / "monitoring.password")
+    stack = None
+    if args.stack:
+        # This host's stack runs `cluster`'s broker (one cluster per host): administer it through
+        # rabbitmqctl; its certificates are the stack's own, issued here.
+        import dataclasses
+
+        from nebula_mq.security.certs import federation_identity
+        from nebula_mq.stack import Stack
+
+        stack = Stack.open(args.stack)
+        own = stack.ca(cluster).ensure_client(federation_identity(cluster))
+        upstreams = {src: dataclasses.replace(up, client=own) for src, up in upstreams.items()}
+        password_file = stack.monitoring_password_file(topology.vhost(settings.job.id))
     password = "<generated>" if args.dry_run else _monitoring_password(password_file)
     defs = provision.definitions(settings.job.id, cluster, plan.flows, identities, peers, upstreams,
                                  settings.transport.max_queue_bytes, password)
@@ -122,7 +136,10 @@ def _provision(args: argparse.Namespace) -> int:
                 user["password_hash"] = "<hash of the monitoring password>"
         print(json.dumps(defs, indent=2))
         return 0
-    admin = _admin(args, settings, cluster)
+    if stack is not None:
+        for cn in identities:  # the workers' certificates, from this cluster's CA
+            stack.ca(cluster).ensure_client(cn)
+    admin = stack.admin(cluster) if stack is not None else _admin(args, settings, cluster)
     admin.import_definitions(defs)
     print(f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
           f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
@@ -149,7 +166,8 @@ def _deprovision(args: argparse.Namespace) -> int:
     workers = [p.identity(settings.job.id) for p in plan.processes]
     if args.stack:
         stack = Stack.open(args.stack)
-        targets = [(c, stack.admin(c)) for c in stack.clusters]
+        clusters = [_cluster(args, settings, plan)] if args.cluster else list(stack.clusters)
+        targets = [(c, stack.admin(c)) for c in clusters]
     else:
         cluster = _cluster(args, settings, plan)
         targets = [(cluster, _admin(args, settings, cluster))]

@@ -16,12 +16,18 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("stack", help="start, inspect or stop the local broker stack")
     sub = parser.add_subparsers(dest="stack_cmd", metavar="CMD", required=True)
-    up = sub.add_parser("up", help="start every node and relay (no-op when running); wait until ready")
+    up = sub.add_parser("up", help="start every node and relay, wait until ready; running nodes reload their "
+                                   "certificates (after `certs import-ca`)")
     _add_common(up)
     up.add_argument("--clusters", default="cluster-a,cluster-b", help="comma-separated cluster names")
     up.add_argument("--base-port", type=int, default=None,
                     help="TLS port of the first node (default 5681; relays +10, dist +20000)")
     up.add_argument("--prefix", default="nebula", help="Erlang node name prefix")
+    up.add_argument("--listen", default="127.0.0.1", metavar="ADDR",
+                    help="also accept AMQPS on this address of this host, for peers and workers on other hosts "
+                         "(default: loopback only)")
+    up.add_argument("--hostname", action="append", default=[], metavar="H",
+                    help="a name other hosts reach the node by, put in its certificate (repeatable)")
     up.set_defaults(func=_up)
     for name, func, text in (("status", _status, "print each node's state"),
                              ("down", _down, "stop every node and relay")):
@@ -39,7 +45,7 @@ def _up(args: argparse.Namespace) -> int:
     from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
 
     clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
-    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix)
+    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix, args.listen, args.hostname)
     t0 = time.monotonic()
     stack.up()
     print(f"stack up in {time.monotonic() - t0:.1f} s ({stack.layout.run_dir})")

@@ -145,10 +145,11 @@ class ClusterCA:
         return Identity(cn, d / "cert.pem", d / "key.pem", self.trust_file)
 
     def ensure_server(self, hostnames: Sequence[str] = ()) -> Identity:
-        """Server certificate with SANs localhost, 127.0.0.1, the cluster name and ``hostnames``."""
-        names = ["localhost", self.cluster, *hostnames]
+        """Server certificate with SANs localhost, 127.0.0.1, the cluster name and ``hostnames``
+        (DNS names or IP addresses)."""
+        dns, ips = split_names(["localhost", self.cluster, *hostnames])
         ident = self.server()
-        self._ensure_leaf(ident, server=True, dns=names, ips=["127.0.0.1"])
+        self._ensure_leaf(ident, server=True, dns=dns, ips=ips)
         return ident
 
     def ensure_client(self, cn: str) -> Identity:
@@ -166,8 +167,8 @@ class ClusterCA:
     def reissue_server(self, hostnames: Sequence[str] = ()) -> Identity:
         """A new key and server certificate now (rotation)."""
         ident = self.server()
-        self._ensure_leaf(ident, server=True, dns=["localhost", self.cluster, *hostnames], ips=["127.0.0.1"],
-                          force=True)
+        dns, ips = split_names(["localhost", self.cluster, *hostnames])
+        self._ensure_leaf(ident, server=True, dns=dns, ips=ips, force=True)
         return ident
 
     def revoked_serials(self) -> set[int]:
@@ -251,6 +252,18 @@ def import_peer_ca(ca: ClusterCA, peer: str, pem: bytes) -> Path:
     local = [ClusterCA(ca.dir.parent, d.name) for d in sorted(ca.dir.parent.iterdir())
              if (d / "ca.key").is_file() and _NAME.match(d.name)]
     return ca.write_trust(local)
+
+
+def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) of ``names``, 127.0.0.1 always among the addresses."""
+    dns: list[str] = []
+    ips = ["127.0.0.1"]
+    for n in names:
+        try:
+            ips.append(str(ipaddress.ip_address(n)))
+        except ValueError:
+            dns.append(n)
+    return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
 
 
 def _sans(cert: x509.Certificate) -> set[str]:

@@ -29,7 +29,7 @@ from cryptography.x509.oid import NameOID
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.certs import ClusterCA, Identity, split_names
 from nebula_mq.security.pem import key_matches, key_pem, load_key, new_key, signed_by, write_private, write_public
 
 SERVER = "server"
@@ -128,13 +128,6 @@ def _trusted(ca: ClusterCA) -> list[x509.Certificate]:
 
 
 def _general_names(names: Sequence[str]) -> list[x509.GeneralName]:
-    out: list[x509.GeneralName] = []
-    for n in dict.fromkeys(names):
-        try:
-            out.append(x509.IPAddress(ipaddress.ip_address(n)))
-        except ValueError:
-            out.append(x509.DNSName(n))
-    if not any(isinstance(g, x509.IPAddress) and str(g.value) == "127.0.0.1" for g in out):
-        out.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    return out
+    dns, ips = split_names(names)
+    return [*(x509.DNSName(n) for n in dns), *(x509.IPAddress(ipaddress.ip_address(i)) for i in ips)]
 

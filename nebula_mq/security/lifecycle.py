@@ -73,7 +73,7 @@ def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audit
 
 
 def _names(ident: Identity) -> list[str]:
-    """The DNS names a broker's current certificate carries (kept when it is reissued)."""
+    """The names and addresses a broker's current certificate carries (kept when it is reissued)."""
     from cryptography import x509
 
     cert = load_cert(ident.cert_file)
@@ -81,7 +81,9 @@ def _names(ident: Identity) -> list[str]:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value if cert else None
     except x509.ExtensionNotFound:
         sans = None
-    return list(sans.get_values_for_type(x509.DNSName)) if sans is not None else []
+    if sans is None:
+        return []
+    return [*sans.get_values_for_type(x509.DNSName), *(str(i) for i in sans.get_values_for_type(x509.IPAddress))]
 
 
 def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,

@@ -120,3 +120,28 @@ def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str, serial: in
     write_crl(ca, out)
     return serial
 
+
+
+def import_peer_crl(certs_dir: str | os.PathLike[str], ca: ClusterCA, peer: str, pem: bytes) -> Path:
+    """Publish ``peer``'s CRL (received from the peer's host, ``certs export-crl``) where
+    ``ca``'s broker looks. The brokers check every peer certificate against its issuer's CRL,
+    so a peer's federation link is refused until its CRL is here, and again once it expires
+    (``CRL_DAYS``): re-import it before then. It must be signed by the CA imported for
+    ``peer`` (``certs import-ca``)."""
+    peer_ca = load_cert(ca.dir / "peers" / f"{peer}.pem")
+    if peer_ca is None:
+        raise CertificateError(f"no CA imported for peer {peer!r} on {ca.cluster}: run `nebula-mq certs import-ca` first")
+    try:
+        crl = x509.load_pem_x509_crl(pem)
+    except ValueError:
+        raise CertificateError(f"the file offered as {peer!r}'s CRL is not a PEM CRL") from None
+    if crl.issuer != peer_ca.subject or not crl.is_signature_valid(peer_ca.public_key()):  # type: ignore[arg-type]
+        raise CertificateError(f"this CRL was not signed by {peer!r}'s CA")
+    if crl.next_update_utc is not None and crl.next_update_utc <= dt.datetime.now(dt.timezone.utc):
+        raise CertificateError(f"this CRL of {peer!r} expired on {crl.next_update_utc:%Y-%m-%d}: ask for a fresh one")
+    kept = ca.dir / "peers" / f"{peer}.crl"
+    write_public(kept, pem)
+    out = crl_dir(certs_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_public(out / f"{issuer_hash(kept)}.r0", pem)
+    return kept

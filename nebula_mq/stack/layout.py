@@ -10,6 +10,7 @@ TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, management API
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import os
 import re
@@ -27,6 +28,7 @@ RELAY_OFFSET = 10
 MGMT_OFFSET = 30
 DIST_OFFSET = 20000
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
 def default_run_dir() -> Path:
@@ -92,6 +94,12 @@ class StackLayout:
     base_port: int
     prefix: str
     nodes: tuple[NodeLayout, ...]
+    # The address the nodes' AMQPS listeners also bind, for peers and workers on other hosts
+    # (127.0.0.1: this host only). Their loopback listener is always there.
+    listen: str = "127.0.0.1"
+    # Names the nodes' server certificates carry besides localhost and the cluster name: the
+    # hostnames other hosts reach them by.
+    hostnames: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -118,7 +126,7 @@ class StackLayout:
 
     def save(self) -> None:
         data = {"run_dir": self.run_dir, "base_port": self.base_port, "prefix": self.prefix,
-                "nodes": [asdict(n) for n in self.nodes]}
+                "nodes": [asdict(n) for n in self.nodes], "listen": self.listen, "hostnames": list(self.hostnames)}
         write_json_atomic(self.path / "stack.json", data, indent=2)
 
     @classmethod
@@ -127,7 +135,8 @@ class StackLayout:
         try:
             data = json.loads(path.read_text())
             nodes = tuple(NodeLayout(**n) for n in data["nodes"])
-            return cls(data["run_dir"], int(data["base_port"]), data["prefix"], nodes)
+            return cls(data["run_dir"], int(data["base_port"]), data["prefix"], nodes,
+                       str(data.get("listen", "127.0.0.1")), tuple(data.get("hostnames", ())))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -145,8 +154,17 @@ def plan(
     clusters: Sequence[str] = DEFAULT_CLUSTERS,
     base_port: int = DEFAULT_BASE_PORT,
     prefix: str = DEFAULT_PREFIX,
+    listen: str = "127.0.0.1",
+    hostnames: Sequence[str] = (),
 ) -> StackLayout:
-    """Compute a layout; raises :class:`StackError` on bad names or ports."""
+    """Compute a layout; raises :class:`StackError` on bad names, addresses or ports."""
+    try:
+        ipaddress.ip_address(listen)
+    except ValueError:
+        raise StackError(f"--listen must be an IP address of this host, got {listen!r}") from None
+    for h in hostnames:
+        if not _HOSTNAME.match(h):
+            raise StackError(f"--hostname must be a DNS name, got {h!r}")
     if not clusters or len(set(clusters)) != len(clusters):
         raise StackError(f"clusters must be distinct and non-empty, got {list(clusters)}")
     if len(clusters) > RELAY_OFFSET:
@@ -169,4 +187,4 @@ def plan(
         )
         for i, c in enumerate(clusters)
     )
-    return StackLayout(str(root), base_port, prefix, nodes)
+    return StackLayout(str(root), base_port, prefix, nodes, listen, tuple(hostnames))

@@ -66,15 +66,19 @@ class Stack:
         clusters: Sequence[str] = DEFAULT_CLUSTERS,
         base_port: int = DEFAULT_BASE_PORT,
         prefix: str = DEFAULT_PREFIX,
+        listen: str = "127.0.0.1",
+        hostnames: Sequence[str] = (),
     ) -> None:
         """Plan a stack in ``run_dir`` (default ``$NEBULA_RUN_DIR`` or ``run/stack``).
 
+        ``listen`` and ``hostnames``: the address the nodes also listen on and the names
+        their certificates carry, for a node that other hosts reach (one cluster per host).
         If a stack with another layout is already running there, it keeps its own
         layout (ports, prefix) until ``down``.
         """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
-        fresh = plan(root, clusters, base_port, prefix)
+        fresh = plan(root, clusters, base_port, prefix, listen, hostnames)
         if saved is not None and saved != fresh and any(nodes.is_running(n) for n in saved.nodes):
             # A running stack keeps its layout; ask for `down` before changing it.
             self.layout = saved
@@ -88,7 +92,7 @@ class Stack:
         saved = StackLayout.load(root)
         if saved is None:
             raise StackError(f"no stack in {root.resolve()} (run `nebula-mq stack up` first)")
-        return cls(root, saved.clusters, saved.base_port, saved.prefix)
+        return cls(root, saved.clusters, saved.base_port, saved.prefix, saved.listen, saved.hostnames)
 
     @property
     def clusters(self) -> tuple[str, ...]:
@@ -102,6 +106,7 @@ class Stack:
 
     def up(self, timeout: float = 90.0) -> None:
         """Create certificates, render configs, start nodes and relays; wait until ready.
+        Nodes already running reload their certificates (after ``certs import-ca``, say).
 
         All or nothing: when any part fails (a busy port, a node that does not
         boot), the nodes and relays this call started are stopped again and the
@@ -110,8 +115,9 @@ class Stack:
         """
         self.layout.save()
         init_certs(self.layout.certs_dir, self.clusters)
+        names = [*self.layout.hostnames, *([self.layout.listen] if self.layout.listen != "127.0.0.1" else [])]
         for n in self.layout.nodes:
-            nodes.render(n, self.ca(n.cluster).server())
+            nodes.render(n, self.ca(n.cluster).ensure_server(names), self.layout.listen)
         links = wan.links(self.layout)
         nodes_before = {n.node for n in self.layout.nodes if nodes.is_running(n)}
         relays_before = {link.name for link in links if link.pid() is not None}
@@ -122,6 +128,12 @@ class Stack:
             if isinstance(exc, StackError):
                 raise StackError(f"{exc}; {rollback}") from None
             raise
+        for n in self.layout.nodes:
+            if n.node in nodes_before:
+                # A running node re-reads certificate files at each handshake, except CA bundles it
+                # already loaded as a TLS client (federation links): a peer CA imported since would
+                # stay unknown until this, or a restart.
+                nodes.rabbitmqctl(n, "eval", "ssl:clear_pem_cache().")
 
     def _start(self, links: Sequence[wan.Link], timeout: float) -> None:
         # Every node gets its chance (a failure does not cancel the others), so the

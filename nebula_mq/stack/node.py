@@ -53,8 +53,9 @@ def node_env(node: NodeLayout) -> dict[str, str]:
     return env
 
 
-def render(node: NodeLayout, server: Identity) -> None:
-    """Write the node's config files from ``broker/`` templates (idempotent)."""
+def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1") -> None:
+    """Write the node's config files from ``broker/`` templates (idempotent). The AMQPS
+    listener is on loopback, and also on ``listen`` when that is another address."""
     for d in (node.home, node.mnesia_base, node.log_base):
         d.mkdir(parents=True, exist_ok=True)
     cookie = node.home / ".erlang.cookie"
@@ -65,6 +66,7 @@ def render(node: NodeLayout, server: Identity) -> None:
     conf = Template(_template("rabbitmq.conf.template")).substitute(
         node=node.node,
         tls_port=node.tls_port,
+        listeners=_listeners(listen, node.tls_port),
         ca_file=server.ca_file,
         cert_file=server.cert_file,
         key_file=server.key_file,
@@ -84,6 +86,16 @@ def render(node: NodeLayout, server: Identity) -> None:
         Template(_template("advanced.config.template")).substitute(
             node=node.node, mgmt_port=node.mgmt_port, ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
             key_file=_erl_string(server.key_file), crl_dir=_erl_string(_crl_dir(server))))
+
+
+def _listeners(listen: str, port: int) -> str:
+    if listen in ("0.0.0.0", "::"):  # every address, loopback included
+        return f"listeners.ssl.1 = {port}"
+    lines = [f"listeners.ssl.1 = 127.0.0.1:{port}"]
+    if listen != "127.0.0.1":
+        host = f"[{listen}]" if ":" in listen else listen
+        lines.append(f"listeners.ssl.2 = {host}:{port}")
+    return "\n".join(lines)
 
 
 def _erl_string(path: object) -> str:

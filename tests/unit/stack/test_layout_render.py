@@ -1,0 +1,49 @@
+"""A node's rendered configuration: where it listens (loopback always, another host's address on
+request), the management API on loopback only, and the names its certificate carries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from nebula_mq.errors import StackError
+from nebula_mq.security.certs import init_certs
+from nebula_mq.stack import node
+from nebula_mq.stack.layout import StackLayout, plan
+
+
+def _render(tmp_path: Path, listen: str) -> str:
+    layout = plan(tmp_path / "st", ("cluster-a",), 6000, "t", listen, ("broker-a.example.org",))
+    cas = init_certs(layout.certs_dir, ["cluster-a"])
+    n = layout.nodes[0]
+    node.render(n, cas["cluster-a"].ensure_server(["broker-a.example.org", listen]), listen)
+    return n.config_file.read_text() + n.advanced_config_file.read_text()
+
+
+def test_a_node_listens_on_loopback_and_on_the_address_other_hosts_reach(tmp_path: Path) -> None:
+    text = _render(tmp_path, "10.9.8.7")
+    assert "listeners.ssl.1 = 127.0.0.1:6000" in text and "listeners.ssl.2 = 10.9.8.7:6000" in text
+    assert "listeners.tcp = none" in text
+    # The management API stays on loopback, HTTPS only, whatever --listen says.
+    assert '{ip, "127.0.0.1"}' in text and "{port, 6030}" in text and "management.tcp" not in text
+    cert = x509.load_pem_x509_certificate((tmp_path / "st" / "certs" / "cluster-a" / "server" / "cert.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "broker-a.example.org" in sans.get_values_for_type(x509.DNSName)
+    assert {str(i) for i in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "10.9.8.7"}
+
+
+def test_a_loopback_stack_has_one_listener_and_the_layout_round_trips(tmp_path: Path) -> None:
+    text = _render(tmp_path, "127.0.0.1")
+    assert "listeners.ssl.1 = 127.0.0.1:6000" in text and "listeners.ssl.2" not in text
+    layout = plan(tmp_path / "st", ("cluster-a", "cluster-b"), 6000, "t", "10.0.0.1", ("a.example.org",))
+    layout.save()
+    assert StackLayout.load(tmp_path / "st") == layout
+    assert [n.mgmt_port for n in layout.nodes] == [6030, 6031]
+
+
+@pytest.mark.parametrize("listen, hostnames", [("broker-a", ()), ("10.0.0.1", ("bad name",)), ("10.0.0.1", ("-x.org",))])
+def test_a_bad_address_or_hostname_is_refused(tmp_path: Path, listen: str, hostnames: tuple[str, ...]) -> None:
+    with pytest.raises(StackError):
+        plan(tmp_path, ("cluster-a",), 6000, "t", listen, hostnames)
