@@ -141,10 +141,18 @@ def _provision(args: argparse.Namespace) -> int:
             stack.ca(cluster).ensure_client(cn)
     admin = stack.admin(cluster) if stack is not None else _admin(args, settings, cluster)
     admin.import_definitions(defs)
+    # Every worker of the job, on every host, signs and checks messages with the same job key.
+    from nebula_mq.security.keys import ensure_job_key, job_key_file
+
+    key = job_key_file(settings.run_dir)
+    made = not key.exists()
+    ensure_job_key(key, settings.job.id)
     print(f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
           f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
           f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
           f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_file}")
+    print(f"job key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need this same file "
+          f"(copy it there, mode 0600, before their first start)")
     return 0
 
 
