@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,10 +99,11 @@ def _user(name: str, password_hash: str = "", tags: Sequence[str] = ()) -> dict[
             "tags": list(tags)}
 
 
-def password_hash(password: str, salt: bytes | None = None) -> str:
-    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt + sha256(salt + password)),
-    with a 4-byte random salt (what ``rabbitmqctl add_user`` stores)."""
-    salt = os.urandom(4) if salt is None else salt
+def password_hash(user: str, password: str) -> str:
+    """RabbitMQ's ``rabbit_password_hashing_sha256``: base64(salt + sha256(salt + password)), as
+    ``rabbitmqctl add_user`` stores it. The 4-byte salt comes from the user and the password
+    (not at random), so provisioning again writes the same definitions (idempotent)."""
+    salt = hashlib.sha256(f"{user}\0{password}".encode()).digest()[:4]
     return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
 
 
@@ -166,7 +166,7 @@ def definitions(
     }
     if monitoring_password:
         monitor = topology.monitoring_user(job_id)
-        defs["users"].append(_user(monitor, password_hash(monitoring_password), tags=("management",)))
+        defs["users"].append(_user(monitor, password_hash(monitor, monitoring_password), tags=("management",)))
         defs["permissions"].append({"user": monitor, "vhost": vhost, "configure": NOTHING, "write": NOTHING,
                                     "read": NOTHING})
     inbound: dict[str, list[str]] = {}

@@ -35,7 +35,14 @@ def test_each_cluster_federates_exactly_the_flows_that_end_there(flows: tuple[Fl
         defs = definitions("j", cluster, flows, ["w"], [c for c in CLUSTERS if c != cluster], _upstreams(cluster))
         upstream_of = {p["name"]: p for p in defs["parameters"]}
         federated: dict[str, str] = {}
+        capped = {q for pol in defs["policies"] if "max-length-bytes" in pol["definition"]
+                  for q in (topology.queue_name("j", f.name) for f in flows) if re.match(pol["pattern"], q)}
+        # The cap bounds the sending-side copy of each flow that leaves this cluster, and nothing else.
+        assert capped == {topology.queue_name("j", f.name) for f in flows
+                          if f.crosses_clusters and f.src_cluster == cluster}
         for pol in defs["policies"]:
+            if "federation-upstream" not in pol["definition"]:
+                continue
             up = pol["definition"]["federation-upstream"]
             assert up in upstream_of
             for f in flows:
