@@ -28,6 +28,12 @@ CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "topk(0.1)", "lz4", 
 LOWRANK_FRACTIONS = [0.1, 0.3, 0.6]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--peers", action="store_true",
+                        help="also time torch's casts, quantize_per_channel and PowerSGD's math on the same tensors "
+                             "(pip install -e '.[peers]')")
+
+
 def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     times, result = [], None
     for _ in range(repeats):
@@ -84,7 +90,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     shapes = SHAPES[:1] if args.quick else SHAPES
     machine = _machine()
     print("machine: " + ", ".join(f"{k}={v}" for k, v in machine.items()))
-    rows, lowrank = [], []
+    rows, lowrank, peer_rows = [], [], []
     for label, x in _inputs(shapes):
         raw_mb = x.nbytes / 1e6
         norm = float(np.linalg.norm(x))
@@ -99,6 +105,11 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                    "encode_MBps": raw_mb / t_enc, "decode_MBps": raw_mb / t_dec}
             rows.append(row)
             print(f"  {spec:18s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
+        if args.peers:
+            from nebula_mq.bench.codec_peers import peers
+
+            print("  beside the peers, encode, same tensor, one thread:")
+            peer_rows += [{"input": label, **r} for r in peers(x, _median_time, repeats)]
         for frac in LOWRANK_FRACTIONS:
             t_svd, e_svd = _median_time(lambda: SVD(frac).encode(x), max(1, repeats - 2))
             t_rsvd, e_rsvd = _median_time(lambda: RandomizedSVD(frac).encode(x), repeats)
@@ -111,7 +122,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  exact vs randomized, r={frac} (k={item['rank']}): svd {t_svd * 1e3:.0f} ms, "
                   f"rsvd {t_rsvd * 1e3:.0f} ms -> {item['speedup']:.1f}x faster; "
                   f"error {err_svd:.4f} vs {err_rsvd:.4f} (ratio {item['err_ratio']:.3f})")
-    return {"machine": machine, "codecs": rows, "lowrank": lowrank}
+    return {"machine": machine, "codecs": rows, "lowrank": lowrank, "peers": peer_rows}
 
 
 def _targets(result: dict[str, Any]) -> list[str]:
@@ -136,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         env = {**os.environ, **{v: "1" for v in _THREAD_VARS}}
         argv = [sys.executable, "-m", "nebula_mq", "bench", "codecs"]
         argv += (["--json", args.json] if args.json else []) + (["--quick"] if args.quick else [])
+        argv += ["--peers"] if args.peers else []
         os.execve(sys.executable, argv, env)
     result = _bench(args)
     result["targets"] = _targets(result)

@@ -10,7 +10,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "audit verify": ("nebula-mq audit verify --log run/jobs/demo/audit/audit.jsonl",),
     "audit show": ("nebula-mq audit show --log run/jobs/demo/audit/audit.jsonl --event message_dead_lettered",),
     "audit scan-broker": ("nebula-mq audit scan-broker --stack run/stack",),
-    "bench codecs": ("nebula-mq bench codecs --quick --json run/bench/codecs.json",),
+    "bench codecs": ("nebula-mq bench codecs --quick --json run/bench/codecs.json", "nebula-mq bench codecs --peers"),
     "bench transport": ("nebula-mq bench transport --quick",),
     "bench scenario1": ("nebula-mq bench scenario1 --n 1,2 --delay-ms 20",),
     "bench compute": ("nebula-mq bench compute config/demo.toml",),
