@@ -127,7 +127,9 @@ def _provision(args: argparse.Namespace) -> int:
         own = stack.ca(cluster).ensure_client(federation_identity(cluster))
         upstreams = {src: dataclasses.replace(up, client=own) for src, up in upstreams.items()}
         password_file = stack.monitoring_password_file(topology.vhost(settings.job.id))
-    password = "<generated>" if args.dry_run else _monitoring_password(password_file)
+    from nebula_mq.security.keys import ensure_secret
+
+    password = "<generated>" if args.dry_run else ensure_secret(password_file)
     defs = provision.definitions(settings.job.id, cluster, plan.flows, identities, peers, upstreams,
                                  settings.transport.max_queue_bytes, password)
     if args.dry_run:
@@ -154,16 +156,6 @@ def _provision(args: argparse.Namespace) -> int:
     print(f"job key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need this same file "
           f"(copy it there, mode 0600, before their first start)")
     return 0
-
-
-def _monitoring_password(path: Path) -> str:
-    import secrets
-
-    from nebula_mq.security.pem import write_private
-
-    if not path.is_file():
-        write_private(path, secrets.token_urlsafe(24).encode())
-    return path.read_text().strip()
 
 
 def _deprovision(args: argparse.Namespace) -> int:

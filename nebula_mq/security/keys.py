@@ -139,3 +139,15 @@ def new_incarnation(path: str | os.PathLike[str], job_id: str) -> KeyRing:
     ring = KeyRing(job_id, _now_ms(), (_new_key(),))
     ring.save(path)
     return ring
+
+
+def ensure_secret(path: str | os.PathLike[str]) -> str:
+    """The random password kept in ``path`` (mode 0600), made on first use (a job's monitoring
+    user's, for example)."""
+    path = Path(path)
+    if not path.is_file():
+        write_private(path, secrets.token_urlsafe(24).encode())
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise SecurityError(f"{path}: unreadable secret ({exc})") from None

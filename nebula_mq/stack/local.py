@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from typing import Any
 from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
-from nebula_mq.security.pem import write_private
+from nebula_mq.security.keys import ensure_secret
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
@@ -223,10 +222,6 @@ class Stack:
         """The password of a job's read-only management user (0600; made by ``provision_job``)."""
         return self.layout.path / "monitoring" / f"{vhost}.password"
 
-    def management_url(self, cluster: str) -> str:
-        """The management API and UI of ``cluster``'s node (HTTPS, loopback, client certificate)."""
-        return f"https://localhost:{self.layout.node(cluster).mgmt_port}/"
-
     def provision_job(
         self,
         job_id: str,
@@ -252,10 +247,7 @@ class Stack:
                 topology.queue_name(job_id, f.name)
         except ValueError as exc:
             raise StackError(str(exc)) from None
-        password_file = self.monitoring_password_file(vhost)
-        if not password_file.is_file():
-            write_private(password_file, secrets.token_urlsafe(24).encode())
-        monitoring_password = password_file.read_text().strip()
+        monitoring_password = ensure_secret(self.monitoring_password_file(vhost))
         upstreams = {}
         for n in self.layout.nodes:
             for peer in self.clusters:
