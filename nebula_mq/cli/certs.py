@@ -14,79 +14,77 @@ from pathlib import Path
 from typing import Any
 
 
+DIR_HELP = "certificate directory (what `certs init` made; the stack's is <stack>/certs)"
+AUDIT_HELP = "audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)"
+HOSTNAME_HELP = ("with CN server: a name the broker is reached by, put in its certificate (repeatable; "
+                 "names it already has are kept)")
+
+# verb -> (help, function, positionals as (name, help), options: audit, hostname)
+VERBS: dict[str, tuple[str, str, tuple[tuple[str, str], ...], tuple[str, ...]]] = {
+    "issue": ("issue (or keep while valid) a certificate CN from CLUSTER's CA ('server' = the broker)", "_issue",
+              (("dir", DIR_HELP), ("cluster", "the cluster whose CA signs the certificate"),
+               ("cn", "the certificate's common name (a worker identity; 'server' = the broker)")),
+              ("audit", "hostname")),
+    "rotate": ("new key and certificate for CN ('server' = the broker); revokes the old one", "_rotate",
+               (("dir", DIR_HELP), ("cluster", "the cluster whose CA signed the certificate"),
+                ("cn", "the certificate's common name (a worker identity; 'server' = the broker)")),
+               ("audit", "hostname")),
+    "revoke": ("revoke CN's certificate: refused at its next connection", "_revoke",
+               (("dir", DIR_HELP), ("cluster", "the cluster whose CA signed the certificate"),
+                ("cn", "the certificate's common name (a worker identity)")), ("audit",)),
+    "request": ("make a key and a certificate signing request for CN on this host (the key stays here; "
+                "send the CSR to the CA's host)", "_request",
+                (("dir", "certificate directory on this host"), ("cluster", "the cluster the identity belongs to"),
+                 ("cn", "the identity ('server' = this cluster's broker)")), ("hostname",)),
+    "sign": ("sign a CSR with CLUSTER's CA (on the host that holds it); print or write the certificate", "_sign",
+             (("dir", "certificate directory holding CLUSTER's CA"), ("cluster", "the cluster whose CA signs"),
+              ("csr", "the request (PEM, from `certs request`)")), ("audit",)),
+    "install": ("put a signed certificate in place with the key its request made", "_install",
+                (("dir", "certificate directory on this host (where `certs request` ran)"),
+                 ("cluster", "the cluster the identity belongs to"),
+                 ("cn", "the identity ('server' = this cluster's broker)"),
+                 ("cert", "the signed certificate (PEM, from `certs sign`)")), ()),
+    "list": ("every certificate with its expiry; warns about expiring ones", "_list", (("dir", DIR_HELP),), ()),
+    "export-ca": ("print CLUSTER's CA certificate (to send to the peer cluster)", "_export",
+                  (("dir", DIR_HELP), ("cluster", "the cluster whose CA certificate to print")), ()),
+    "export-crl": ("print CLUSTER's current CRL (peers need it: their brokers check this cluster's certificates "
+                   "against it)", "_export_crl",
+                   (("dir", "certificate directory holding CLUSTER's CA"),
+                    ("cluster", "the cluster whose CRL to print")), ()),
+    "import-crl": ("publish PEER's CRL (PEM FILE) for CLUSTER's broker; refresh it before it expires (30 days)",
+                   "_import_crl",
+                   (("dir", "certificate directory on this host"),
+                    ("cluster", "the cluster whose broker checks the peer's certificates"),
+                    ("peer", "the peer cluster's name (its CA imported with import-ca)"),
+                    ("file", "the peer's CRL (PEM, from its `certs export-crl`)")), ()),
+    "import-ca": ("trust PEER's CA certificate (PEM FILE) on CLUSTER", "_import",
+                  (("dir", DIR_HELP), ("cluster", "the cluster that will trust the peer's CA"),
+                   ("peer", "the peer cluster's name"),
+                   ("file", "the peer's CA certificate (PEM, from its `certs export-ca`)")), ("audit",)),
+}
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("certs", help="manage TLS certificates")
     sub = parser.add_subparsers(dest="certs_cmd", metavar="CMD", required=True)
     init = sub.add_parser("init", help="create (or keep valid) CAs and certificates under DIR")
-    init.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
+    init.add_argument("dir", metavar="DIR", help=DIR_HELP)
     init.add_argument("--clusters", default="cluster-a,cluster-b", help="comma-separated cluster names")
     init.add_argument("--identity", action="append", default=[], metavar="CLUSTER:CN",
                       help="also issue a client certificate CN on CLUSTER (repeatable)")
     init.set_defaults(func=_init)
-    for name, func, text in (
-        ("issue", _issue, "issue (or keep while valid) a client certificate CN from CLUSTER's CA"),
-        ("rotate", _rotate, "new key and certificate for CN ('server' = the broker); revokes the old one"),
-        ("revoke", _revoke, "revoke CN's certificate: refused at its next connection"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
-        p.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA signs (or signed) the certificate")
-        p.add_argument("cn", metavar="CN", help="the certificate's common name (a worker identity; 'server' = the broker)")
-        p.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
-        if name != "revoke":
-            p.add_argument("--hostname", action="append", default=[], metavar="H",
-                           help="with CN server: also put H in the broker's certificate (the name peers and "
-                                "workers reach it by; repeatable; names it already has are kept)")
-        p.set_defaults(func=func)
-    req = sub.add_parser("request", help="make a key and a certificate signing request for CN on this host "
-                                         "(the key stays here; send the CSR to the CA's host)")
-    req.add_argument("dir", metavar="DIR", help="certificate directory on this host")
-    req.add_argument("cluster", metavar="CLUSTER", help="the cluster the identity belongs to")
-    req.add_argument("cn", metavar="CN", help="the identity ('server' = this cluster's broker)")
-    req.add_argument("--hostname", action="append", default=[], metavar="H",
-                     help="with CN server: a name the broker is reached by (repeatable)")
-    req.set_defaults(func=_request)
-    sig = sub.add_parser("sign", help="sign a CSR with CLUSTER's CA (on the host that holds it); "
-                                      "print or write the certificate")
-    sig.add_argument("dir", metavar="DIR", help="certificate directory holding CLUSTER's CA")
-    sig.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA signs")
-    sig.add_argument("csr", metavar="CSR", help="the request (PEM, from `certs request`)")
-    sig.add_argument("--server", action="store_true", help="a broker's certificate: keep the request's host names")
-    sig.add_argument("--out", metavar="FILE", help="write the certificate here (default: standard output)")
-    sig.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
-    sig.set_defaults(func=_sign)
-    ins = sub.add_parser("install", help="put a signed certificate in place with the key its request made")
-    ins.add_argument("dir", metavar="DIR", help="certificate directory on this host (where `certs request` ran)")
-    ins.add_argument("cluster", metavar="CLUSTER", help="the cluster the identity belongs to")
-    ins.add_argument("cn", metavar="CN", help="the identity ('server' = this cluster's broker)")
-    ins.add_argument("cert", metavar="CERT", help="the signed certificate (PEM, from `certs sign`)")
-    ins.set_defaults(func=_install)
-    ls = sub.add_parser("list", help="every certificate with its expiry; warns about expiring ones")
-    ls.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
-    ls.set_defaults(func=_list)
-    exp = sub.add_parser("export-ca", help="print CLUSTER's CA certificate (to send to the peer cluster)")
-    exp.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
-    exp.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CA certificate to print")
-    exp.set_defaults(func=_export)
-    xcrl = sub.add_parser("export-crl", help="print CLUSTER's current CRL (peers need it: their brokers check "
-                                             "this cluster's certificates against it)")
-    xcrl.add_argument("dir", metavar="DIR", help="certificate directory holding CLUSTER's CA")
-    xcrl.add_argument("cluster", metavar="CLUSTER", help="the cluster whose CRL to print")
-    xcrl.set_defaults(func=_export_crl)
-    icrl = sub.add_parser("import-crl", help="publish PEER's CRL (PEM FILE) for CLUSTER's broker; refresh it "
-                                             "before it expires (30 days)")
-    icrl.add_argument("dir", metavar="DIR", help="certificate directory on this host")
-    icrl.add_argument("cluster", metavar="CLUSTER", help="the cluster whose broker checks the peer's certificates")
-    icrl.add_argument("peer", metavar="PEER", help="the peer cluster's name (its CA imported with import-ca)")
-    icrl.add_argument("file", metavar="FILE", help="the peer's CRL (PEM, from its `certs export-crl`)")
-    icrl.set_defaults(func=_import_crl)
-    imp = sub.add_parser("import-ca", help="trust PEER's CA certificate (PEM FILE) on CLUSTER")
-    imp.add_argument("dir", metavar="DIR", help="certificate directory (what `certs init` made; the stack's is <stack>/certs)")
-    imp.add_argument("cluster", metavar="CLUSTER", help="the cluster that will trust the peer's CA")
-    imp.add_argument("peer", metavar="PEER", help="the peer cluster's name")
-    imp.add_argument("file", metavar="FILE", help="the peer's CA certificate (PEM, from its `certs export-ca`)")
-    imp.add_argument("--audit", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
-    imp.set_defaults(func=_import)
+    for verb, (text, func, positionals, options) in VERBS.items():
+        p = sub.add_parser(verb, help=text)
+        for name, help_text in positionals:
+            p.add_argument(name, metavar=name.upper(), help=help_text)
+        if "audit" in options:
+            p.add_argument("--audit", help=AUDIT_HELP)
+        if "hostname" in options:
+            p.add_argument("--hostname", action="append", default=[], metavar="H", help=HOSTNAME_HELP)
+        if verb == "sign":
+            p.add_argument("--server", action="store_true", help="a broker's certificate: keep the request's host names")
+            p.add_argument("--out", metavar="FILE", help="write the certificate here (default: standard output)")
+        p.set_defaults(func=globals()[func])
 
 
 def _audit(args: argparse.Namespace) -> Any:
@@ -165,17 +163,10 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from nebula_mq.errors import CertificateError
     from nebula_mq.security.certs import import_peer_ca
     from nebula_mq.security.lifecycle import _ca
 
-    try:
-        pem = Path(args.file).read_bytes()
-    except OSError as exc:
-        raise CertificateError(f"{args.file}: {exc}") from None
-    trust = import_peer_ca(_ca(args.dir, args.cluster), args.peer, pem)
+    trust = import_peer_ca(_ca(args.dir, args.cluster), args.peer, _read(args.file))
     _audit(args).record("ca_imported", cluster=args.cluster, peer=args.peer)
     print(f"{args.cluster}: now trusts {args.peer}'s CA ({trust})")
     return 0

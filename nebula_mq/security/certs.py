@@ -140,6 +140,10 @@ class ClusterCA:
         d = self.dir / "server"
         return Identity(self.cluster, d / "cert.pem", d / "key.pem", self.trust_file)
 
+    def identity(self, cn: str) -> Identity:
+        """The files of ``cn``: ``"server"`` is this cluster's broker, any other CN a client."""
+        return self.server() if cn == "server" else self.client(cn)
+
     def client(self, cn: str) -> Identity:
         d = self.dir / "clients" / _check_name(cn, "client identity")
         return Identity(cn, d / "cert.pem", d / "key.pem", self.trust_file)
@@ -188,7 +192,7 @@ class ClusterCA:
             not force and cert is not None and key is not None and _fresh(cert)
             and cert.serial_number not in self.revoked_serials()
             and signed_by(cert, ca_cert) and key_matches(cert, key)
-            and (not server or _sans(cert) >= set(dns) | set(ips))
+            and (not server or sans(cert) >= set(dns) | set(ips))
         ):
             return
         key = new_key()
@@ -266,7 +270,8 @@ def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
 
 
-def _sans(cert: x509.Certificate) -> set[str]:
+def sans(cert: x509.Certificate) -> set[str]:
+    """The DNS names and IP addresses ``cert`` is valid for."""
     try:
         ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:

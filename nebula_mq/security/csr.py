@@ -35,15 +35,11 @@ from nebula_mq.security.pem import key_matches, key_pem, load_key, new_key, sign
 SERVER = "server"
 
 
-def _identity(ca: ClusterCA, cn: str) -> Identity:
-    return ca.server() if cn == SERVER else ca.client(cn)
-
-
 def request(certs_dir: str | os.PathLike[str], cluster: str, cn: str, hostnames: Sequence[str] = ()) -> Path:
     """Make a key and a CSR for ``cn`` (``server``: the broker, with ``hostnames`` as SANs);
     returns the CSR's path. A new request replaces an older pending one."""
     ca = ClusterCA(certs_dir, cluster)
-    ident = _identity(ca, cn)
+    ident = ca.identity(cn)
     if cn != SERVER and hostnames:
         raise CertificateError("--hostname is for a broker's certificate (CN server)")
     key = new_key()
@@ -99,7 +95,7 @@ def sign(certs_dir: str | os.PathLike[str], cluster: str, csr_pem: bytes, audit:
 def install(certs_dir: str | os.PathLike[str], cluster: str, cn: str, cert_pem: bytes) -> Identity:
     """Put a signed certificate in place with its pending key (from ``request``)."""
     ca = ClusterCA(certs_dir, cluster)
-    ident = _identity(ca, cn)
+    ident = ca.identity(cn)
     folder = ident.cert_file.parent
     key = load_key(folder / "request.key")
     if key is None:

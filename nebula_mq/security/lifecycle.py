@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.certs import ClusterCA, Identity, sans
 from nebula_mq.security.pem import load_cert
 from nebula_mq.security.revocation import revoke, revoked_serials
 
@@ -64,7 +64,7 @@ def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audit
     server = cn == "server"
     if hostnames and not server:
         raise CertificateError("--hostname is for a broker's certificate (CN server)")
-    before = _serial(ca.server() if server else ca.client(cn))
+    before = _serial(ca.identity(cn))
     ident = ca.ensure_server([*_names(ca.server()), *hostnames]) if server else ca.ensure_client(cn)
     after = _serial(ident)
     if after != before:
@@ -74,16 +74,8 @@ def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audit
 
 def _names(ident: Identity) -> list[str]:
     """The names and addresses a broker's current certificate carries (kept when it is reissued)."""
-    from cryptography import x509
-
     cert = load_cert(ident.cert_file)
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value if cert else None
-    except x509.ExtensionNotFound:
-        sans = None
-    if sans is None:
-        return []
-    return [*sans.get_values_for_type(x509.DNSName), *(str(i) for i in sans.get_values_for_type(x509.IPAddress))]
+    return sorted(sans(cert)) if cert is not None else []
 
 
 def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
@@ -94,7 +86,7 @@ def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audi
     server = cn == "server"
     if hostnames and not server:
         raise CertificateError("--hostname is for a broker's certificate (CN server)")
-    old = _serial(ca.server() if server else ca.client(cn))
+    old = _serial(ca.identity(cn))
     ident = ca.reissue_server([*_names(ca.server()), *hostnames]) if server else ca.reissue_client(cn)
     if old is not None and revoke_old and not server:
         revoke(certs_dir, ca, cn, serial=old)
