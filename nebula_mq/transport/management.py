@@ -1,4 +1,5 @@
-"""Read-only access to a broker's management API: what AMQP cannot say about a queue.
+"""A broker's management API over HTTPS: what AMQP cannot say about a queue, and the way
+``nebula-mq provision`` administers a broker it does not run (``stack.admin.HttpAdmin``).
 
 A passive declare gives a queue's ready messages, not their size. The management
 plugin knows both. It listens on HTTPS only, with the same mutual TLS as AMQP (the
