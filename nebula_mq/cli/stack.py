@@ -28,6 +28,12 @@ def register(subparsers: Any) -> None:
                          "(default: loopback only)")
     up.add_argument("--hostname", action="append", default=[], metavar="H",
                     help="a name other hosts reach the node by, put in its certificate (repeatable)")
+    up.add_argument("--management-listen", default="127.0.0.1", metavar="ADDR",
+                    help="the management API's address (default loopback; a compose project's workers reach it "
+                         "on the project's own network)")
+    up.add_argument("--foreground", action="store_true",
+                    help="run the one cluster's node in the foreground, without a WAN relay (a container's main "
+                         "process: docker-compose.yml)")
     up.set_defaults(func=_up)
     for name, func, text in (("status", _status, "print each node's state"),
                              ("down", _down, "stop every node and relay")):
@@ -45,7 +51,10 @@ def _up(args: argparse.Namespace) -> int:
     from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
 
     clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
-    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix, args.listen, args.hostname)
+    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix, args.listen, args.hostname,
+                  args.management_listen)
+    if args.foreground:
+        stack.serve()
     t0 = time.monotonic()
     stack.up()
     print(f"stack up in {time.monotonic() - t0:.1f} s ({stack.layout.run_dir})")

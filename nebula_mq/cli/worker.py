@@ -41,6 +41,9 @@ def register(sub: Any) -> None:
     p.add_argument("--index", type=int, default=0, help="index among workers of the same role")
     add_stack_option(p, "take broker settings from this local stack directory (default: the job file's "
                         "[clusters.<name>.broker])")
+    p.add_argument("--broker-host", default="", metavar="NAME",
+                   help="with --stack: reach the stack's broker by this name from its certificate (a worker on "
+                        "another machine or container that shares the stack directory; default: loopback)")
     p.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     p.add_argument("--metrics-port", type=port_number, default=None,
                    help="also serve Prometheus metrics over HTTP on this port (/metrics)")
@@ -60,7 +63,7 @@ def find_process(settings: Settings, role: str, index: int) -> Process:
                       f"--role {role} --index {index}")
 
 
-def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int) -> Settings:
+def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int, host: str = "") -> Settings:
     """Settings whose clusters point at the local stack's nodes, for this process's identity."""
     from nebula_mq import topology
     from nebula_mq.stack import Stack
@@ -68,7 +71,7 @@ def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int
     stack = Stack.open(stack_dir)
     proc = find_process(settings, role, index)
     vhost = topology.vhost(settings.job.id)
-    broker = stack.broker_settings(proc.cluster, proc.identity(settings.job.id), vhost=vhost)
+    broker = stack.broker_settings(proc.cluster, proc.identity(settings.job.id), vhost=vhost, host=host)
     clusters = dict(settings.clusters)
     clusters[proc.cluster] = ClusterSettings(proc.cluster, broker)
     return dataclasses.replace(settings, clusters=clusters)
@@ -100,7 +103,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         check_metrics_port(args.metrics_port)
     if args.stack:
-        settings = resolve_from_stack(settings, args.stack, args.role, args.index)
+        settings = resolve_from_stack(settings, args.stack, args.role, args.index, args.broker_host)
+    elif args.broker_host:
+        raise ConfigError("<command line>", "--broker-host", "--stack DIR as well (otherwise the job file's "
+                          f"[clusters.{proc.cluster}.broker] host applies)", args.broker_host)
     elif proc.cluster not in settings.clusters:
         raise ConfigError(
             settings.source, f"clusters.{proc.cluster}.broker",

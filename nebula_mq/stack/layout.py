@@ -100,6 +100,9 @@ class StackLayout:
     # Names the nodes' server certificates carry besides localhost and the cluster name: the
     # hostnames other hosts reach them by.
     hostnames: tuple[str, ...] = ()
+    # The address of the management API's listener: loopback, unless the workers that read queue
+    # sizes through it run on other machines of the cluster's own network (a compose project).
+    management_listen: str = "127.0.0.1"
 
     @property
     def path(self) -> Path:
@@ -126,7 +129,8 @@ class StackLayout:
 
     def save(self) -> None:
         data = {"run_dir": self.run_dir, "base_port": self.base_port, "prefix": self.prefix,
-                "nodes": [asdict(n) for n in self.nodes], "listen": self.listen, "hostnames": list(self.hostnames)}
+                "nodes": [asdict(n) for n in self.nodes], "listen": self.listen, "hostnames": list(self.hostnames),
+                "management_listen": self.management_listen}
         write_json_atomic(self.path / "stack.json", data, indent=2)
 
     @classmethod
@@ -136,7 +140,8 @@ class StackLayout:
             data = json.loads(path.read_text())
             nodes = tuple(NodeLayout(**n) for n in data["nodes"])
             return cls(data["run_dir"], int(data["base_port"]), data["prefix"], nodes,
-                       str(data.get("listen", "127.0.0.1")), tuple(data.get("hostnames", ())))
+                       str(data.get("listen", "127.0.0.1")), tuple(data.get("hostnames", ())),
+                       str(data.get("management_listen", "127.0.0.1")))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -156,12 +161,14 @@ def plan(
     prefix: str = DEFAULT_PREFIX,
     listen: str = "127.0.0.1",
     hostnames: Sequence[str] = (),
+    management_listen: str = "127.0.0.1",
 ) -> StackLayout:
     """Compute a layout; raises :class:`StackError` on bad names, addresses or ports."""
-    try:
-        ipaddress.ip_address(listen)
-    except ValueError:
-        raise StackError(f"--listen must be an IP address of this host, got {listen!r}") from None
+    for option, address in (("--listen", listen), ("--management-listen", management_listen)):
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise StackError(f"{option} must be an IP address of this host, got {address!r}") from None
     for h in hostnames:
         if not _HOSTNAME.match(h):
             raise StackError(f"--hostname must be a DNS name, got {h!r}")
@@ -187,4 +194,4 @@ def plan(
         )
         for i, c in enumerate(clusters)
     )
-    return StackLayout(str(root), base_port, prefix, nodes, listen, tuple(hostnames))
+    return StackLayout(str(root), base_port, prefix, nodes, listen, tuple(hostnames), management_listen)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
@@ -67,6 +67,7 @@ class Stack:
         prefix: str = DEFAULT_PREFIX,
         listen: str = "127.0.0.1",
         hostnames: Sequence[str] = (),
+        management_listen: str = "127.0.0.1",
     ) -> None:
         """Plan a stack in ``run_dir`` (default ``$NEBULA_RUN_DIR`` or ``run/stack``).
 
@@ -77,7 +78,7 @@ class Stack:
         """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
-        fresh = plan(root, clusters, base_port, prefix, listen, hostnames)
+        fresh = plan(root, clusters, base_port, prefix, listen, hostnames, management_listen)
         if saved is not None and saved != fresh and any(nodes.is_running(n) for n in saved.nodes):
             # A running stack keeps its layout; ask for `down` before changing it.
             self.layout = saved
@@ -91,7 +92,8 @@ class Stack:
         saved = StackLayout.load(root)
         if saved is None:
             raise StackError(f"no stack in {root.resolve()} (run `nebula-mq stack up` first)")
-        return cls(root, saved.clusters, saved.base_port, saved.prefix, saved.listen, saved.hostnames)
+        return cls(root, saved.clusters, saved.base_port, saved.prefix, saved.listen, saved.hostnames,
+                   saved.management_listen)
 
     @property
     def clusters(self) -> tuple[str, ...]:
@@ -112,11 +114,7 @@ class Stack:
         :class:`StackError` names the failure and what was stopped. Nodes and
         relays that were already running are left alone.
         """
-        self.layout.save()
-        init_certs(self.layout.certs_dir, self.clusters)
-        names = [*self.layout.hostnames, *([self.layout.listen] if self.layout.listen != "127.0.0.1" else [])]
-        for n in self.layout.nodes:
-            nodes.render(n, self.ca(n.cluster).ensure_server(names), self.layout.listen)
+        self._prepare()
         links = wan.links(self.layout)
         nodes_before = {n.node for n in self.layout.nodes if nodes.is_running(n)}
         relays_before = {link.name for link in links if link.pid() is not None}
@@ -133,6 +131,26 @@ class Stack:
                 # already loaded as a TLS client (federation links): a peer CA imported since would
                 # stay unknown until this, or a restart.
                 nodes.rabbitmqctl(n, "eval", "ssl:clear_pem_cache().")
+
+    def _prepare(self) -> None:
+        """Save the layout, make the certificates and CRLs, render every node's config."""
+        self.layout.save()
+        init_certs(self.layout.certs_dir, self.clusters)
+        listen = self.layout.listen
+        # The listen address goes into the certificate, unless it is "every address".
+        names = [*self.layout.hostnames, *([listen] if listen not in ("127.0.0.1", "0.0.0.0", "::") else [])]
+        for n in self.layout.nodes:
+            nodes.render(n, self.ca(n.cluster).ensure_server(names), listen, self.layout.management_listen)
+
+    def serve(self) -> NoReturn:
+        """Run this one-cluster stack's node in the foreground, as a container's main process:
+        certificates and config as ``up`` makes them, then RabbitMQ replaces this process (it
+        stops on SIGTERM). No WAN relay: the peers reach the node at its published port."""
+        if len(self.layout.nodes) != 1:
+            raise StackError(f"the foreground mode runs one cluster's node, got {', '.join(self.clusters)}: "
+                             f"pass --clusters NAME")
+        self._prepare()
+        nodes.exec_foreground(self.layout.nodes[0])
 
     def _start(self, links: Sequence[wan.Link], timeout: float) -> None:
         # Every node gets its chance (a failure does not cancel the others), so the
@@ -202,13 +220,19 @@ class Stack:
 
     # ------------------------------------------------------------------ clients
 
-    def broker_settings(self, cluster: str, identity: str, vhost: str = "/", heartbeat_s: int = 30) -> BrokerSettings:
-        """TLS settings for worker ``identity`` on its local ``cluster`` (issues its cert if needed)."""
+    def broker_settings(self, cluster: str, identity: str, vhost: str = "/", heartbeat_s: int = 30,
+                        host: str = "") -> BrokerSettings:
+        """TLS settings for worker ``identity`` on its local ``cluster`` (issues its cert if needed).
+        The worker reaches the node on loopback, or at ``host``: one of the names in the node's
+        certificate (``--hostname``), for a worker on another machine or container."""
         n = self.layout.node(cluster)
+        if host and host not in ("localhost", "127.0.0.1", cluster, *self.layout.hostnames):
+            raise StackError(f"{cluster}'s broker certificate does not name {host!r} (it names localhost, "
+                             f"{', '.join((cluster, *self.layout.hostnames))}): start the stack with --hostname {host}")
         ident = self.ca(cluster).ensure_client(identity)
-        settings = BrokerSettings(host="127.0.0.1", port=n.tls_port, vhost=vhost, tls=True,
+        settings = BrokerSettings(host=host or "127.0.0.1", port=n.tls_port, vhost=vhost, tls=True,
                                   ca_file=str(ident.ca_file), cert_file=str(ident.cert_file),
-                                  key_file=str(ident.key_file), server_name="localhost",
+                                  key_file=str(ident.key_file), server_name=host or "localhost",
                                   heartbeat_s=heartbeat_s)
         password = self.monitoring_password_file(vhost)
         job_id = topology.job_of_vhost(vhost)

@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 from string import Template
+from typing import NoReturn
 
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, Identity
@@ -53,9 +54,10 @@ def node_env(node: NodeLayout) -> dict[str, str]:
     return env
 
 
-def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1") -> None:
+def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1", management_listen: str = "127.0.0.1") -> None:
     """Write the node's config files from ``broker/`` templates (idempotent). The AMQPS
-    listener is on loopback, and also on ``listen`` when that is another address."""
+    listener is on loopback, and also on ``listen`` when that is another address; the
+    management API's is on ``management_listen`` only."""
     for d in (node.home, node.mnesia_base, node.log_base):
         d.mkdir(parents=True, exist_ok=True)
     cookie = node.home / ".erlang.cookie"
@@ -84,7 +86,7 @@ def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1") -> Non
     node.env_file.write_text(_template("rabbitmq-env.conf.template"))
     node.advanced_config_file.write_text(
         Template(_template("advanced.config.template")).substitute(
-            node=node.node, mgmt_port=node.mgmt_port, ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
+            node=node.node, mgmt_port=node.mgmt_port, mgmt_ip=_erl_string(management_listen), ca_file=_erl_string(server.ca_file), cert_file=_erl_string(server.cert_file),
             key_file=_erl_string(server.key_file), crl_dir=_erl_string(_crl_dir(server))))
 
 
@@ -183,6 +185,18 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
         time.sleep(0.1)
     rabbitmqctl(node, "wait", "--timeout", str(int(timeout)), str(node.pid_file), timeout=timeout + 15)
     wait_tls(node, deadline)
+
+
+def exec_foreground(node: NodeLayout) -> NoReturn:
+    """Replace this process with the node's ``rabbitmq-server`` in the foreground (a container's
+    main process; the container's init forwards SIGTERM, and RabbitMQ stops cleanly on it)."""
+    node.pid_file.unlink(missing_ok=True)  # left by a container that was killed
+    server = str(RABBITMQ_BIN / "rabbitmq-server")
+    try:
+        os.chdir(node.path)
+        os.execve(server, [server], node_env(node))
+    except OSError as exc:
+        raise StackError(f"cannot run {server}: {exc}") from None
 
 
 def port_free(port: int) -> bool:

@@ -1,5 +1,5 @@
 """A node's rendered configuration: where it listens (loopback always, another host's address on
-request), the management API on loopback only, and the names its certificate carries."""
+request), the management API on loopback unless told otherwise, and the names its certificate carries."""
 
 from __future__ import annotations
 
@@ -47,3 +47,27 @@ def test_a_loopback_stack_has_one_listener_and_the_layout_round_trips(tmp_path: 
 def test_a_bad_address_or_hostname_is_refused(tmp_path: Path, listen: str, hostnames: tuple[str, ...]) -> None:
     with pytest.raises(StackError):
         plan(tmp_path, ("cluster-a",), 6000, "t", listen, hostnames)
+
+
+def test_a_compose_node_listens_everywhere_and_serves_management_to_its_network(tmp_path: Path) -> None:
+    """What docker-compose.yml's broker runs (`stack up --foreground --listen 0.0.0.0
+    --management-listen 0.0.0.0`): every address, no unspecified address in the certificate, and
+    workers reach it by a name the certificate carries (another name is refused before connecting)."""
+    from nebula_mq.stack import Stack
+
+    stack = Stack(tmp_path / "st", ("cluster-a",), 5671, "t", "0.0.0.0", ("broker-a.nebula.test",), "0.0.0.0")
+    stack._prepare()
+    n = stack.layout.nodes[0]
+    text = n.config_file.read_text() + n.advanced_config_file.read_text()
+    assert "listeners.ssl.1 = 5671" in text and "listeners.ssl.2" not in text
+    assert '{ip, "0.0.0.0"}' in text and "{port, 5701}" in text
+    assert StackLayout.load(tmp_path / "st") == stack.layout
+    cert = x509.load_pem_x509_certificate((tmp_path / "st" / "certs" / "cluster-a" / "server" / "cert.pem").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(i) for i in sans.get_values_for_type(x509.IPAddress)} == {"127.0.0.1"}
+    b = Stack.open(tmp_path / "st").broker_settings("cluster-a", "job.enc-0", host="broker-a.nebula.test")
+    assert (b.host, b.server_name, b.port) == ("broker-a.nebula.test", "broker-a.nebula.test", 5671)
+    with pytest.raises(StackError, match="--hostname broker-b"):
+        stack.broker_settings("cluster-a", "job.enc-0", host="broker-b")
+    with pytest.raises(StackError, match="one cluster"):
+        Stack(tmp_path / "two", ("cluster-a", "cluster-b"), 5671, "t").serve()
