@@ -9,7 +9,8 @@ VENV=${NEBULA_VENV:-.venv}
 PY=${PYTHON:-python3}
 
 # System packages the stack and the tests use: RabbitMQ (the brokers), Chromium (the
-# report's browser test), docker-compose (validates docker-compose.yml; no engine runs).
+# report's browser test), docker-compose (docker-compose.yml; broker/docker/compose.sh installs and
+# starts the Docker engine itself when the compose test runs).
 apt_setup() {
     local missing=()
     command -v /usr/lib/rabbitmq/bin/rabbitmq-server >/dev/null || missing+=(rabbitmq-server)

@@ -194,6 +194,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the stack in this directory (started if down) instead of a fresh one")
     parser.add_argument("--repeats", type=int, help="repeats of each goodput point (default 3, quick 1)")
     parser.add_argument("--cut-s", type=float, help="seconds the WAN stays cut (default 30, quick 5)")
+    parser.add_argument("--rates", type=_floats, metavar="MBIT,...", help="shaped link rates (default 60,170; quick 170)")
+    parser.add_argument("--sizes", type=_ints, metavar="MIB,...", help="goodput message sizes (default 1,4,8,16)")
+    parser.add_argument("--delay-ms", type=float, help="delay the relay adds each way (default 20)")
+    parser.add_argument("--netns", action="store_true",
+                        help="also measure the goodput points over a kernel-shaped link between two network "
+                             "namespaces (brokers federated by hostname; needs root), beside the relay's")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _free_base_port(n: int = 2) -> int:
@@ -222,6 +242,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, repeats=args.repeats)
     if getattr(args, "cut_s", None):
         cfg = replace(cfg, cut_s=args.cut_s)
+    if getattr(args, "rates", None):
+        cfg = replace(cfg, rates_mbit=args.rates)
+    if getattr(args, "sizes", None):
+        cfg = replace(cfg, sizes_mib=args.sizes)
+    if getattr(args, "delay_ms", None) is not None:
+        cfg = replace(cfg, delay_ms=args.delay_ms)
     run_dir = getattr(args, "stack", None)
     tmp = None if run_dir else tempfile.mkdtemp(prefix="nebula-bench-", dir="/tmp")
     if run_dir and layout.StackLayout.load(run_dir) is not None:
@@ -243,6 +269,11 @@ def run(args: argparse.Namespace) -> int:
                                   "job_ids": list(jobs)}
         t0 = time.monotonic()
         result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
+        if getattr(args, "netns", False):
+            from nebula_mq.bench.wan_netns import netns_goodput
+
+            print("goodput over the kernel-shaped namespace link ...")
+            result["netns_goodput"] = netns_goodput(cfg, f"{job_id}-n")
         result["wall_s"] = time.monotonic() - t0
         result["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
     except NebulaError as exc:
@@ -260,6 +291,12 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     result["targets"] = targets(result)
     print("\n" + render(result) + "\n\ntargets:\n" + "\n".join("  " + t for t in result["targets"]))
+    if "netns_goodput" in result:
+        from nebula_mq.bench.wan_netns import compare
+
+        print(f"\nthe two WAN emulations, same points, same run (relay: user space, +{cfg.delay_ms:g} ms each way; "
+              "kernel: tc tbf on a veth between two network namespaces, no delay):")
+        print("\n".join(compare(result["goodput"], result["netns_goodput"])))
     print(f"wall time {result['wall_s']:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:

@@ -21,7 +21,7 @@ import pytest
 from tests.fixtures.jobs import column, final_checkpoint, step_of
 from tests.fixtures.stack import _free
 
-pytestmark = [pytest.mark.slow, pytest.mark.paddle]
+pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "broker" / "docker" / "compose.sh"
@@ -85,7 +85,8 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
     try:
         yield c
     finally:
-        c.run("logs", "--no-color", "--tail", "200", check=False, timeout=120)
+        # Shown by pytest when the test failed: what the containers said last.
+        print(c.run("logs", "--no-color", "--tail", "60", check=False, timeout=120).stdout[-6000:])
         c.run("down", check=False, timeout=300)
         if started:
             c.run("stop-engine", check=False, timeout=120)

@@ -1,0 +1,146 @@
+"""The transport benchmark over a WAN the kernel emulates: each cluster's broker in a network
+namespace of its own (``nebula_mq.stack.netns``), federated by hostname over a veth pair shaped
+with ``tc tbf``, the way two hosts are deployed (``stack up --listen --hostname``, CA and CRL
+exchange, provisioning with the peer named by hostname). The producer and the consumer run
+here and reach each broker over an unshaped link of its own, so only the brokers' federation
+link crosses the shaped one. ``bench transport --netns`` runs it beside the relay's goodput
+points, at the same rates and sizes, in the same run.
+
+The kernel link has no added delay (no ``netem`` here); the relay adds ``--delay-ms``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nebula_mq import topology
+from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flow
+from nebula_mq.bench.wan_transfer import Transfer, transfer
+from nebula_mq.settings import BrokerSettings
+from nebula_mq.topology import Flow
+
+HOSTNAMES = {A: "broker-a.nebula.test", B: "broker-b.nebula.test"}
+PORT = 5671  # each namespace has its own port space
+
+
+@dataclass(frozen=True)
+class NetnsJob:
+    """The bench job on the two namespaced brokers, as the producer and consumer here reach them."""
+
+    job_id: str
+    stacks: dict[str, Path]
+    addresses: dict[str, str]
+
+    def settings(self, cluster: str, identity: str) -> BrokerSettings:
+        from nebula_mq.security.certs import ClusterCA
+
+        ident = ClusterCA(self.stacks[cluster] / "certs", cluster).ensure_client(identity)
+        return BrokerSettings(host=self.addresses[cluster], port=PORT, vhost=topology.vhost(self.job_id), tls=True,
+                              ca_file=str(ident.ca_file), cert_file=str(ident.cert_file), key_file=str(ident.key_file),
+                              server_name=HOSTNAMES[cluster], heartbeat_s=30)
+
+
+def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequence[str]) -> None:
+    """Inside ``cluster``'s namespace: the bench job on its broker, the peer named by hostname
+    (``python -m nebula_mq.bench.wan_netns provision ...`` runs this)."""
+    from nebula_mq.security.certs import federation_identity
+    from nebula_mq.stack import Stack, provision
+
+    flows = [Flow(name, A, B) for name in flow_names]
+    stack = Stack.open(stack_dir)
+    peer = B if cluster == A else A
+    own = stack.ca(cluster).ensure_client(federation_identity(cluster))
+    upstreams = {peer: provision.Upstream(peer, HOSTNAMES[peer], PORT, own, HOSTNAMES[peer])}
+    workers = IDENTITIES[cluster]
+    for cn in workers:
+        stack.ca(cluster).ensure_client(cn)
+    stack.admin(cluster).import_definitions(
+        provision.definitions(job_id, cluster, flows, workers, [peer], upstreams))
+
+
+def _exchange_trust(stacks: dict[str, Path]) -> None:
+    """What the two operators mail each other: CA certificates and CRLs (files only)."""
+    from nebula_mq.security.certs import ClusterCA, import_peer_ca, init_certs
+    from nebula_mq.security.revocation import crl_dir, import_peer_crl, write_crl
+
+    cas = {c: init_certs(d / "certs", [c])[c] for c, d in stacks.items()}
+    for dst, src in ((A, B), (B, A)):
+        import_peer_ca(cas[dst], src, cas[src].ca_cert_file.read_bytes())
+        crl_dir(stacks[src] / "certs").mkdir(parents=True, exist_ok=True)
+        crl = write_crl(ClusterCA(stacks[src] / "certs", src), crl_dir(stacks[src] / "certs")).read_bytes()
+        import_peer_crl(stacks[dst] / "certs", cas[dst], src, crl)
+
+
+def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Goodput at ``cfg.rates_mbit`` x ``cfg.sizes_mib`` over the kernel-shaped namespace link:
+    one row per point, median of ``cfg.repeats``, as ``run_bench`` reports the relay's."""
+    from nebula_mq.bench.transport import _median_transfer
+    from nebula_mq.stack.netns import host_pair
+
+    flows = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
+    with tempfile.TemporaryDirectory(prefix="nebula-netns-", dir="/tmp") as tmp, \
+            host_pair("bn", (HOSTNAMES[A], HOSTNAMES[B]), reach_from_here=True) as (ha, hb):
+        hosts = {A: ha, B: hb}
+        stacks = {c: Path(tmp) / c for c in hosts}
+        _exchange_trust(stacks)
+        for c, h in hosts.items():
+            h.nebula("stack", "up", "--stack", str(stacks[c]), "--clusters", c, "--listen", "0.0.0.0",
+                     "--hostname", h.hostname, "--base-port", str(PORT), "--prefix", f"nbn{os.getpid()}")
+            h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
+                  json.dumps([f.name for f in flows]))
+        job = NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()})
+        runs: dict[tuple[float, int], list[Transfer]] = {}
+        sent: dict[tuple[float, int], int] = {}
+        for k in range(cfg.repeats):
+            for rate in cfg.rates_mbit:
+                for h in hosts.values():
+                    h.shape(rate)
+                for size in cfg.sizes_mib:
+                    n = cfg.goodput_messages(rate, size)
+                    before = ha.tx_bytes()
+                    r = transfer(job, goodput_flow(rate, size, k), size * MIB, n, cfg.publishers, cfg.timeout_s)
+                    sent[(rate, size)] = ha.tx_bytes() - before
+                    runs.setdefault((rate, size), []).append(r)
+                    say(f"  netns   {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
+                        f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% "
+                        f"(steady {100 * r.steady_mbit / rate:5.1f}%)")
+        for c, h in hosts.items():
+            h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
+    rows = []
+    for (rate, size), rs in runs.items():
+        row = {"rate_mbit": rate, "delay_ms": 0.0, **_median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
+        row["percent"] = 100 * row["mbit"] / rate
+        row["steady_percent"] = 100 * row["steady_mbit"] / rate
+        rows.append(row)
+    return rows
+
+
+def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) -> list[str]:
+    """The two WAN emulations side by side: goodput as a share of the link, and their ratio."""
+    by_point = {(r["rate_mbit"], r["payload_bytes"]): r for r in relay}
+    lines = [f"{'link Mbit/s':>11} {'size':>7} {'relay %':>8} {'kernel %':>9} {'kernel/relay':>13}"]
+    for n in netns:
+        r = by_point.get((n["rate_mbit"], n["payload_bytes"]))
+        rp = f"{r['percent']:8.1f}" if r else f"{'-':>8}"
+        ratio = f"{n['percent'] / r['percent']:13.2f}" if r and r["percent"] > 0 else f"{'-':>13}"
+        lines.append(f"{n['rate_mbit']:11g} {n['payload_bytes'] // MIB:5d} M {rp} {n['percent']:9.1f} {ratio}")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[0] == "provision":
+        provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]))
+        return 0
+    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
