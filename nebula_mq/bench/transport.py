@@ -32,7 +32,6 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,21 +43,12 @@ from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, goodput_flow,
                                       throughput_flows)
 from nebula_mq.bench.wan_recovery import recovery
-from nebula_mq.bench.wan_transfer import Transfer, transfer
+from nebula_mq.bench.wan_transfer import Transfer, median_transfer, transfer
 from nebula_mq.errors import NebulaError, TransportError
 from nebula_mq.topology import Flow
 
 
 
-def _median_transfer(runs: list[Transfer]) -> dict[str, Any]:
-    return {
-        "messages": runs[0].messages, "payload_bytes": runs[0].payload_bytes, "repeats": len(runs),
-        "elapsed_s": statistics.median(r.elapsed_s for r in runs),
-        "mbit": statistics.median(r.mbit for r in runs),
-        "steady_mbit": statistics.median(r.steady_mbit for r in runs),
-        "all_mbit": [round(r.mbit, 2) for r in runs],
-        "duplicates": sum(r.duplicates for r in runs), "missing": sum(r.missing for r in runs),
-    }
 
 
 def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfig,
@@ -75,13 +65,13 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
         for size in cfg.unshaped_sizes_mib:
             n = max(cfg.min_messages, cfg.unshaped_mib // size)
             r = transfer(job, Flow(f"{prefix}-{size}", A, dst), size * MIB, n, cfg.publishers, cfg.timeout_s)
-            row = {"path": path, "payload_bytes": size * MIB, **_median_transfer([r]),
+            row = {"path": path, "payload_bytes": size * MIB, **median_transfer([r]),
                    "MBps": n * size * MIB / r.elapsed_s / 1e6, "msgs_s": n / r.elapsed_s}
             result["unshaped"].append(row)
             say(f"  unshaped {path:10s} {size:3d} MiB x {n:4d}: {row['MBps']:7.1f} MB/s")
         r = transfer(job, Flow(f"{prefix}-small", A, dst), cfg.small_bytes, cfg.small_messages,
                      cfg.small_publishers, cfg.timeout_s)
-        row = {"path": path, **_median_transfer([r]), "MBps": r.mbit / 8, "msgs_s": r.messages / r.elapsed_s}
+        row = {"path": path, **median_transfer([r]), "MBps": r.mbit / 8, "msgs_s": r.messages / r.elapsed_s}
         result["unshaped"].append(row)
         say(f"  unshaped {path:10s} {cfg.small_bytes} B x {r.messages}: {row['msgs_s']:7.0f} msgs/s")
     runs: dict[tuple[float, int], list[Transfer]] = {}
@@ -95,7 +85,7 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
                 say(f"  goodput {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
                     f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% (steady {100 * r.steady_mbit / rate:5.1f}%)")
     for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **_median_transfer(rs)}
+        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs)}
         row["percent"] = 100 * row["mbit"] / rate
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         result["goodput"].append(row)

@@ -22,7 +22,7 @@ from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flow
-from nebula_mq.bench.wan_transfer import Transfer, transfer
+from nebula_mq.bench.wan_transfer import Transfer, median_transfer, transfer
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.topology import Flow
 
@@ -81,7 +81,6 @@ def _exchange_trust(stacks: dict[str, Path]) -> None:
 def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Goodput at ``cfg.rates_mbit`` x ``cfg.sizes_mib`` over the kernel-shaped namespace link:
     one row per point, median of ``cfg.repeats``, as ``run_bench`` reports the relay's."""
-    from nebula_mq.bench.transport import _median_transfer
     from nebula_mq.stack.netns import host_pair
 
     flows = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
@@ -115,7 +114,7 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
             h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
     rows = []
     for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": 0.0, **_median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
+        row = {"rate_mbit": rate, "delay_ms": 0.0, **median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
         row["percent"] = 100 * row["mbit"] / rate
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         rows.append(row)

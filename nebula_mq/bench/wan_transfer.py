@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import queue as queue_mod
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +38,18 @@ class Transfer:
         if self.messages < 2 or self.steady_s <= 0:
             return float("nan")
         return (self.messages - 1) * self.payload_bytes * 8 / self.steady_s / 1e6
+
+
+def median_transfer(runs: Sequence[Transfer]) -> dict[str, Any]:
+    """One report row from repeated runs of the same point: medians, every run's rate, losses summed."""
+    return {
+        "messages": runs[0].messages, "payload_bytes": runs[0].payload_bytes, "repeats": len(runs),
+        "elapsed_s": statistics.median(r.elapsed_s for r in runs),
+        "mbit": statistics.median(r.mbit for r in runs),
+        "steady_mbit": statistics.median(r.steady_mbit for r in runs),
+        "all_mbit": [round(r.mbit, 2) for r in runs],
+        "duplicates": sum(r.duplicates for r in runs), "missing": sum(r.missing for r in runs),
+    }
 
 
 class Ends:

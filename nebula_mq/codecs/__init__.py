@@ -9,6 +9,7 @@ from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, re
 from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.cast import BF16, FP16, Identity
 from nebula_mq.codecs.compose import ByRole, BySize, Chain
+from nebula_mq.codecs.int4 import Int4
 from nebula_mq.codecs.int8 import Int8
 from nebula_mq.codecs.lossless import LZ4
 from nebula_mq.codecs.lowrank import SVD, LowRankState, RandomizedSVD
@@ -18,6 +19,6 @@ from nebula_mq.codecs.sparse import TopK
 
 __all__ = [
     "BF16", "FP16", "LZ4", "SVD", "ByRole", "BySize", "Chain", "Codec", "CompressionSchedule",
-    "EncodeContext", "Encoded", "Identity", "Int8", "LowRankState", "RandomizedSVD", "TopK",
+    "EncodeContext", "Encoded", "Identity", "Int4", "Int8", "LowRankState", "RandomizedSVD", "TopK",
     "codec_class", "decode_tree", "parse_codec", "registered",
 ]

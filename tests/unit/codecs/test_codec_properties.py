@@ -23,8 +23,8 @@ from tests.fixtures.arrays import FLOAT_DTYPES, INT_DTYPES, codec_inputs
 
 F32_MAX = float(np.finfo(np.float32).max)
 LOSSLESS = ["none", "lz4"]
-LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)", "topk(0.3)"]
-CHAINS = ["fp16(svd(0.5))", "int8(rsvd(0.5))", "bf16(svd(0.6))", "lz4(topk(0.3))", "lz4(fp16)"]
+LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "int4", "int4(block=8)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)", "topk(0.3)"]
+CHAINS = ["fp16(svd(0.5))", "int8(rsvd(0.5))", "int4(svd(0.5))", "bf16(svd(0.6))", "lz4(topk(0.3))", "lz4(fp16)"]
 
 
 def _native(x: np.ndarray) -> np.ndarray:
@@ -43,7 +43,7 @@ def documented_refusal(codec: Codec, x: np.ndarray) -> bool:
             return True
         leaves = codec.inner.encode(x).leaves()
         return any(codec.outer.accepts(p.dtype) and documented_refusal(codec.outer, p) for p in leaves)
-    if codec.name == "int8":  # scales are float32
+    if codec.name in ("int8", "int4"):  # scales are float32
         return x.dtype.name == "float64" and _amax(x) > F32_MAX
     if isinstance(codec, (SVD, RandomizedSVD)) and x.ndim >= 2 and x.size:
         work = np.float64 if x.dtype.name == "float64" else np.float32
@@ -84,7 +84,9 @@ def assert_within_bound(spec: str, x: np.ndarray, y: np.ndarray) -> None:
         xc = np.clip(x64, -BF16_SAFE_MAX, BF16_SAFE_MAX)
         assert np.all(np.abs(y64 - xc) <= np.abs(xc) * 2.0**-8 + 2.0**-126)
     elif name == "int8":
-        _assert_int8_bound(parse_codec(spec).block, x64, y64, eps)  # type: ignore[attr-defined]
+        _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=127)  # type: ignore[attr-defined]
+    elif name == "int4":
+        _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=7)  # type: ignore[attr-defined]
     elif name in ("svd", "rsvd"):
         _assert_lowrank_bound(parse_codec(spec), x, y)
     elif name == "topk":  # kept values exact, the rest zero, nothing dropped larger than the k-th
@@ -98,7 +100,8 @@ def assert_within_bound(spec: str, x: np.ndarray, y: np.ndarray) -> None:
         raise AssertionError(f"no documented bound for {spec}")
 
 
-def _assert_int8_bound(block: int, x64: np.ndarray, y64: np.ndarray, eps: float) -> None:
+def _assert_quantised_bound(block: int, x64: np.ndarray, y64: np.ndarray, eps: float, levels: int) -> None:
+    """Symmetric quantisation to ``levels`` steps each side of zero, per row (block 0) or block."""
     if x64.size == 0:
         return
     if block:
@@ -106,9 +109,10 @@ def _assert_int8_bound(block: int, x64: np.ndarray, y64: np.ndarray, eps: float)
         amax = np.repeat(flat.max(axis=1), block)[: x64.size].reshape(x64.shape)
     else:
         amax = np.abs(x64).max(axis=-1, keepdims=True) if x64.ndim else np.abs(x64)
-    # half a step (max/254) plus float32 rounding of the scale, rounding into the output
-    # dtype, and the scale floor (rows below ~1e-28 quantise with error <= 5e-31)
-    assert np.all(np.abs(y64 - x64) <= amax / 254 + 2.5e-7 * amax + np.abs(x64) * eps + 5e-31)
+    # half a step (max/254 for int8, max/14 for int4) plus float32 rounding of the scale, rounding
+    # into the output dtype, and the scale floor (rows below ~1e-28 quantise with error <= 5e-31)
+    assert np.all(np.abs(y64 - x64) <= amax / (2 * levels) + 2.5e-7 * amax + np.abs(x64) * eps + 5e-31)
+
 
 
 def _assert_lowrank_bound(codec: Codec, x: np.ndarray, y: np.ndarray) -> None:

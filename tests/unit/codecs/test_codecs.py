@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from nebula_mq.codecs import (
-    FP16, LZ4, SVD, CompressionSchedule, Identity, Int8, LowRankState, RandomizedSVD, TopK,
+    FP16, LZ4, SVD, CompressionSchedule, Identity, Int4, Int8, LowRankState, RandomizedSVD, TopK,
     decode_tree, parse_codec, registered,
 )
 from nebula_mq.codecs.base import Codec, Encoded
@@ -304,6 +304,20 @@ def test_lowrank_refuses_values_whose_factors_would_overflow(spec: str) -> None:
         parse_codec(spec).encode(x)
 
 
+def test_int4_packs_two_levels_a_byte_and_keeps_the_sign_and_the_block_maximum() -> None:
+    x = np.array([7.0, -7.0, 3.0, -0.4, 0.0, 1.0, 2.0, 6.6, 0.5, -0.5], np.float32)  # a full and a tail block
+    enc = Int4(block=8).encode(x)
+    packed, scale = enc.parts
+    assert packed.dtype == np.uint8 and packed.shape == (8,) and scale.tolist() == [1.0, np.float32(0.5) / np.float32(7)]
+    assert int(packed[0]) == (7 + 8) | ((-7 + 8) << 4)  # the first value of a pair in the low nibble
+    y = decode_tree(enc)
+    assert y[:8].tolist() == [7.0, -7.0, 3.0, -0.0, 0.0, 1.0, 2.0, 7.0]
+    assert np.allclose(y[8:], [0.5, -0.5])
+    assert Int4().estimated_ratio((64, 384), "float32") == pytest.approx(0.15625)
+    with pytest.raises(CodecError, match="even"):
+        Int4(block=33)
+
+
 def test_int8_refuses_float64_beyond_float32_range() -> None:
     with pytest.raises(CodecError, match="float32 range"):
         Int8().encode(np.array([[1e300, 1.0]]))
@@ -331,6 +345,16 @@ BAD_NODES = {
     "fp16 claims int32": Encoded(FP16.wire_id, {}, (2,), "int32", (np.array([np.inf, 1], np.float16),)),
     "int8 claims int64": Encoded(Int8.wire_id, {"block": 0}, (1, 2), "int64",
                                  (np.ones((1, 2), np.int8), np.ones(1, np.float32))),
+    "int4 scale is NaN": Encoded(Int4.wire_id, {"block": 8}, (8,), "float32",
+                                 (np.full(4, 0x99, np.uint8), np.array([np.nan], np.float32))),
+    "int4 scale is beyond 7 steps": Encoded(Int4.wire_id, {"block": 8}, (8,), "float32",
+                                            (np.full(4, 0xFF, np.uint8), np.array([3e38], np.float32))),
+    "int4 nibble 0 (level -8)": Encoded(Int4.wire_id, {"block": 8}, (8,), "float32",
+                                        (np.full(4, 0x80, np.uint8), np.ones(1, np.float32))),
+    "int4 packs too few bytes": Encoded(Int4.wire_id, {"block": 8}, (8,), "float32",
+                                        (np.zeros(3, np.uint8), np.ones(1, np.float32))),
+    "int4 odd block": Encoded(Int4.wire_id, {"block": 9}, (9,), "float32",
+                              (np.zeros(5, np.uint8), np.ones(1, np.float32))),
     "topk claims int16": Encoded(TopK.wire_id, {"fraction": 1.0}, (2,), "int16",
                                  (np.ones(2, np.int16), np.arange(2, dtype=np.int32))),
 }
