@@ -23,7 +23,7 @@ from typing import Any
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SHAPES = [(32, 64, 384), (128, 64, 768)]
-CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
+CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "int4", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
           "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(svd(0.2))", "int8(svd(0.6))"]
 LOWRANK_FRACTIONS = [0.1, 0.3, 0.6]
 

@@ -39,12 +39,16 @@ def test_auto_compresses_only_as_much_as_the_link_needs() -> None:
     mid = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 3, compute_s=1.0, activation_shape=shape))
     assert mid.wire_s <= 0.9 * (1.0 + mid.encode_s)
     assert (mid.row.forward, mid.row.forward_feedback) == ("int8", "delta")
-    # Raw wire = 40x compute: nothing fits, so the fastest estimated step wins; the int8
-    # gradient then bounds the wire, and among the ties the most accurate forward chain
-    # is kept (shrinking activations further would buy nothing).
+    # Raw wire = 5.5x compute: int8 both ways (~1.4x) is too much; int4 activations alone leave the
+    # int8 gradients as the bound, so int4 both ways (with error feedback) is the first that fits.
+    low = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 5.5, compute_s=1.0, activation_shape=shape))
+    assert (low.row.forward, low.row.backward, low.row.backward_feedback) == ("int4", "int4", "residual")
+    assert low.wire_s <= 0.9 * (1.0 + low.encode_s)
+    # Raw wire = 40x compute: nothing fits, so the fastest estimated step wins: int4 both ways
+    # bounds the wire (shrinking activations further alone would buy nothing).
     slow = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 40, compute_s=1.0, activation_shape=shape))
-    assert slow.row.forward == "int8" and slow.row.backward == "int8"
-    assert slow.wire_s == pytest.approx(40 * 0.2526, rel=0.02)  # int8: 1 byte + a scale per 384, + envelope
+    assert slow.row.forward == "int4" and slow.row.backward == "int4"
+    assert slow.wire_s == pytest.approx(40 * 0.1563, rel=0.02)  # int4: half a byte + a scale per 32, + envelope
 
 
 def _row(chain: StudyRow, s: float, bleu: float, comp: float, wire: float, base_s: float = 1.0) -> dict[str, object]:
