@@ -40,8 +40,8 @@ from importlib import metadata
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, goodput_flow,
-                                      throughput_flows)
+from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, compare_flow,
+                                      goodput_flow, throughput_flows)
 from nebula_mq.bench.wan_recovery import recovery
 from nebula_mq.bench.wan_transfer import Transfer, median_transfer, transfer
 from nebula_mq.errors import NebulaError, TransportError
@@ -89,9 +89,37 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
         row["percent"] = 100 * row["mbit"] / rate
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         result["goodput"].append(row)
+    if cfg.compare_pika:
+        result["compare_pika"] = compare_pika(job, cfg, say)
     say(f"  recovery: cutting the WAN for {cfg.cut_s:g} s ...")
     result["recovery"] = recovery(stack, recovery_job, cfg)
     return result
+
+
+def compare_pika(job: BenchJob, cfg: BenchConfig, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Our publisher and a plain pika publisher (``transport.reference``), one thread each, into
+    a queue of one broker drained by the same consumer; repeats interleaved. One row per size:
+    medians of both, and ours over pika's."""
+    rows = []
+    for size in (*cfg.compare_sizes_mib, 0):
+        payload = size * MIB if size else cfg.small_bytes
+        n = max(cfg.min_messages, cfg.compare_mib // size) if size else cfg.compare_small_messages
+        runs: dict[str, list[Transfer]] = {"ours": [], "pika": []}
+        for k in range(cfg.repeats):
+            for who in ("ours", "pika"):
+                runs[who].append(transfer(job, compare_flow(size, k, who), payload, n, 1, cfg.timeout_s,
+                                          plain_pika=who == "pika"))
+        row: dict[str, Any] = {"payload_bytes": payload, "messages": n, "repeats": cfg.repeats}
+        for who, rs in runs.items():
+            med = median_transfer(rs)
+            row[who] = {"MBps": med["mbit"] / 8, "msgs_s": n / med["elapsed_s"], "missing": med["missing"],
+                        "duplicates": med["duplicates"]}
+        row["ratio"] = row["ours"]["MBps"] / row["pika"]["MBps"]
+        rows.append(row)
+        say(f"  compare-pika {_size(payload):>7} x {n:4d}: ours {row['ours']['MBps']:7.1f} MB/s "
+            f"({row['ours']['msgs_s']:6.0f} msgs/s), plain pika {row['pika']['MBps']:7.1f} MB/s "
+            f"({row['pika']['msgs_s']:6.0f} msgs/s): {row['ratio']:.2f}x")
+    return rows
 
 
 # --------------------------------------------------------------------------- report
@@ -150,6 +178,15 @@ def render(result: dict[str, Any]) -> str:
     for r in result["unshaped"]:
         lines.append(f"{r['path']:>11} {_size(r['payload_bytes']):>7} {r['messages']:5d} {r['MBps']:7.1f} "
                      f"{r['msgs_s']:8.0f} {r['duplicates']:4d} {r['missing']:4d}")
+    if result.get("compare_pika"):
+        lines += ["", "publisher beside plain pika (BlockingConnection, confirm_delivery, one basic_publish per "
+                      "message), one thread each, same TLS, same broker, same consumer; medians",
+                  f"{'size':>7} {'msgs':>5} {'ours MB/s':>10} {'ours msgs/s':>12} {'pika MB/s':>10} "
+                  f"{'pika msgs/s':>12} {'ours/pika':>10}"]
+        for r in result["compare_pika"]:
+            o, k = r["ours"], r["pika"]
+            lines.append(f"{_size(r['payload_bytes']):>7} {r['messages']:5d} {o['MBps']:10.1f} {o['msgs_s']:12.0f} "
+                         f"{k['MBps']:10.1f} {k['msgs_s']:12.0f} {r['ratio']:10.2f}")
     rc = result["recovery"]
     first, drained = rc["heal_to_first_arrival_s"], rc["heal_to_drained_s"]
     lines += ["", f"recovery: WAN cut {rc['cut_s']:.1f} s at {rc['rate_mbit']:g} Mbit/s +{rc['delay_ms']:g} ms; "
@@ -173,6 +210,9 @@ def targets(result: dict[str, Any]) -> list[str]:
             out.append(f"goodput >= 90% at {r['rate_mbit']:g} Mbit/s, {_size(r['payload_bytes'])}: "
                        f"{'met' if ok else 'MISSED'} ({r['percent']:.1f}%)")
     out.append(f"recovery exactly once: {'met' if result['recovery']['exactly_once'] else 'MISSED'}")
+    for r in result.get("compare_pika", []):
+        out.append(f"publisher >= 0.9x plain pika, {_size(r['payload_bytes'])}: "
+                   f"{'met' if r['ratio'] >= 0.9 else 'MISSED'} ({r['ratio']:.2f}x)")
     return out
 
 
@@ -187,6 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", type=_floats, metavar="MBIT,...", help="shaped link rates (default 60,170; quick 170)")
     parser.add_argument("--sizes", type=_ints, metavar="MIB,...", help="goodput message sizes (default 1,4,8,16)")
     parser.add_argument("--delay-ms", type=float, help="delay the relay adds each way (default 20)")
+    parser.add_argument("--compare-pika", action="store_true",
+                        help="also time a plain pika publisher with confirms beside ours, one thread each, over the "
+                             "same TLS into the same broker, and print ours over pika's")
     parser.add_argument("--netns", action="store_true",
                         help="also measure the goodput points over a kernel-shaped link between two network "
                              "namespaces (brokers federated by hostname; needs root), beside the relay's")
@@ -238,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, sizes_mib=args.sizes)
     if getattr(args, "delay_ms", None) is not None:
         cfg = replace(cfg, delay_ms=args.delay_ms)
+    if getattr(args, "compare_pika", False):
+        cfg = replace(cfg, compare_pika=True)
     run_dir = getattr(args, "stack", None)
     tmp = None if run_dir else tempfile.mkdtemp(prefix="nebula-bench-", dir="/tmp")
     if run_dir and layout.StackLayout.load(run_dir) is not None:

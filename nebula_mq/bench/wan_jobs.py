@@ -48,13 +48,18 @@ class BenchConfig:
     warmup_s: float = 3.0
     # Give up on a run whose messages have not all arrived after this long.
     timeout_s: float = 180.0
+    # Also time a plain pika publisher with confirms beside ours (one thread each, loopback).
+    compare_pika: bool = False
+    compare_sizes_mib: tuple[int, ...] = (1, 4, 16)
+    compare_mib: int = 64  # payload per large-message run
+    compare_small_messages: int = 2000
 
     @classmethod
     def quick(cls) -> BenchConfig:
         return cls(sizes_mib=(1, 4), rates_mbit=(170.0,), seconds_per_run=2.0, min_messages=4, repeats=1,
                    unshaped_mib=16, unshaped_sizes_mib=(4,), small_messages=400, cut_s=5.0,
                    recovery_message_kib=256, recovery_pace=8.0, recovery_cap_mib=4, warmup_s=1.0,
-                   timeout_s=60.0)
+                   timeout_s=60.0, compare_sizes_mib=(4,), compare_mib=16, compare_small_messages=300)
 
     def goodput_messages(self, rate_mbit: float, size_mib: int) -> int:
         return max(self.min_messages, math.ceil(rate_mbit * 1e6 / 8 * self.seconds_per_run / (size_mib * MIB)))
@@ -93,7 +98,15 @@ def throughput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
     out = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
     for s in [*cfg.unshaped_sizes_mib, "small"]:
         out += [Flow(f"lo-{s}", A, A), Flow(f"wan-{s}", A, B)]
+    if cfg.compare_pika:
+        out += [compare_flow(s, k, who) for k in range(cfg.repeats) for s in [*cfg.compare_sizes_mib, 0]
+                for who in ("ours", "pika")]
     return tuple(out)
+
+
+def compare_flow(size_mib: int, repeat: int, who: str) -> Flow:
+    """A local flow (one broker) for one ``--compare-pika`` run; size 0 = the small messages."""
+    return Flow(f"cmp-{size_mib or 'small'}-{repeat}-{who}", A, A)
 
 
 # --------------------------------------------------------------------------- messages

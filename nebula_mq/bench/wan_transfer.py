@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nebula_mq.bench.wan_jobs import B, CONSUMER, MIB, PRODUCER, BenchJob, tensor_bodies
+from nebula_mq import topology
 from nebula_mq.errors import NebulaError, TransportError
 from nebula_mq.settings import TransportSettings
 from nebula_mq.topology import Flow
+from nebula_mq.transport.reference import PlainPikaPublisher
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,9 @@ class PublisherPool:
 
 
 def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishers: int,
-             timeout_s: float) -> Transfer:
-    """Publish ``count`` envelopes on ``flow`` and consume them on its destination cluster."""
+             timeout_s: float, plain_pika: bool = False) -> Transfer:
+    """Publish ``count`` envelopes on ``flow`` and consume them on its destination cluster.
+    With ``plain_pika``, one plain pika publisher (``transport.reference``) replaces ours."""
     from nebula_mq.wire import decode_envelope
 
     bodies = tensor_bodies(job.job_id, flow.name, payload_bytes, count)
@@ -159,7 +162,12 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
     seen: set[str] = set()
     duplicates, first_arrival, last_arrival = 0, None, 0.0
     try:
-        pool = PublisherPool(ends, bodies, publishers)  # connections open before the clock starts
+        pool: PublisherPool | PlainPikaPublisher  # connections open before the clock starts
+        if plain_pika:
+            pool = PlainPikaPublisher(job.settings(flow.src_cluster, PRODUCER),
+                                      topology.flow_exchange(job.job_id, flow.name), ends.queue, bodies)
+        else:
+            pool = PublisherPool(ends, bodies, publishers)
         t0 = time.monotonic()
         pool.start()
         deadline = t0 + timeout_s

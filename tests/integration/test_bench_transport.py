@@ -7,6 +7,7 @@ and the recovery times must be measured.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ pytest_plugins = ["tests.fixtures.stack"]
 @pytest.mark.broker
 @pytest.mark.timeout(120)
 def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack: Any) -> None:
-    cfg = bench.BenchConfig.quick()
+    cfg = replace(bench.BenchConfig.quick(), compare_pika=True)
     job = stack.new_job(flows=bench.throughput_flows(cfg), identities=bench.IDENTITIES, prefix="tb")
     recovery_job = stack.new_job(flows=(bench.RECOVERY_FLOW,), identities=bench.IDENTITIES, prefix="tr",
                                  max_queue_bytes=cfg.recovery_cap_mib * bench.MIB)
@@ -45,6 +46,14 @@ def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack:
     for r in result["unshaped"]:
         assert r["missing"] == 0 and r["MBps"] > 0 and r["msgs_s"] > 0
 
+    # Plain pika beside ours, same queue and consumer: every message of both arrived, once.
+    assert [r["payload_bytes"] for r in result["compare_pika"]] == [4 * bench.MIB, cfg.small_bytes]
+    for r in result["compare_pika"]:
+        for who in ("ours", "pika"):
+            assert r[who]["missing"] == 0 and r[who]["duplicates"] == 0 and r[who]["MBps"] > 0
+        assert r["ratio"] == pytest.approx(r["ours"]["MBps"] / r["pika"]["MBps"])
+    assert any(t.startswith("publisher >= 0.9x plain pika") for t in bench.targets(result))
+
     rc = result["recovery"]
     assert rc["cut_s"] >= cfg.cut_s
     assert rc["published_during_cut"] > 0
@@ -64,7 +73,6 @@ def test_goodput_over_the_kernel_shaped_namespace_link_crosses_that_link_only_on
     """``bench transport --netns``'s measurement: brokers in two namespaces federated by hostname,
     the producer and consumer here; every message arrives once and every byte crossed the veth."""
     import os
-    from dataclasses import replace
 
     from nebula_mq.bench.wan_netns import netns_goodput
     from nebula_mq.stack.netns import unusable_reason
