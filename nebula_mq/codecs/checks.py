@@ -10,6 +10,16 @@ import numpy as np
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def largest_scale(steps: int) -> np.float32:
+    """The largest float32 quantisation scale whose ``steps`` steps stay finite (float32 max / steps
+    may round up). Encoders clamp their scales to it, so decoders refuse larger ones as forged."""
+    scale = np.float32(FLOAT32_MAX) / np.float32(steps)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(steps) * scale):
+            scale = np.nextafter(scale, np.float32(0))
+    return scale
+
+
 def is_little_endian(dtype: np.dtype) -> bool:
     order = dtype.byteorder  # "|": single bytes, "=": this machine's order
     return order == "<" or order == "|" or (order == "=" and sys.byteorder == "little")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
-from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, narrows
+from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, largest_scale, narrows
 from nebula_mq.errors import CodecError
 
 LEVELS = 7  # levels -7..7 of the scale; nibble = level + 8 (nibble 0 is never sent: refused)
@@ -24,16 +24,8 @@ LEVELS = 7  # levels -7..7 of the scale; nibble = level + 8 (nibble 0 is never s
 _CHUNK_ELEMS = 64 * 1024
 
 
-def _largest_scale() -> np.float32:
-    """The largest float32 scale whose 7 steps stay finite (float32 max / 7 rounds up)."""
-    scale = np.float32(FLOAT32_MAX) / np.float32(LEVELS)
-    with np.errstate(over="ignore"):
-        while not np.isfinite(np.float32(LEVELS) * scale):
-            scale = np.nextafter(scale, np.float32(0))
-    return scale
-
-
-SCALE_MAX = _largest_scale()
+#: Scales are clamped to this on encode, so larger ones are forged.
+SCALE_MAX = largest_scale(LEVELS)
 
 
 @dataclass(frozen=True)

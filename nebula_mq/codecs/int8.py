@@ -16,24 +16,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
-from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, narrows
+from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, largest_scale, narrows
 from nebula_mq.errors import CodecError
 
 # Rows processed per pass so the float temporaries stay in L2 (~256 KiB).
 _CHUNK_ELEMS = 64 * 1024
 
 
-def _largest_scale() -> np.float32:
-    """The largest float32 scale whose 127 steps stay finite (float32 max / 127 rounds up)."""
-    scale = np.float32(FLOAT32_MAX) / np.float32(127.0)
-    with np.errstate(over="ignore"):
-        while not np.isfinite(np.float32(127.0) * scale):
-            scale = np.nextafter(scale, np.float32(0))
-    return scale
-
-
 #: Scales are clamped to this on encode, so larger ones are forged.
-SCALE_MAX = _largest_scale()
+SCALE_MAX = largest_scale(127)
 
 
 @dataclass(frozen=True)
