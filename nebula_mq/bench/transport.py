@@ -329,8 +329,9 @@ def run(args: argparse.Namespace) -> int:
     if "netns_goodput" in result:
         from nebula_mq.bench.wan_netns import compare
 
-        print(f"\nthe two WAN emulations, same points, same run (relay: user space, +{cfg.delay_ms:g} ms each way; "
-              "kernel: tc tbf on a veth between two network namespaces, no delay):")
+        print(f"\nthe two WAN emulations, same points, same run, +{cfg.delay_ms:g} ms each way (relay: user space "
+              "rate and delay; kernel: tc tbf rate on a veth between two network namespaces, the delay by a relay "
+              "on each host):")
         print("\n".join(compare(result["goodput"], result["netns_goodput"])))
     print(f"wall time {result['wall_s']:.0f} s")
     if args.json:

@@ -6,7 +6,9 @@ here and reach each broker over an unshaped link of its own, so only the brokers
 link crosses the shaped one. ``bench transport --netns`` runs it beside the relay's goodput
 points, at the same rates and sizes, in the same run.
 
-The kernel link has no added delay (no ``netem`` here); the relay adds ``--delay-ms``.
+The kernel shapes the rate only (no ``netem`` here). With ``--delay-ms``, a relay in front of each
+broker, listening on its host's link address, adds the delay to the federation link (unlimited
+rate), so both emulations are compared at the same delay.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from nebula_mq.topology import Flow
 
 HOSTNAMES = {A: "broker-a.nebula.test", B: "broker-b.nebula.test"}
 PORT = 5671  # each namespace has its own port space
+RELAY_PORT = 5673  # the delaying relay in front of a broker, on its host's link address
 
 
 @dataclass(frozen=True)
@@ -47,9 +50,9 @@ class NetnsJob:
                               server_name=HOSTNAMES[cluster], heartbeat_s=30)
 
 
-def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequence[str]) -> None:
-    """Inside ``cluster``'s namespace: the bench job on its broker, the peer named by hostname
-    (``python -m nebula_mq.bench.wan_netns provision ...`` runs this)."""
+def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequence[str], peer_port: int) -> None:
+    """Inside ``cluster``'s namespace: the bench job on its broker, the peer named by hostname at
+    ``peer_port`` (``python -m nebula_mq.bench.wan_netns provision ...`` runs this)."""
     from nebula_mq.security.certs import federation_identity
     from nebula_mq.stack import Stack, provision
 
@@ -57,7 +60,7 @@ def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequen
     stack = Stack.open(stack_dir)
     peer = B if cluster == A else A
     own = stack.ca(cluster).ensure_client(federation_identity(cluster))
-    upstreams = {peer: provision.Upstream(peer, HOSTNAMES[peer], PORT, own, HOSTNAMES[peer])}
+    upstreams = {peer: provision.Upstream(peer, HOSTNAMES[peer], peer_port, own, HOSTNAMES[peer])}
     workers = IDENTITIES[cluster]
     for cn in workers:
         stack.ca(cluster).ensure_client(cn)
@@ -78,9 +81,23 @@ def _exchange_trust(stacks: dict[str, Path]) -> None:
         import_peer_crl(stacks[dst] / "certs", cas[dst], src, crl)
 
 
+def _start_delay_relay(host: Any, tmp: Path, delay_ms: float) -> None:
+    """A relay on ``host``'s link address in front of its broker: +``delay_ms`` each way, any rate."""
+    from nebula_mq.atomic import write_json_atomic
+    from nebula_mq.stack.relay import Shape
+
+    d = tmp / f"relay-{host.ns}"
+    d.mkdir()
+    write_json_atomic(d / "control.json", asdict(Shape(rate_mbit=0.0, delay_ms=delay_ms, generation=1)))
+    host.run(sys.executable, "-m", "nebula_mq.stack.relay", "--daemon", "--listen-host", host.address,
+             "--listen-port", str(RELAY_PORT), "--target", f"127.0.0.1:{PORT}", "--control", str(d / "control.json"),
+             "--status", str(d / "status.json"), "--pidfile", str(d / "pid"), "--log", str(d / "log"))
+
+
 def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Goodput at ``cfg.rates_mbit`` x ``cfg.sizes_mib`` over the kernel-shaped namespace link:
-    one row per point, median of ``cfg.repeats``, as ``run_bench`` reports the relay's."""
+    """Goodput at ``cfg.rates_mbit`` x ``cfg.sizes_mib`` over the kernel-shaped namespace link,
+    with ``cfg.delay_ms`` added by a relay on each host: one row per point, median of
+    ``cfg.repeats``, as ``run_bench`` reports the relay's."""
     from nebula_mq.stack.netns import host_pair
 
     flows = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
@@ -89,11 +106,14 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
         hosts = {A: ha, B: hb}
         stacks = {c: Path(tmp) / c for c in hosts}
         _exchange_trust(stacks)
+        peer_port = RELAY_PORT if cfg.delay_ms > 0 else PORT
         for c, h in hosts.items():
             h.nebula("stack", "up", "--stack", str(stacks[c]), "--clusters", c, "--listen", "0.0.0.0",
                      "--hostname", h.hostname, "--base-port", str(PORT), "--prefix", f"nbn{os.getpid()}")
+            if cfg.delay_ms > 0:
+                _start_delay_relay(h, Path(tmp), cfg.delay_ms)
             h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
-                  json.dumps([f.name for f in flows]))
+                  json.dumps([f.name for f in flows]), str(peer_port))
         job = NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()})
         runs: dict[tuple[float, int], list[Transfer]] = {}
         sent: dict[tuple[float, int], int] = {}
@@ -114,7 +134,7 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
             h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
     rows = []
     for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": 0.0, **median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
+        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
         row["percent"] = 100 * row["mbit"] / rate
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         rows.append(row)
@@ -134,10 +154,11 @@ def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) ->
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 5 and argv[0] == "provision":
-        provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]))
+    if len(argv) == 6 and argv[0] == "provision":
+        provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]), int(argv[5]))
         return 0
-    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON", file=sys.stderr)
+    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON PEER_PORT",
+          file=sys.stderr)
     return 2
 
 

@@ -104,6 +104,9 @@ class Relay:
     status_file: Path
     shape: Shape = field(default_factory=Shape)
     counters: Counters = field(default_factory=Counters)
+    # Where it listens: loopback for the local stack; a host's link address in front of its broker
+    # when the delay is added on a link between network namespaces (bench transport --netns).
+    listen_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         self._buckets = {"up": TokenBucket(self._bps()), "down": TokenBucket(self._bps())}
@@ -225,7 +228,7 @@ class Relay:
 
 async def serve(relay: Relay, ready_fd: int | None) -> None:
     relay.poll_control()
-    server = await asyncio.start_server(relay.handle, "127.0.0.1", relay.listen_port, reuse_address=True)
+    server = await asyncio.start_server(relay.handle, relay.listen_host, relay.listen_port, reuse_address=True)
     relay.write_status()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -244,6 +247,7 @@ async def serve(relay: Relay, ready_fd: int | None) -> None:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="nebula_mq.stack.relay", description=__doc__.splitlines()[0])
     p.add_argument("--listen-port", type=int, required=True)
+    p.add_argument("--listen-host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--target", required=True, help="HOST:PORT")
     p.add_argument("--control", type=Path, required=True)
     p.add_argument("--status", type=Path, required=True)
@@ -256,7 +260,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     host, _, port = args.target.rpartition(":")
-    relay = Relay(args.listen_port, host or "127.0.0.1", int(port), args.control, args.status)
+    relay = Relay(args.listen_port, host or "127.0.0.1", int(port), args.control, args.status,
+                  listen_host=args.listen_host)
     ready_fd = None
     if args.daemon:
         r, w = os.pipe()
