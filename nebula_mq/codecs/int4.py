@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
-from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, largest_scale, narrows
+from nebula_mq.codecs.checks import cast_saturating, largest_scale, narrows
+from nebula_mq.codecs.quantise import as_rows, rounded_levels, row_scales
 from nebula_mq.errors import CodecError
 
 LEVELS = 7  # levels -7..7 of the scale; nibble = level + 8 (nibble 0 is never sent: refused)
-# Blocks processed per pass so the float temporaries stay in L2.
-_CHUNK_ELEMS = 64 * 1024
 
 
 #: Scales are clamped to this on encode, so larger ones are forged.
@@ -48,32 +47,13 @@ class Int4(Codec):
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         check_finite(x, ctx, "int4", representable=False)
         blocks, cols = self._blocks(x.shape), self.block
-        flat = x.reshape(-1)
-        if blocks * cols != flat.size:  # pad the tail block with zeros
-            flat = np.concatenate([flat, np.zeros(blocks * cols - flat.size, x.dtype)])
-        x2 = flat.reshape(blocks, cols)
-        if x2.size == 0:
-            amax = np.zeros(blocks, np.float32)
-        else:
-            amax_in = np.maximum(x2.max(axis=1), -x2.min(axis=1))
-            if x.dtype.itemsize > 4 and float(amax_in.max()) > FLOAT32_MAX:
-                raise CodecError(f"int4: |x| up to {float(amax_in.max()):.3g} exceeds the float32 range of "
-                                 f"its scales ({FLOAT32_MAX:.3g}); use fp16, bf16 or none for such values")
-            amax = amax_in.astype(np.float32)
-        scale = np.clip(amax / np.float32(LEVELS), np.float32(1e-30), SCALE_MAX)
-        inv = (np.float32(1.0) / scale)[:, None]
+        x2 = as_rows(x, blocks, cols)
+        scale = row_scales(x2, LEVELS, SCALE_MAX, "int4")
         packed = np.empty((blocks, cols // 2), np.uint8)
-        step = max(1, _CHUNK_ELEMS // cols)
-        buf = np.empty((min(step, blocks), cols), np.float32)
-        for r0 in range(0, blocks, step):
-            part = x2[r0:r0 + step]
-            b = buf[: part.shape[0]]
-            np.multiply(part, inv[r0:r0 + step], out=b, casting="same_kind")
-            np.rint(b, out=b)
-            np.clip(b, -LEVELS, LEVELS, out=b)
-            b += np.float32(8.0)  # levels -7..7 -> nibbles 1..15
-            nib = b.astype(np.uint8)
-            packed[r0:r0 + step] = nib[:, 0::2] | (nib[:, 1::2] << np.uint8(4))
+        for r0, levels in rounded_levels(x2, scale, LEVELS, clip=True):
+            levels += np.float32(8.0)  # levels -7..7 -> nibbles 1..15
+            nib = levels.astype(np.uint8)
+            packed[r0:r0 + len(nib)] = nib[:, 0::2] | (nib[:, 1::2] << np.uint8(4))
         return self._node(x, packed.reshape(-1), scale)
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
-from nebula_mq.codecs.checks import FLOAT32_MAX, cast_saturating, largest_scale, narrows
+from nebula_mq.codecs.checks import cast_saturating, largest_scale, narrows
+from nebula_mq.codecs.quantise import as_rows, rounded_levels, row_scales
 from nebula_mq.errors import CodecError
 
-# Rows processed per pass so the float temporaries stay in L2 (~256 KiB).
-_CHUNK_ELEMS = 64 * 1024
 
 
 #: Scales are clamped to this on encode, so larger ones are forged.
@@ -53,30 +52,11 @@ class Int8(Codec):
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         check_finite(x, ctx, "int8", representable=False)
         rows, cols = self._layout(x.shape)
-        flat = x.reshape(-1)
-        if self.block and rows * cols != flat.size:  # pad the tail block with zeros
-            flat = np.concatenate([flat, np.zeros(rows * cols - flat.size, x.dtype)])
-        x2 = flat.reshape(rows, cols)
-        if x2.size == 0:
-            amax = np.zeros(rows, np.float32)
-        else:
-            amax_in = np.maximum(x2.max(axis=1), -x2.min(axis=1))  # in x's dtype: float64 may exceed float32
-            if x.dtype.itemsize > 4 and float(amax_in.max()) > FLOAT32_MAX:
-                raise CodecError(f"int8: |x| up to {float(amax_in.max()):.3g} exceeds the float32 range of "
-                                 f"its scales ({FLOAT32_MAX:.3g}); use fp16, bf16 or none for such values")
-            amax = amax_in.astype(np.float32)
-        # The floor keeps 1/scale finite for all-zero or subnormal rows (error <= 5e-31 there).
-        scale = np.clip(amax / np.float32(127.0), np.float32(1e-30), SCALE_MAX)
-        inv = (np.float32(1.0) / scale)[:, None]
+        x2 = as_rows(x, rows, cols)
+        scale = row_scales(x2, 127, SCALE_MAX, "int8")
         q = np.empty((rows, cols), np.int8)
-        step = max(1, _CHUNK_ELEMS // max(cols, 1))
-        buf = np.empty((min(step, rows), cols), np.float32)
-        for r0 in range(0, rows, step):
-            part = x2[r0:r0 + step]
-            b = buf[: part.shape[0]]
-            np.multiply(part, inv[r0:r0 + step], out=b, casting="same_kind")
-            np.rint(b, out=b)
-            q[r0:r0 + step] = b
+        for r0, levels in rounded_levels(x2, scale, 127, clip=False):
+            q[r0:r0 + len(levels)] = levels
         q_out = q.reshape(x.shape) if not self.block else q.reshape(-1)
         return self._node(x, q_out, scale)
 
