@@ -41,14 +41,11 @@ from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, compare_flow,
-                                      goodput_flow, throughput_flows)
+                                      throughput_flows)
 from nebula_mq.bench.wan_recovery import recovery
-from nebula_mq.bench.wan_transfer import Transfer, median_transfer, transfer
+from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
 from nebula_mq.errors import NebulaError, TransportError
 from nebula_mq.topology import Flow
-
-
-
 
 
 def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfig,
@@ -74,21 +71,8 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
         row = {"path": path, **median_transfer([r]), "MBps": r.mbit / 8, "msgs_s": r.messages / r.elapsed_s}
         result["unshaped"].append(row)
         say(f"  unshaped {path:10s} {cfg.small_bytes} B x {r.messages}: {row['msgs_s']:7.0f} msgs/s")
-    runs: dict[tuple[float, int], list[Transfer]] = {}
-    for k in range(cfg.repeats):  # repeats interleaved: a busy spell on the host hits every point alike
-        for rate in cfg.rates_mbit:
-            stack.shape(None, rate_mbit=rate, delay_ms=cfg.delay_ms, cut=False)
-            for size in cfg.sizes_mib:
-                n = cfg.goodput_messages(rate, size)
-                r = transfer(job, goodput_flow(rate, size, k), size * MIB, n, cfg.publishers, cfg.timeout_s)
-                runs.setdefault((rate, size), []).append(r)
-                say(f"  goodput {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
-                    f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% (steady {100 * r.steady_mbit / rate:5.1f}%)")
-    for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs)}
-        row["percent"] = 100 * row["mbit"] / rate
-        row["steady_percent"] = 100 * row["steady_mbit"] / rate
-        result["goodput"].append(row)
+    result["goodput"] = goodput_points(
+        job, cfg, lambda rate: stack.shape(None, rate_mbit=rate, delay_ms=cfg.delay_ms, cut=False), "goodput", say)
     if cfg.compare_pika:
         result["compare_pika"] = compare_pika(job, cfg, say)
     say(f"  recovery: cutting the WAN for {cfg.cut_s:g} s ...")

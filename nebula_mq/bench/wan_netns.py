@@ -24,7 +24,7 @@ from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flow
-from nebula_mq.bench.wan_transfer import Transfer, median_transfer, transfer
+from nebula_mq.bench.wan_transfer import goodput_points
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.topology import Flow
 
@@ -115,29 +115,14 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
             h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
                   json.dumps([f.name for f in flows]), str(peer_port))
         job = NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()})
-        runs: dict[tuple[float, int], list[Transfer]] = {}
-        sent: dict[tuple[float, int], int] = {}
-        for k in range(cfg.repeats):
-            for rate in cfg.rates_mbit:
-                for h in hosts.values():
-                    h.shape(rate)
-                for size in cfg.sizes_mib:
-                    n = cfg.goodput_messages(rate, size)
-                    before = ha.tx_bytes()
-                    r = transfer(job, goodput_flow(rate, size, k), size * MIB, n, cfg.publishers, cfg.timeout_s)
-                    sent[(rate, size)] = ha.tx_bytes() - before
-                    runs.setdefault((rate, size), []).append(r)
-                    say(f"  netns   {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
-                        f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% "
-                        f"(steady {100 * r.steady_mbit / rate:5.1f}%)")
+
+        def shape(rate: float) -> None:
+            for h in hosts.values():
+                h.shape(rate)
+
+        rows = goodput_points(job, cfg, shape, "netns", say, link_bytes=ha.tx_bytes)
         for c, h in hosts.items():
             h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
-    rows = []
-    for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs), "link_tx_bytes": sent[(rate, size)]}
-        row["percent"] = 100 * row["mbit"] / rate
-        row["steady_percent"] = 100 * row["steady_mbit"] / rate
-        rows.append(row)
     return rows
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nebula_mq.bench.wan_jobs import B, CONSUMER, MIB, PRODUCER, BenchJob, tensor_bodies
 from nebula_mq import topology
+from nebula_mq.bench.wan_jobs import B, CONSUMER, MIB, PRODUCER, BenchConfig, BenchJob, goodput_flow, tensor_bodies
 from nebula_mq.errors import NebulaError, TransportError
 from nebula_mq.settings import TransportSettings
 from nebula_mq.topology import Flow
@@ -193,3 +193,33 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
 
 
 # --------------------------------------------------------------------------- recovery after a cut
+
+
+def goodput_points(job: BenchJob, cfg: BenchConfig, shape: Callable[[float], None], label: str,
+                   say: Callable[[str], None], link_bytes: Callable[[], int] | None = None) -> list[dict[str, Any]]:
+    """Goodput at every ``cfg.rates_mbit`` x ``cfg.sizes_mib`` point, ``shape(rate)`` setting the
+    link first: one row per point, median of ``cfg.repeats``, as a share of the link. With
+    ``link_bytes`` (a byte counter of the shaped link), each row also says what crossed it."""
+    runs: dict[tuple[float, int], list[Transfer]] = {}
+    sent: dict[tuple[float, int], int] = {}
+    for k in range(cfg.repeats):  # repeats interleaved: a busy spell on the host hits every point alike
+        for rate in cfg.rates_mbit:
+            shape(rate)
+            for size in cfg.sizes_mib:
+                n = cfg.goodput_messages(rate, size)
+                before = link_bytes() if link_bytes else 0
+                r = transfer(job, goodput_flow(rate, size, k), size * MIB, n, cfg.publishers, cfg.timeout_s)
+                if link_bytes:
+                    sent[(rate, size)] = link_bytes() - before
+                runs.setdefault((rate, size), []).append(r)
+                say(f"  {label:7s} {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
+                    f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% (steady {100 * r.steady_mbit / rate:5.1f}%)")
+    rows = []
+    for (rate, size), rs in runs.items():
+        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs)}
+        if link_bytes:
+            row["link_tx_bytes"] = sent[(rate, size)]
+        row["percent"] = 100 * row["mbit"] / rate
+        row["steady_percent"] = 100 * row["steady_mbit"] / rate
+        rows.append(row)
+    return rows
