@@ -127,10 +127,9 @@ def has_format_code(text: str) -> bool:
 
 def clean_text(text: str) -> str | None:
     """One message cleaned, or ``None`` when the rules drop it."""
-    if has_format_code(text):
-        return None
+    # Checked after the menu markers go: a marker can hide a format code ("%_0" -> "%0").
     text = _SPACES.sub(" ", strip_menu_markers(text)).strip()
-    if not MIN_CHARS <= len(text) <= MAX_CHARS:
+    if has_format_code(text) or not MIN_CHARS <= len(text) <= MAX_CHARS:
         return None
     return text
 
