@@ -137,6 +137,10 @@ class TransportSettings:
     max_queue_bytes: int = 256 * 1024 * 1024
     # How long a producer keeps retrying a nacked publish before failing loudly.
     publish_patience_s: float = 3600.0
+    # Publishes in flight per publisher, waiting for the broker's confirm (delivery tags match
+    # them); the messages and their bytes are both bounded. 1 = one confirm round trip each.
+    publish_window: int = 64
+    publish_window_bytes: int = 64 * 1024 * 1024
     # Largest envelope accepted on decode (RabbitMQ's own default cap is 128 MiB).
     max_message_bytes: int = 96 * 1024 * 1024
     # Most bytes one envelope may decode to, every tensor and intermediate array counted
@@ -159,6 +163,10 @@ class TransportSettings:
             raise InvalidField("prefetch", "an integer >= 1", self.prefetch)
         if self.dead_letter_alarm < 1:
             raise InvalidField("dead_letter_alarm", "a number of messages >= 1", self.dead_letter_alarm)
+        if self.publish_window < 1:
+            raise InvalidField("publish_window", "an integer >= 1", self.publish_window)
+        if self.publish_window_bytes < 1:
+            raise InvalidField("publish_window_bytes", "a number of bytes >= 1", self.publish_window_bytes)
         if self.max_queue_bytes < 1024 * 1024:
             raise InvalidField("max_queue_bytes", "at least 1 MiB (1048576)", self.max_queue_bytes)
 

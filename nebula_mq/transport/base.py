@@ -24,6 +24,7 @@ Semantics every implementation honours:
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -90,8 +91,48 @@ class Consumer(abc.ABC):
         self.close()
 
 
+class PublishHandle:
+    """A submitted message: ``wait`` returns once the broker holds it, or raises why it never will."""
+
+    def __init__(self, future: concurrent.futures.Future[None], message_id: str) -> None:
+        self._future = future
+        self.message_id = message_id
+
+    @classmethod
+    def confirmed(cls, message_id: str) -> PublishHandle:
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        future.set_result(None)
+        return cls(future, message_id)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> None:
+        try:
+            self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TransportError(f"publish of {self.message_id!r}: no confirm within {timeout} s") from None
+
+
 class Publisher(abc.ABC):
     """Confirmed, persistent publishes to a queue of the local broker."""
+
+    def publish_async(
+        self,
+        queue: str,
+        body: bytes | memoryview,
+        message_id: str,
+        headers: Mapping[str, Any] | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+    ) -> PublishHandle:
+        """Submit a message; its handle's ``wait`` returns once the broker holds it. A publisher
+        with a window of confirms returns at once; this default publishes and waits."""
+        self.publish(queue, body, message_id, headers, correlation_id, reply_to)
+        return PublishHandle.confirmed(message_id)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the broker holds every message submitted so far (raise the first failure)."""
 
     @abc.abstractmethod
     def publish(

@@ -31,6 +31,16 @@ class Routes:
         self._lock = threading.Lock()
         self._known: dict[str, str] = {}
 
+    def known(self, queue: str) -> str | None:
+        """The exchange learned for ``queue`` (or the default one for a queue outside our
+        layout), or None when nobody has looked yet."""
+        try:
+            topology.exchange_for_queue(queue)
+        except ValueError:
+            return DEFAULT_EXCHANGE
+        with self._lock:
+            return self._known.get(queue)
+
     def exchange(self, conn: pika.BlockingConnection, queue: str) -> str:
         """The flow exchange of ``queue`` if the broker has it, else the default exchange.
 
