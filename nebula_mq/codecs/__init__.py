@@ -12,13 +12,13 @@ from nebula_mq.codecs.compose import ByRole, BySize, Chain
 from nebula_mq.codecs.int4 import Int4
 from nebula_mq.codecs.int8 import Int8
 from nebula_mq.codecs.lossless import LZ4
-from nebula_mq.codecs.lowrank import SVD, LowRankState, RandomizedSVD
+from nebula_mq.codecs.lowrank import SVD, LowRankState, PowerSGD, RandomizedSVD
 from nebula_mq.codecs.parse import parse_codec
 from nebula_mq.codecs.schedule import CompressionSchedule
 from nebula_mq.codecs.sparse import TopK
 
 __all__ = [
     "BF16", "FP16", "LZ4", "SVD", "ByRole", "BySize", "Chain", "Codec", "CompressionSchedule",
-    "EncodeContext", "Encoded", "Identity", "Int4", "Int8", "LowRankState", "RandomizedSVD", "TopK",
+    "EncodeContext", "Encoded", "Identity", "Int4", "Int8", "LowRankState", "PowerSGD", "RandomizedSVD", "TopK",
     "codec_class", "decode_tree", "parse_codec", "registered",
 ]

@@ -9,7 +9,7 @@ decodes with :func:`nebula_mq.codecs.decoding.decode_tree` alone; the chain spec
 string on the wire is only informational.
 
 Codecs are stateless frozen dataclasses whose fields are their parameters; the
-only per-sender state (the warm-start basis of ``rsvd``) lives in a
+only per-sender state (the warm-start basis of ``rsvd`` and ``powersgd``) lives in a
 :class:`nebula_mq.codecs.lowrank.LowRankState` the caller owns and passes in
 :class:`EncodeContext`.
 """
@@ -67,7 +67,7 @@ class EncodeContext:
     allow_non_finite: bool = False
     # "activation" | "gradient" | "ids" | None; read by the role-adaptive wrapper.
     role: str | None = None
-    # Sender-owned warm-start state for rsvd (a LowRankState); None means cold start.
+    # Sender-owned warm-start state for rsvd and powersgd (a LowRankState); None means cold start.
     state: Any = None
 
 

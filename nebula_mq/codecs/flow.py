@@ -11,7 +11,8 @@ decodes exactly what an uninterrupted one would:
 * the **tensor roles** the codecs see (``activation``, ``gradient``, ``ids``), so a
   ``role(...)`` chain picks its codec per tensor (hivemind's role-adaptive
   compression);
-* the **rsvd warm start**: the last right basis of each tensor (PowerSGD's Q);
+* the **low-rank warm start** (``rsvd``, ``powersgd``): the last right basis of the main
+  tensor (PowerSGD's Q);
 * **delta compression** (AQ-SGD) of activations: the sender's per-sample
   reference, and its mirror at the receiver;
 * **error feedback** of gradients: the sender's per-sample residual.
@@ -73,7 +74,7 @@ class FlowCompression:
         self.delta = DeltaCompression() if delta else None  # sender's reference per sample
         self.feedback = ErrorFeedback() if feedback else None  # sender's residual per sample
         self.mirror = DeltaCompression()  # receiver's copy of the sender's reference
-        self.lowrank = LowRankState()  # rsvd warm start of the main tensor (the others are lossless)
+        self.lowrank = LowRankState()  # rsvd/powersgd warm start of the main tensor (the others are lossless)
 
     # ------------------------------------------------------------------ sender
 

@@ -1,8 +1,8 @@
-"""Low-rank codecs: exact truncated SVD (paper eq. 1-4) and randomized SVD.
+"""Low-rank codecs: exact truncated SVD (paper eq. 1-4), randomized SVD and PowerSGD.
 
-Both factor every trailing [T x H] matrix (leading dims are batch: a [B,T,H]
+All three factor every trailing [T x H] matrix (leading dims are batch: a [B,T,H]
 activation is B matrices) and keep ``k = max(1, round(fraction * min(T, H)))``
-singular directions. Both ship the same two parts, decoded as one batched GEMM:
+directions. All ship the same two parts, decoded as one batched GEMM:
 
 * ``left  = U_k * S_k``  [..., T, k]
 * ``right = V_k^T``      [..., k, H]
@@ -14,13 +14,24 @@ inside fp16/int8 range, so a following ``fp16`` or ``int8`` only has to cope
 with the magnitude of one factor (whose rows are per-token scaled, which also
 suits int8's per-row scales).
 
+``powersgd`` (PowerSGD, Vogels et al. 2019, as in torch's ``powerSGD_hook``) ships
+the other split of the same product: ``left = P`` orthonormal [..., T, k] and
+``right = P^T x`` [..., k, H], where ``P = orth(x @ Q)`` and ``Q`` is the previous
+message's ``right^T`` (the sender's :class:`LowRankState`; a seeded Gaussian sketch
+on a cold start). That is one GEMM from the previous basis, one batched Householder
+QR and one GEMM back per encode: PowerSGD's warm step, and nothing else. A zero or
+rank-deficient ``x @ Q`` still has an orthonormal Householder ``P`` (no NaN); an all-zero
+matrix, whose ``right`` is zero, leaves the cold sketch as its next basis.
+
 Tensors with fewer than 2 dims (or an empty matrix) are sent raw: the node is
 an identity node, which the receiver decodes without knowing why.
 
-Error: ``svd`` leaves exactly the discarded singular energy, ``rsvd`` a projection
-error <= |x|. Matrices of very large or very small values are factored after an
-exact power-of-two rescaling; values so large that a factor row could overflow the
-working dtype (max |x| > dtype max / (2 sqrt(H))) are refused with a CodecError.
+Error: ``svd`` leaves exactly the discarded singular energy, ``rsvd`` and ``powersgd``
+a projection error <= |x|. Matrices of very large or very small values are factored
+after an exact power-of-two rescaling; values so large that a factor row could
+overflow the working dtype (max |x| > dtype max / (2 sqrt(H)), for ``powersgd``,
+whose ``right`` carries the magnitude along columns, dtype max / (2 sqrt(max(T, H))))
+are refused with a CodecError.
 """
 
 from __future__ import annotations
@@ -59,6 +70,23 @@ def _finite(a: np.ndarray) -> bool:
     return a.size == 0 or bool(np.isfinite(a.min()) and np.isfinite(a.max()))
 
 
+_RANGE_CHUNK = 256 * 1024  # elements per reduction call: 1 MiB of float32, so min re-reads max's chunk from L2
+
+
+def _matrix_amax(a: np.ndarray) -> np.ndarray:
+    """max |x| of each matrix of ``a`` [B, T, H] as float64 (NaN where a matrix holds NaN, Inf where Inf):
+    one max and one min per chunk of whole matrices, no |x| temporary."""
+    nb = a.shape[0]
+    flat = a.reshape(nb, -1)
+    hi, lo = np.empty(nb, a.dtype), np.empty(nb, a.dtype)
+    step = max(1, _RANGE_CHUNK // max(1, flat.shape[1]))
+    for i in range(0, nb, step):
+        np.max(flat[i:i + step], axis=1, out=hi[i:i + step])
+        np.min(flat[i:i + step], axis=1, out=lo[i:i + step])
+    with np.errstate(invalid="ignore"):  # -(-Inf), NaN comparisons: the caller checks finiteness
+        return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
+
+
 class _LowRank(Codec):
     fraction: float
 
@@ -76,33 +104,52 @@ class _LowRank(Codec):
         k = self.rank(t, h)
         return [((*lead, t, k), _work_dtype(dtype)), ((*lead, k, h), _work_dtype(dtype))]
 
+    def _row_length(self, t: int, h: int) -> int:
+        """Length of the longest row or column a factor's magnitude is summed over (see the limit)."""
+        return h
+
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
-        check_finite(x, ctx, self.name, representable=False)
         if x.ndim < 2 or x.size == 0:
+            check_finite(x, ctx, self.name, representable=False)
             return Identity()._encode(x, ctx)
         t, h = x.shape[-2:]
         work = _work_dtype(x.dtype)
         a = x.reshape(-1, t, h).astype(work, copy=False)
-        amax = np.maximum(a.max(axis=(1, 2)), -a.min(axis=(1, 2))).astype(np.float64)  # per matrix
+        amax = _matrix_amax(a)  # per matrix; also the finiteness check (NaN and Inf reach it)
+        if not np.isfinite(amax).all():
+            check_finite(x, ctx, self.name, representable=False)  # raises, naming the reason
         # A row of left = U_k S_k has norm <= |row of x| <= sqrt(h) max|x|, and so does
         # every partial sum of the receiver's product: with this limit neither overflows.
-        limit = float(np.finfo(work).max) / (2.0 * math.sqrt(h))
+        n = self._row_length(t, h)
+        limit = float(np.finfo(work).max) / (2.0 * math.sqrt(n))
         if float(amax.max()) > limit:
             raise CodecError(f"{self.name}: |x| up to {float(amax.max()):.3g} is too large for {work} factors of "
-                             f"rows of {h} values (limit {limit:.3g}); scale the tensor or use fp16, bf16 or none")
+                             f"rows of {n} values (limit {limit:.3g}); scale the tensor or use fp16, bf16 or none")
         scale = _power_of_two_scale(amax)
         if scale is not None:  # exact rescaling keeps the sketch products inside the float range
             a = a / scale.astype(work)[:, None, None]
-        left, right = self._factor(a, self.rank(t, h), ctx)
+        left, right, keep = self._factor(a, self.rank(t, h), ctx)
         if scale is not None:
-            left = left * scale.astype(work)[:, None, None]
+            left, right = self._unscale(left, right, scale.astype(work)[:, None, None])
         if not (_finite(left) and _finite(right)):
             raise CodecError(f"{self.name}: factorisation of {x.dtype}{x.shape} produced NaN or Inf")
+        if keep is not None and isinstance(ctx.state, LowRankState):  # only a finite basis is remembered
+            ctx.state.basis = self._reseed(keep, amax == 0)
         lead = x.shape[:-2]
         return self._node(x, np.ascontiguousarray(left).reshape(*lead, t, -1),
                           np.ascontiguousarray(right).reshape(*lead, -1, h))
 
-    def _factor(self, a: np.ndarray, k: int, ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray]:
+    def _unscale(self, left: np.ndarray, right: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Undo the power-of-two rescaling on the factor that carries the magnitude."""
+        return left * scale, right
+
+    def _reseed(self, basis: np.ndarray, zero: np.ndarray) -> np.ndarray:
+        """The basis to remember, given which matrices were all zero."""
+        return basis
+
+    def _factor(self, a: np.ndarray, k: int,
+                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(left, right, the warm-start basis to remember once both are known finite, or None)."""
         raise NotImplementedError
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -133,12 +180,13 @@ class SVD(_LowRank):
     def __post_init__(self) -> None:
         self._check_fraction()
 
-    def _factor(self, a: np.ndarray, k: int, ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray]:
+    def _factor(self, a: np.ndarray, k: int,
+                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         try:
             u, s, vt = np.linalg.svd(a, full_matrices=False)
         except np.linalg.LinAlgError as exc:
             raise CodecError(f"svd: LAPACK failed: {exc}") from None
-        return u[..., :k] * s[..., None, :k], vt[..., :k, :]
+        return u[..., :k] * s[..., None, :k], vt[..., :k, :], None
 
 
 class LowRankState:
@@ -187,7 +235,8 @@ class RandomizedSVD(_LowRank):
         if self.seed < 0:
             raise CodecError(f"rsvd: seed must be >= 0, got {self.seed}")
 
-    def _factor(self, a: np.ndarray, k: int, ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray]:
+    def _factor(self, a: np.ndarray, k: int,
+                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         nb, t, h = a.shape
         width = min(k + self.oversample, t, h)
         at = a.transpose(0, 2, 1)
@@ -209,7 +258,64 @@ class RandomizedSVD(_LowRank):
         # needs guarding against division by zero, not against inaccuracy.
         inv = np.where(s > s[..., :1] * 1e-6, 1.0 / np.maximum(s, 1e-30), 0.0).astype(a.dtype)
         right_all = (vecs.transpose(0, 2, 1) @ m) * inv[..., None]  # [B,l,H], ~orthonormal rows
-        if state is not None:
-            state.basis = right_all
         left = p @ (vecs[..., :k] * s[..., None, :k])
-        return left, right_all[:, :k]
+        return left, right_all[:, :k], right_all
+
+
+@dataclass(frozen=True)
+class PowerSGD(_LowRank):
+    """PowerSGD's warm step (Vogels et al. 2019; torch's ``powerSGD_hook``), see the module docstring.
+
+    Per encode: ``P = orth(x @ Q)``, ``right = P^T x``; ``Q`` is the previous encode's
+    ``right^T`` from the sender's :class:`LowRankState` (per flow, checkpointed by
+    ``FlowCompression``), or a seeded Gaussian sketch on a cold start. Without a state
+    every encode is a cold start: one pass of a randomized range finder.
+    """
+
+    wire_id = 9
+    name = "powersgd"
+    fraction: float
+    seed: int = 0  # of the cold-start Gaussian sketch: encodes are deterministic
+
+    def __post_init__(self) -> None:
+        self._check_fraction()
+        if self.seed < 0:
+            raise CodecError(f"powersgd: seed must be >= 0, got {self.seed}")
+
+    def _row_length(self, t: int, h: int) -> int:
+        # right = P^T x: a column of it has norm <= |column of x| <= sqrt(t) max|x|, and so
+        # does a partial sum of the receiver's product; SVD-style rows give the sqrt(h).
+        return max(t, h)
+
+    def _unscale(self, left: np.ndarray, right: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return left, right * scale  # left is orthonormal; the magnitude is in right
+
+    def _sketch(self, h: int, k: int, dtype: np.dtype) -> np.ndarray:
+        return np.random.default_rng(self.seed).standard_normal((h, k), dtype=dtype)
+
+    def _reseed(self, basis: np.ndarray, zero: np.ndarray) -> np.ndarray:
+        # An all-zero matrix leaves right = 0, and x @ 0 would tell the next message nothing:
+        # its matrices start from the cold sketch instead (a copy: right itself is shipped).
+        if not zero.any():
+            return basis
+        basis = basis.copy()
+        basis[zero] = self._sketch(basis.shape[-1], basis.shape[-2], basis.dtype).T
+        return basis
+
+    def _factor(self, a: np.ndarray, k: int,
+                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        nb, t, h = a.shape
+        state = ctx.state if isinstance(ctx.state, LowRankState) else None
+        basis = state.take((nb, k, h), a.dtype) if state is not None else None
+        if basis is not None:  # warm: one GEMM from the previous right factor
+            y = a @ basis.transpose(0, 2, 1)
+        else:  # cold: one sketch shared by the batch, a single large GEMM
+            y = (a.reshape(-1, h) @ self._sketch(h, k, a.dtype)).reshape(nb, t, k)
+        # Householder QR (LAPACK geqrf + orgqr per matrix), as PowerSGD's own QR: orthonormal
+        # even for a rank-deficient or zero y. A Cholesky QR with numpy's tools measured slower
+        # here (its triangular inverse, np.linalg.inv, costs more than the whole QR).
+        p = np.linalg.qr(y)[0]
+        right = p.transpose(0, 2, 1) @ a  # [B,k,H]: the least-squares right factor for p
+        # right is remembered as it is shipped (in rescaled units, so that the next sketch
+        # product stays in range); nothing writes to either.
+        return p, right, right

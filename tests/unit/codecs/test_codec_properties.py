@@ -16,15 +16,18 @@ from hypothesis import given, settings
 
 from nebula_mq.codecs import Chain, Codec, decode_tree, parse_codec
 from nebula_mq.codecs.cast import BF16_SAFE_MAX, FP16_MAX
-from nebula_mq.codecs.lowrank import SVD, RandomizedSVD
+from nebula_mq.codecs.lowrank import SVD, PowerSGD, RandomizedSVD
 from nebula_mq.errors import CodecError, NebulaError
 from nebula_mq.wire import Envelope, TensorRecord, decode_envelope, encode_envelope, unpack_tensors
 from tests.fixtures.arrays import FLOAT_DTYPES, INT_DTYPES, codec_inputs
 
 F32_MAX = float(np.finfo(np.float32).max)
 LOSSLESS = ["none", "lz4"]
-LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "int4", "int4(block=8)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)", "topk(0.3)"]
-CHAINS = ["fp16(svd(0.5))", "int8(rsvd(0.5))", "int4(svd(0.5))", "bf16(svd(0.6))", "lz4(topk(0.3))", "lz4(fp16)"]
+LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "int4", "int4(block=8)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)",
+         "powersgd(0.5)", "topk(0.3)"]
+CHAINS = ["fp16(svd(0.5))", "int8(rsvd(0.5))", "int4(svd(0.5))", "bf16(svd(0.6))", "fp16(powersgd(0.5))",
+          "int8(powersgd(0.3))", "lz4(topk(0.3))", "lz4(fp16)"]
+LOWRANK = ("svd", "rsvd", "powersgd")
 
 
 def _native(x: np.ndarray) -> np.ndarray:
@@ -45,9 +48,11 @@ def documented_refusal(codec: Codec, x: np.ndarray) -> bool:
         return any(codec.outer.accepts(p.dtype) and documented_refusal(codec.outer, p) for p in leaves)
     if codec.name in ("int8", "int4"):  # scales are float32
         return x.dtype.name == "float64" and _amax(x) > F32_MAX
-    if isinstance(codec, (SVD, RandomizedSVD)) and x.ndim >= 2 and x.size:
+    if isinstance(codec, (SVD, RandomizedSVD, PowerSGD)) and x.ndim >= 2 and x.size:
         work = np.float64 if x.dtype.name == "float64" else np.float32
-        return _amax(x) > float(np.finfo(work).max) / (2 * math.sqrt(x.shape[-1]))
+        # powersgd's right factor carries the magnitude along columns (T values), the others' left along rows (H)
+        n = max(x.shape[-2:]) if isinstance(codec, PowerSGD) else x.shape[-1]
+        return _amax(x) > float(np.finfo(work).max) / (2 * math.sqrt(n))
     return False
 
 
@@ -75,7 +80,7 @@ def assert_within_bound(spec: str, x: np.ndarray, y: np.ndarray) -> None:
     name = spec.split("(")[0]
     x64, y64 = x.astype(np.float64), y.astype(np.float64)
     eps = float(np.finfo(x.dtype).eps) if x.dtype.kind == "f" else 0.0
-    if name in ("none", "lz4") or (name in ("svd", "rsvd") and (x.ndim < 2 or x.size == 0)):
+    if name in ("none", "lz4") or (name in LOWRANK and (x.ndim < 2 or x.size == 0)):
         assert y.tobytes() == _native(x).tobytes()  # lossless (low-rank sends < 2-D tensors raw)
     elif name == "fp16":  # clamped to +-65504, then 11-bit mantissa or subnormal spacing
         xc = np.clip(x64, -FP16_MAX, FP16_MAX)
@@ -87,7 +92,7 @@ def assert_within_bound(spec: str, x: np.ndarray, y: np.ndarray) -> None:
         _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=127)  # type: ignore[attr-defined]
     elif name == "int4":
         _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=7)  # type: ignore[attr-defined]
-    elif name in ("svd", "rsvd"):
+    elif name in LOWRANK:
         _assert_lowrank_bound(parse_codec(spec), x, y)
     elif name == "topk":  # kept values exact, the rest zero, nothing dropped larger than the k-th
         xn = _native(x)
@@ -132,7 +137,7 @@ def _assert_lowrank_bound(codec: Codec, x: np.ndarray, y: np.ndarray) -> None:
         k = codec.rank(t, h)
         discarded = math.sqrt(float(np.sum(np.linalg.svd(xn, compute_uv=False)[:, k:] ** 2)))
         assert err <= discarded + slack
-    else:  # rsvd projects onto a subspace: never worse than sending zeros
+    else:  # rsvd and powersgd project onto a subspace: never worse than sending zeros
         assert err <= norm + slack
 
 

@@ -160,8 +160,8 @@ def test_lz4_bit_exact(dtype: type, data: st.DataObject) -> None:
     assert y.dtype == x.dtype and y.shape == x.shape and y.tobytes() == x.tobytes()
 
 
-CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=32)", "svd(0.6)", "rsvd(0.5)", "topk(0.1)", "lz4",
-          "fp16(svd(0.6))", "int8(svd(0.5))", "fp16(rsvd(0.3))", "lz4(topk(0.2))", "fp16(topk(0.2))",
+CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=32)", "svd(0.6)", "rsvd(0.5)", "powersgd(0.5)", "topk(0.1)",
+          "lz4", "fp16(svd(0.6))", "fp16(powersgd(0.6))", "int8(svd(0.5))", "fp16(rsvd(0.3))", "lz4(topk(0.2))", "fp16(topk(0.2))",
           "lz4(fp16(svd(0.4)))", "size(1000, small=lz4, large=fp16(svd(0.6)))"]
 
 
@@ -234,7 +234,7 @@ def test_registry_rejects_duplicate_wire_ids() -> None:
         class Clash(Codec):  # noqa: F841 - the class statement itself must fail
             wire_id = FP16.wire_id
             name = "clash"
-    assert {c.name for c in registered().values()} >= {"none", "fp16", "bf16", "int8", "svd", "rsvd", "topk", "lz4"}
+    assert {c.name for c in registered().values()} >= {"none", "fp16", "bf16", "int8", "svd", "rsvd", "powersgd", "topk", "lz4"}
 
 
 def test_decode_validates_instead_of_returning_garbage() -> None:
@@ -286,7 +286,7 @@ def test_bf16_nan_scalar_with_allow_non_finite() -> None:
 
 
 @pytest.mark.parametrize("magnitude", [1e19, 1e30, 1e-30, 1e-40])
-@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)"])
+@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)", "powersgd(0.5)"])
 def test_lowrank_factors_float32_of_extreme_magnitude(spec: str, magnitude: float) -> None:
     rng = np.random.default_rng(4)
     base = (rng.standard_normal((3, 16, 4)) @ rng.standard_normal((3, 4, 24))).astype(np.float32)  # rank 4
@@ -297,7 +297,7 @@ def test_lowrank_factors_float32_of_extreme_magnitude(spec: str, magnitude: floa
     assert rel_err(x, y) < (1e-2 if magnitude < 1e-38 else 1e-4)
 
 
-@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)", "fp16(svd(0.5))"])
+@pytest.mark.parametrize("spec", ["svd(0.5)", "rsvd(0.5)", "powersgd(0.5)", "fp16(svd(0.5))"])
 def test_lowrank_refuses_values_whose_factors_would_overflow(spec: str) -> None:
     x = np.full((4, 8), 3e38, np.float32)
     with pytest.raises(CodecError, match="too large"):
@@ -375,3 +375,111 @@ def test_decode_tree_caps_every_node_of_the_tree_together() -> None:
     with pytest.raises(DecodedTooLarge):  # the float32 factors are materialised too
         decode_tree(enc, max_decoded_bytes=x.nbytes)
     assert decode_tree(enc, max_decoded_bytes=x.nbytes + factors).shape == x.shape
+
+
+# ---------------------------------------------------------------- powersgd
+
+
+def _drifting_stream(steps: int, seed: int = 5) -> list[np.ndarray]:
+    """[4, 32, 96] matrices with a decaying spectrum that change a little from one message to the next."""
+    rng = np.random.default_rng(seed)
+    u, v = rng.standard_normal((4, 32, 32)), rng.standard_normal((4, 32, 96))
+    x = (u * np.exp(-np.arange(32) / 6)) @ v
+    out = []
+    for _ in range(steps):
+        out.append(x.astype(np.float32))
+        x = x + 0.05 * rng.standard_normal(x.shape)
+    return out
+
+
+def _powersgd_reference(stream: list[np.ndarray], k: int, seed: int = 0) -> list[float]:
+    """PowerSGD's math (torch's powerSGD_hook: P = M Q, orthogonalise P, Q = M^T P) in float64 numpy,
+    from the Gaussian sketch the codec starts from: the relative error of each message."""
+    h = stream[0].shape[-1]
+    q = np.random.default_rng(seed).standard_normal((h, k), dtype=np.float32).astype(np.float64)
+    errs = []
+    for x in stream:
+        m = x.astype(np.float64)
+        p = np.linalg.qr(m @ q)[0]
+        q = m.transpose(0, 2, 1) @ p
+        errs.append(rel_err(m, p @ q.transpose(0, 2, 1)))
+    return errs
+
+
+def test_powersgd_warm_error_is_at_most_powersgd_math_on_a_drifting_stream() -> None:
+    stream = _drifting_stream(8)
+    codec, state = parse_codec("powersgd(0.25)"), LowRankState()
+    ours = [rel_err(x, decode_tree(codec.encode(x, state=state))) for x in stream]
+    assert state.warm_starts == len(stream) - 1
+    reference = _powersgd_reference(stream, codec.rank(32, 96))  # type: ignore[attr-defined]
+    for got, want in zip(ours, reference):
+        assert got <= want * (1 + 1e-4) + 1e-6  # the same math, float32 against float64
+    cold = rel_err(stream[-1], decode_tree(codec.encode(stream[-1])))
+    exact = rel_err(stream[-1], decode_tree(SVD(0.25).encode(stream[-1])))
+    assert ours[-1] < cold and ours[-1] <= exact * 1.05  # the warm start tracks the dominant subspace
+
+
+def test_powersgd_ships_an_orthonormal_left_factor_and_remembers_the_right_one() -> None:
+    x = _drifting_stream(1)[0]
+    state = LowRankState()
+    enc = parse_codec("powersgd(0.25)").encode(x, state=state)
+    left, right = enc.parts
+    assert isinstance(left, np.ndarray) and isinstance(right, np.ndarray)
+    assert left.shape == (4, 32, 8) and right.shape == (4, 8, 96)
+    np.testing.assert_allclose(left.transpose(0, 2, 1) @ left, np.broadcast_to(np.eye(8), (4, 8, 8)), atol=1e-5)
+    assert state.basis is not None and np.array_equal(state.basis, right)
+
+
+@pytest.mark.parametrize("shape", [(3, 16, 24), (2, 24, 8), (1, 5, 5)])
+def test_powersgd_zero_and_rank_deficient_matrices_stay_finite(shape: tuple[int, int, int]) -> None:
+    rng = np.random.default_rng(6)
+    b, t, h = shape
+    rank2 = (rng.standard_normal((b, t, 2)) @ rng.standard_normal((b, 2, h))).astype(np.float32)
+    codec, state = parse_codec("powersgd(0.5)"), LowRankState()
+    for x in [np.zeros(shape, np.float32), np.zeros(shape, np.float32), rank2, rank2, np.zeros(shape, np.float32)]:
+        enc = codec.encode(x, state=state)
+        assert all(np.isfinite(p).all() for p in enc.leaves())
+        y = decode_tree(enc)
+        assert np.isfinite(y).all()
+        if not x.any():
+            assert not y.any()
+        else:  # rank 2 < k: captured whole, even right after a zero basis
+            assert rel_err(x, y) < 1e-5
+    assert state.warm_starts == 4
+
+
+def test_powersgd_rescales_extreme_magnitudes_and_remembers_a_basis_in_range() -> None:
+    stream = _drifting_stream(3)
+
+    def errors(scale: float) -> list[float]:
+        state, out = LowRankState(), []
+        for x in stream:
+            xs = (x.astype(np.float64) * scale).astype(np.float32)
+            y = decode_tree(parse_codec("powersgd(0.25)").encode(xs, state=state))
+            assert np.isfinite(y).all()
+            assert state.basis is not None and float(np.abs(state.basis).max()) < 1e4  # rescaled units
+            out.append(rel_err(xs, y))
+        return out
+
+    plain = errors(1.0)
+    for scale in (1e30, 1e-30):
+        np.testing.assert_allclose(errors(scale), plain, rtol=1e-3)
+
+
+def test_powersgd_refuses_values_whose_right_factor_could_overflow_in_tall_matrices() -> None:
+    # t = 400 > h = 4: a column of right = P^T x can reach sqrt(400) max|x| (svd's limit uses sqrt(h))
+    x = np.full((400, 4), 2e37, np.float32)
+    with pytest.raises(CodecError, match="too large"):
+        parse_codec("powersgd(0.5)").encode(x)
+    parse_codec("svd(0.5)").encode(x)  # fine for svd: its left rows have 4 values
+
+
+def test_powersgd_in_chains_and_parser() -> None:
+    codec = parse_codec("fp16(powersgd(0.6, seed=3))")
+    assert codec.spec == "fp16(powersgd(0.6, seed=3))" and parse_codec(codec.spec).spec == codec.spec
+    with pytest.raises(CodecError, match="seed"):
+        parse_codec("powersgd(0.5, seed=-1)")
+    with pytest.raises(CodecError, match="fraction"):
+        parse_codec("powersgd(1.5)")
+    x = _drifting_stream(1)[0]
+    assert rel_err(x, decode_tree(codec.encode(x))) < 0.2

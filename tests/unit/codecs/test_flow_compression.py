@@ -92,9 +92,10 @@ def test_schedule_sends_uncompressed_before_its_step() -> None:
     assert codec_class(after["x"][1].codec_id).name == "int8"
 
 
-def test_rsvd_warm_start_is_checkpointed_and_restored() -> None:
+@pytest.mark.parametrize("spec", ["rsvd(0.3)", "powersgd(0.3)", "fp16(powersgd(0.5))"])
+def test_lowrank_warm_start_is_checkpointed_and_restored(spec: str) -> None:
     """A restored flow encodes the next message byte for byte as the uninterrupted one."""
-    chain = parse_codec("rsvd(0.3)")
+    chain = parse_codec(spec)
     clean = FlowCompression(CompressionSchedule(0, chain), main="x", role="activation")
     for step in range(3):
         clean.encode(step, {"x": batch(step)[0]})
