@@ -100,8 +100,13 @@ def throughput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
         out += [Flow(f"lo-{s}", A, A), Flow(f"wan-{s}", A, B)]
     if cfg.compare_pika:
         out += [compare_flow(s, k, who) for k in range(cfg.repeats) for s in [*cfg.compare_sizes_mib, 0]
-                for who in ("ours", "pika")]
+                for who in COMPARED]
     return tuple(out)
+
+
+#: The publishers ``--compare-pika`` times: ours with its window of confirms (as the runtime's
+#: outboxes publish), ours one confirmed publish at a time, and plain pika.
+COMPARED = ("windowed", "blocking", "pika")
 
 
 def compare_flow(size_mib: int, repeat: int, who: str) -> Flow:

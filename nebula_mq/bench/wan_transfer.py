@@ -92,13 +92,16 @@ class PublisherPool:
     """
 
     def __init__(self, ends: Ends, bodies: Sequence[tuple[str, bytes]], threads: int, pace: float = 0.0,
-                 on_confirmed: Callable[[str, float, float], None] | None = None) -> None:
+                 on_confirmed: Callable[[str, float, float], None] | None = None, windowed: bool = False) -> None:
+        """``windowed``: each thread submits without waiting (the publisher's window of confirms
+        bounds what is outstanding) and flushes at the end, as the runtime's outboxes do."""
         self._work: queue_mod.SimpleQueue[tuple[str, bytes]] = queue_mod.SimpleQueue()
         for item in bodies:
             self._work.put(item)
         self._queue = ends.queue
         self._pace = pace
         self._on_confirmed = on_confirmed
+        self._windowed = windowed
         self._lock = threading.Lock()
         self._next_due = time.monotonic()
         self.stop = threading.Event()
@@ -121,11 +124,15 @@ class PublisherPool:
                 try:
                     mid, body = self._work.get_nowait()
                 except queue_mod.Empty:
-                    return
+                    break
                 started = time.monotonic()
+                if self._windowed:
+                    pub.publish_async(self._queue, body, mid)
+                    continue
                 pub.publish(self._queue, body, mid)
                 if self._on_confirmed:
                     self._on_confirmed(mid, started, time.monotonic())
+            pub.flush()
         except NebulaError as exc:  # reported by join()
             self.errors.append(exc)
 
@@ -150,9 +157,10 @@ class PublisherPool:
 
 
 def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishers: int,
-             timeout_s: float, plain_pika: bool = False) -> Transfer:
+             timeout_s: float, plain_pika: bool = False, windowed: bool = False) -> Transfer:
     """Publish ``count`` envelopes on ``flow`` and consume them on its destination cluster.
-    With ``plain_pika``, one plain pika publisher (``transport.reference``) replaces ours."""
+    With ``plain_pika``, one plain pika publisher (``transport.reference``) replaces ours; with
+    ``windowed``, ours submit without waiting for each confirm (``PublisherPool``)."""
     from nebula_mq.wire import decode_envelope
 
     bodies = tensor_bodies(job.job_id, flow.name, payload_bytes, count)
@@ -167,7 +175,7 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
             pool = PlainPikaPublisher(job.settings(flow.src_cluster, PRODUCER),
                                       topology.flow_exchange(job.job_id, flow.name), ends.queue, bodies)
         else:
-            pool = PublisherPool(ends, bodies, publishers)
+            pool = PublisherPool(ends, bodies, publishers, windowed=windowed)
         t0 = time.monotonic()
         pool.start()
         deadline = t0 + timeout_s

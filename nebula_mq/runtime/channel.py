@@ -74,11 +74,14 @@ class Outbox:
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.queue = worker.transport.queue_for(flow)
         self.publisher = worker.transport.publisher()
+        worker.open_outboxes.append(self)  # its commit waits for our confirms (``Worker.commit``)
 
     def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]] | None = None,
              encoded: EncodedTensors | None = None, meta: Mapping[str, Any] | None = None,
              reply_to: str | None = None, correlation_id: str | None = None) -> str:
-        """Encode, publish and wait for the broker's confirm; returns the message id.
+        """Encode and publish; returns the message id. It returns once the message is handed to
+        the publisher's window of confirms: :meth:`flush`, which ``Worker.commit`` calls before
+        every checkpoint, returns once the broker holds it. Until then the role computes on.
 
         ``tensors`` are encoded here, each with its codec; ``encoded`` were encoded by
         the flow's :class:`nebula_mq.codecs.flow.FlowCompression` (once, with its state).
@@ -93,12 +96,21 @@ class Outbox:
         body = encode_envelope(env, signer=auth.signer())
         if self.worker.settings.security.encrypt_payloads:
             body = auth.seal(body)
-        self.publisher.publish(self.queue, body, env.message_id, correlation_id=correlation_id, reply_to=reply_to)
+        self.publisher.publish_async(self.queue, body, env.message_id, correlation_id=correlation_id,
+                                     reply_to=reply_to)
         raw = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in records)
         self.worker.hooks.on_published(_event(env, raw, len(body)))
         return env.message_id
 
+    def flush(self) -> None:
+        """Wait until the broker holds every message sent so far (or raise why it never will)."""
+        self.publisher.flush()
+
     def close(self) -> None:
+        """Stop publishing; what is not confirmed yet is dropped here (call :meth:`flush` first
+        to keep it): no checkpoint covers it, so a resumed worker sends it again."""
+        if self in self.worker.open_outboxes:
+            self.worker.open_outboxes.remove(self)
         self.publisher.close()
 
 

@@ -20,7 +20,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Delivery, Transport
 from nebula_mq.wire.auth import EnvelopeAuth
 from nebula_mq.atomic import write_json_atomic
+
+if TYPE_CHECKING:
+    from nebula_mq.runtime.channel import Outbox
 
 log = get_logger(__name__)
 
@@ -95,6 +98,7 @@ class Worker(ABC):
         self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
         self._pending_acks: list[Delivery] = []
+        self.open_outboxes: list[Outbox] = []  # each registers itself; commit flushes them
         # Queues this worker reads (its inboxes register them), sampled into the metrics.
         self.watched_queues: set[str] = set()
         self._queues_sampled = 0.0
@@ -140,7 +144,10 @@ class Worker(ABC):
         self._pending_acks.append(delivery)
 
     def commit(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Checkpoint:
-        """Checkpoint at ``self.step``, then ack everything it covers."""
+        """Checkpoint at ``self.step``, then ack everything it covers. First the broker must hold
+        every message sent so far: a checkpoint never claims a send the broker could still lose."""
+        for outbox in list(self.open_outboxes):
+            outbox.flush()
         ck = self.store.save(self.step, arrays, meta)
         self.wait_for_peers()
         for delivery in self._pending_acks:

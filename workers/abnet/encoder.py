@@ -132,6 +132,7 @@ class AbnetEncoderWorker(SplitHead):
                             tensors={"enc_out": (activation, codec), "src_mask": (mask, LZ4()),
                                      "sample_ids": (sample_ids, LZ4())},
                             meta={"kind": EVAL_KIND, "batches": batches, "split": self.job.eval_split})
+            outbox.flush()
         finally:
             self.model.train()
             outbox.close()
