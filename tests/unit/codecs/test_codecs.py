@@ -49,6 +49,25 @@ def test_fp16_clamps_instead_of_overflowing() -> None:
     assert y.tolist() == [65504.0, -65504.0, 3.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fp16_casts_first_and_clamps_only_what_would_overflow_bit_for_bit(dtype: type) -> None:
+    """Every chunk is cast first and redone with clamping only if the cast overflowed: the bits
+    equal clamping everything first, around the rounding edge 65520 too, in chunks on both paths."""
+    rng = np.random.default_rng(8)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x)].astype(dtype)
+    edge = np.array([65504, 65519.99, 65520, 65535, 1e30, 6.1e-5, 5.96e-8, 2.98e-8, 1e-40, -0.0], dtype)
+    x[70_000:70_000 + edge.size] = edge  # second chunk: clamped
+    x[140_000:140_003] = -edge[:3]  # third chunk: no value past the edge
+    got = FP16().encode(x).parts[0]
+    want = np.clip(x, -65504, 65504).astype(np.float16)
+    assert isinstance(got, np.ndarray) and np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    inf = np.array([np.inf, -np.inf, 1e9, np.nan], np.float32)
+    kept = FP16().encode(inf, allow_non_finite=True).parts[0]
+    assert isinstance(kept, np.ndarray) and kept[:3].tolist() == [np.inf, -np.inf, 65504] and np.isnan(kept[3])
+
+
 @given(bits=hnp.arrays(np.uint32, hnp.array_shapes(max_dims=2, max_side=300)))
 @settings(max_examples=60, deadline=None)
 def test_bf16_fast_cast_is_round_to_nearest_even_bit_for_bit(bits: np.ndarray) -> None:
