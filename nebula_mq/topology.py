@@ -32,10 +32,13 @@ on both clusters (direct reply-to does not cross federation on 3.10).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from enum import Enum
 
 PREFIX = "nebula"
+#: Most queues one flow may be striped over (``Flow.stripes``).
+MAX_STRIPES = 16
 
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -57,10 +60,40 @@ class Flow:
     # Cluster whose workers consume it; equal to src_cluster for a local flow.
     dst_cluster: str
     kind: FlowKind = FlowKind.TENSORS
+    # Queues the flow is striped over, each with its own federation link (its own TCP and TLS
+    # connection between the brokers): message ``i`` travels on stripe ``i % stripes``, and the
+    # consumer restores the order by micro-batch. See :func:`stripe_flows`.
+    stripes: int = 1
 
     @property
     def crosses_clusters(self) -> bool:
         return self.src_cluster != self.dst_cluster
+
+
+def stripe_flows(flow: Flow) -> tuple[Flow, ...]:
+    """The physical flows a flow is striped over, stripe ``j`` at index ``j``.
+
+    Stripe 0 is the flow itself, so a flow of one stripe is laid out exactly as before striping
+    existed; stripe ``j > 0`` is the flow ``<name>-s<j>``, with its own queue, exchange and
+    federation link. Provisioning, permissions and declares work on these (:func:`physical_flows`);
+    envelopes carry the stripe's name, so each stripe's consumer checks its own messages.
+    """
+    if not 1 <= flow.stripes <= MAX_STRIPES:
+        raise ValueError(f"flow {flow.name!r}: stripes must be in 1..{MAX_STRIPES}, got {flow.stripes}")
+    extra = tuple(replace(flow, name=_check(f"{flow.name}-s{j}", "striped flow name"), stripes=1)
+                  for j in range(1, flow.stripes))
+    return (flow, *extra)
+
+
+def stripe_of(flow: Flow, micro_batch: int) -> Flow:
+    """The stripe that carries ``micro_batch``: the same one every time, so a message sent again
+    after a restart lands where its first copy did and is deduplicated there."""
+    return stripe_flows(flow)[micro_batch % flow.stripes]
+
+
+def physical_flows(flows: Iterable[Flow]) -> tuple[Flow, ...]:
+    """Every stripe of every flow: what a job provisions, and what its roles may touch."""
+    return tuple(s for f in flows for s in stripe_flows(f))
 
 
 def _check(slug: str, what: str) -> str:
@@ -197,10 +230,11 @@ def activation_flow(tail_rank: int | None = None) -> str:
 
 
 def abnet_flows(src_cluster: str, tgt_cluster: str, requesters: tuple[str, ...],
-                tail_ranks: int = 1) -> tuple[Flow, ...]:
+                tail_ranks: int = 1, stripes: int = 1) -> tuple[Flow, ...]:
     """Scenario II and split models: encoder (head) activations S -> T as requests, one flow
-    per tail rank; gradient replies T -> S, one flow per requester (head rank)."""
-    flows = [Flow(activation_flow(j if tail_ranks > 1 else None), src_cluster, tgt_cluster)
+    per tail rank; gradient replies T -> S, one flow per requester (head rank); each striped over
+    ``stripes`` queues (logical flows: :func:`physical_flows` lists their stripes)."""
+    flows = [Flow(activation_flow(j if tail_ranks > 1 else None), src_cluster, tgt_cluster, stripes=stripes)
              for j in range(tail_ranks)]
-    flows += [Flow(reply_flow(r), tgt_cluster, src_cluster, FlowKind.REPLY) for r in requesters]
+    flows += [Flow(reply_flow(r), tgt_cluster, src_cluster, FlowKind.REPLY, stripes=stripes) for r in requesters]
     return tuple(flows)

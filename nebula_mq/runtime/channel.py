@@ -65,14 +65,15 @@ def _event(env: Envelope, raw: int, wire: int, redelivered: bool = False) -> Mes
 
 
 class Outbox:
-    """Publishes envelopes of one flow from one producer."""
+    """Publishes envelopes of one flow from one producer; a striped flow's micro-batch ``i`` goes
+    to stripe ``i % stripes`` (``topology.stripe_of``), under the stripe's name."""
 
     def __init__(self, worker: Worker, flow: topology.Flow, producer_id: str) -> None:
         self.worker = worker
         self.flow = flow
         self.producer_id = producer_id
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
-        self.queue = worker.transport.queue_for(flow)
+        self.queue = worker.transport.queue_for(flow)  # stripe 0's
         self.publisher = worker.transport.publisher()
         worker.open_outboxes.append(self)  # its commit waits for our confirms (``Worker.commit``)
 
@@ -90,14 +91,15 @@ class Outbox:
                                     {n: c for n, (_, c) in (tensors or {}).items()},
                                     allow_non_finite=self.allow_non_finite))
         records += [TensorRecord(name, enc.shape, enc.dtype, spec, enc) for name, (spec, enc) in (encoded or {}).items()]
-        env = Envelope(self.worker.settings.job.id, self.flow.name, step, micro_batch, micro_batch,
+        stripe = topology.stripe_of(self.flow, micro_batch)
+        env = Envelope(self.worker.settings.job.id, stripe.name, step, micro_batch, micro_batch,
                        self.producer_id, tuple(records), dict(meta or {}))
         auth = self.worker.auth
         body = encode_envelope(env, signer=auth.signer())
         if self.worker.settings.security.encrypt_payloads:
             body = auth.seal(body)
-        self.publisher.publish_async(self.queue, body, env.message_id, correlation_id=correlation_id,
-                                     reply_to=reply_to)
+        self.publisher.publish_async(self.worker.transport.queue_for(stripe), body, env.message_id,
+                                     correlation_id=correlation_id, reply_to=reply_to)
         raw = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in records)
         self.worker.hooks.on_published(_event(env, raw, len(body)))
         return env.message_id

@@ -63,7 +63,8 @@ class FlowWindow:
 class OrderedStreams:
     """Ordered streams read from one or more flows: stream ``k`` is applied in index order
     from ``first``, on its own counter (the ELECTRA root: one stream per generator, whether
-    the generators share a flow or each has its own). See the module docstring."""
+    the generators share a flow or each has its own; a striped flow: one stream over its
+    stripes, ``topology.stripe_flows``). See the module docstring."""
 
     def __init__(self, worker: Worker, flows: Sequence[topology.Flow], streams: int, first: int,
                  window: FlowWindow, held: int | None = None) -> None:
@@ -118,11 +119,12 @@ class OrderedStreams:
 
 
 class OrderedInbox(OrderedStreams):
-    """The messages of one flow, in index order from ``first``; see the module docstring."""
+    """The messages of one flow, every stripe of it, in index order from ``first``; see the
+    module docstring."""
 
     def __init__(self, worker: Worker, flow: topology.Flow, first: int, window: FlowWindow) -> None:
         """``first``: the index of the next message to apply (what the last checkpoint holds)."""
-        super().__init__(worker, [flow], 1, first, window)
+        super().__init__(worker, topology.stripe_flows(flow), 1, first, window)
 
     def ready(self, timeout: float) -> list[Received]:
         """The messages whose turn has come, in order (empty when nothing came within

@@ -124,7 +124,8 @@ class SteppedWorker(LoopWorker[OrderedStreams]):
         window = self.window()
         self.waiting: list[list[Received]] = [[] for _ in range(streams)]
         self.idle_polls = 0
-        return OrderedStreams(self, [self.steps_flow], streams, self.step, window, held=window.held * streams)
+        return OrderedStreams(self, topology.stripe_flows(self.steps_flow), streams, self.step, window,
+                              held=window.held * streams)
 
     def stream_of(self, received: Received) -> int:
         """Which source stream ``received`` belongs to; a stranger is malformed."""

@@ -197,9 +197,15 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def consume(self, queue: str, prefetch: int | None = None) -> Consumer: ...
 
-    @abc.abstractmethod
     def declare_flow(self, flow: topology.Flow, side: Side) -> str:
-        """Declare this cluster's copy of a flow's queue; returns the queue name."""
+        """Declare this cluster's copy of a flow's queue, every stripe of it
+        (``topology.stripe_flows``); returns the queue name of stripe 0, the flow's own."""
+        self.check_side(flow, side)
+        return [self.declare_queue(stripe, side) for stripe in topology.stripe_flows(flow)][0]
+
+    @abc.abstractmethod
+    def declare_queue(self, flow: topology.Flow, side: Side) -> str:
+        """Declare this cluster's copy of one physical flow's queue; returns the queue name."""
 
     @abc.abstractmethod
     def declare_dead_letter_queue(self) -> str: ...

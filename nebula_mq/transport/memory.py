@@ -257,8 +257,7 @@ class MemoryTransport(base.Transport):
         self._children.append(consumer)
         return consumer
 
-    def declare_flow(self, flow: topology.Flow, side: base.Side) -> str:
-        self.check_side(flow, side)
+    def declare_queue(self, flow: topology.Flow, side: base.Side) -> str:
         name = self.queue_for(flow)
         uncapped = side == "consumer" and flow.crosses_clusters
         self.broker.declare(self.cluster, name, None if uncapped else self.settings.max_queue_bytes)

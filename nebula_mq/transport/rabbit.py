@@ -107,8 +107,7 @@ class RabbitTransport(base.Transport):
 
     # ------------------------------------------------------------------ declaring
 
-    def declare_flow(self, flow: topology.Flow, side: base.Side) -> str:
-        self.check_side(flow, side)
+    def declare_queue(self, flow: topology.Flow, side: base.Side) -> str:
         name = self.queue_for(flow)
         if flow.crosses_clusters:
             # Capped by policy on the sending side, never downstream (declare.py).

@@ -157,7 +157,7 @@ class SplitHead(SplitSide):
         """A reply answers one request: its correlation id is the id of the activation of
         the same micro-batch this rank sent to the replying tail rank (aio-pika's RPC
         pattern); anything else is not ours to apply."""
-        flow = self.act_flows[self.stream_of(received)]
+        flow = topology.stripe_of(self.act_flows[self.stream_of(received)], received.micro_batch)
         asked = topology.message_id(self.settings.job.id, flow.name, self.worker_id, received.micro_batch)
         if received.delivery.correlation_id != asked:
             raise MalformedMessage(f"reply for micro-batch {received.micro_batch} correlates with "

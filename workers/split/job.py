@@ -76,10 +76,16 @@ class Placement:
     # A collective (or the rendezvous) that has not completed after this long means a rank
     # is gone: the rank exits, and the group restarts from its last common checkpoint.
     group_timeout_s: float = 300.0
+    # Queues each activation and gradient flow is striped over: each stripe has its own
+    # federation link, so one slow link (one TCP and TLS stream) no longer bounds the flow.
+    # Micro-batch i travels on stripe i % stripes; the receiver applies them in order.
+    stripes: int = 1
 
     def validate(self) -> None:
         if self.in_flight < 1:
             raise ValueError("in_flight >= 1")
+        if not 1 <= self.stripes <= topology.MAX_STRIPES:
+            raise ValueError(f"stripes in 1..{topology.MAX_STRIPES}")
         if self.head_ranks < 1 or self.tail_ranks < 1:
             raise ValueError("head_ranks >= 1 and tail_ranks >= 1")
         for device in (self.head_device, self.tail_device):
@@ -109,8 +115,10 @@ class Placement:
 
     def flows(self) -> tuple[topology.Flow, ...]:
         """Activations head -> tail (requests), one flow per tail rank, then gradients
-        tail -> head (replies), one flow per head rank (``workers.split.routing``)."""
-        return topology.abnet_flows(self.head_cluster, self.tail_cluster, self.head_ids(), self.tail_ranks)
+        tail -> head (replies), one flow per head rank (``workers.split.routing``); logical
+        flows, each of ``stripes`` queues (``topology.physical_flows``)."""
+        return topology.abnet_flows(self.head_cluster, self.tail_cluster, self.head_ids(), self.tail_ranks,
+                                    self.stripes)
 
     def activation_flows(self) -> tuple[topology.Flow, ...]:
         return self.flows()[: self.tail_ranks]

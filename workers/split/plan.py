@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nebula_mq import topology
 from nebula_mq.settings import Settings
 from workers.processes import Plan, Process
 from workers.registry import plan_builder
@@ -16,14 +17,17 @@ def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
     consumes its own activations and replies to every head rank. The ranks of a side
     form one gloo group, so they stop and start together."""
     acts, replies = job.activation_flows(), job.reply_flows()
-    act_names, reply_names = tuple(f.name for f in acts), tuple(f.name for f in replies)
-    tails = tuple(Process(tail_role, job.tail_cluster, wid, j, publishes=reply_names, consumes=(acts[j].name,),
+
+    def names(*flows: topology.Flow) -> tuple[str, ...]:  # every stripe: what the broker sees
+        return tuple(f.name for f in topology.physical_flows(flows))
+
+    tails = tuple(Process(tail_role, job.tail_cluster, wid, j, publishes=names(*replies), consumes=names(acts[j]),
                           restart_group="tail" if job.tail_ranks > 1 else "")
                   for j, wid in enumerate(job.tail_ids()))
-    heads = tuple(Process(head_role, job.head_cluster, wid, i, publishes=act_names, consumes=(replies[i].name,),
+    heads = tuple(Process(head_role, job.head_cluster, wid, i, publishes=names(*acts), consumes=names(replies[i]),
                           restart_group="head" if job.head_ranks > 1 else "")
                   for i, wid in enumerate(job.head_ids()))
-    return Plan(tails + heads, job.flows())
+    return Plan(tails + heads, topology.physical_flows(job.flows()))
 
 
 @plan_builder("split")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nebula_mq import topology
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings, load_settings
@@ -61,6 +62,24 @@ def test_uncompressed_lockstep_split_equals_joint_training(tmp_path: Path) -> No
         expected.append(float(loss))
     np.testing.assert_allclose(split, expected, rtol=1e-5)
     assert expected[-1] < expected[0]
+
+
+def test_striped_flows_spread_the_micro_batches_and_train_bit_identically_to_one_queue(tmp_path: Path) -> None:
+    """Three queues per flow (``[split] stripes``): micro-batch i travels on stripe i % 3, in both
+    directions, and the receivers restore the order, so the run is the one-queue run, bit for bit."""
+    run_pair(settings_for(tmp_path / "one", steps=12), MemoryBroker())
+    run_pair(settings_for(tmp_path / "three", steps=12, stripes=3), MemoryBroker())
+    assert losses(tmp_path / "three", "tail-0") == losses(tmp_path / "one", "tail-0")
+    for worker in ("head-0", "tail-0"):
+        one, three = (CheckpointStore(d / "checkpoints" / worker).latest() for d in (tmp_path / "one", tmp_path / "three"))
+        assert one is not None and three is not None and one.digest == three.digest, worker
+    sent = (tmp_path / "three" / "metrics" / "head-0.prom").read_text()
+    received = (tmp_path / "three" / "metrics" / "tail-0.prom").read_text()
+    for stripe in ("activations", "activations-s1", "activations-s2"):
+        assert f'flow="{stripe}"' in sent and f'flow="{stripe}"' in received, stripe
+    reply = topology.reply_flow("head-0")
+    for stripe in (reply, f"{reply}-s1", f"{reply}-s2"):  # the gradients come back striped too
+        assert f'flow="{stripe}"' in received and f'flow="{stripe}"' in sent, stripe
 
 
 def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
