@@ -138,8 +138,9 @@ class TransportSettings:
     # How long a producer keeps retrying a nacked publish before failing loudly.
     publish_patience_s: float = 3600.0
     # Publishes in flight per publisher, waiting for the broker's confirm (delivery tags match
-    # them); the messages and their bytes are both bounded. 1 = one confirm round trip each.
+    # them). 1 = one confirm round trip each.
     publish_window: int = 64
+    # Bytes of those publishes in flight (one larger message still goes, alone).
     publish_window_bytes: int = 64 * 1024 * 1024
     # Largest envelope accepted on decode (RabbitMQ's own default cap is 128 MiB).
     max_message_bytes: int = 96 * 1024 * 1024
