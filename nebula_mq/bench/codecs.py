@@ -110,7 +110,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         raw_mb = x.nbytes / 1e6
         norm = float(np.linalg.norm(x))
         print(f"\n{label}: {x.nbytes / 2**20:.1f} MiB float32")
-        print(f"  {'codec':18s} {'ratio':>7s} {'rel.err':>9s} {'enc MB/s':>9s} {'dec MB/s':>9s}")
+        print(f"  {'codec':20s} {'ratio':>7s} {'rel.err':>9s} {'enc MB/s':>9s} {'dec MB/s':>9s}")
         for spec in CHAINS:
             codec = parse_codec(spec)
             t_enc, enc = _median_time(lambda: codec.encode(x), repeats)
@@ -119,7 +119,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                    "rel_err": float(np.linalg.norm(y - x)) / norm,
                    "encode_MBps": raw_mb / t_enc, "decode_MBps": raw_mb / t_dec}
             rows.append(row)
-            print(f"  {spec:18s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
+            print(f"  {spec:20s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
         if args.peers:
             from nebula_mq.bench.codec_peers import peers
 
