@@ -158,6 +158,10 @@ class SteppedWorker(LoopWorker[OrderedStreams]):
         while all(self.waiting) and not self.stopping():
             parts = tuple(queue.pop(0) for queue in self.waiting)
             self.finish_step(inbox, parts, self.apply(parts))
+            # What the schedule sends after this step goes out before the next step is applied,
+            # however many steps one arrival completes (out-of-order arrivals across stripes, a
+            # replay after a restart): what a role sends depends on its step, never on timing.
+            self.produce()
         return True
 
     def finish_step(self, inbox: OrderedStreams, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:

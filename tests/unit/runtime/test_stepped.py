@@ -128,3 +128,31 @@ def test_a_step_of_several_sources_waits_for_each_and_a_stranger_is_dead_lettere
     assert role.applied == [0, 1, 2, 3, 4] and role.sum == 3 * 11111.0
     reasons = dead_letters(role)
     assert reasons == ["malformed"]  # the stranger, and nothing else
+
+
+class Producing(Summing):
+    """A role that, like a split head, sends ahead of its step: it records the step at which
+    each micro-batch would go out."""
+
+    def __init__(self, tmp: Path, broker: MemoryBroker) -> None:
+        super().__init__(tmp, broker)
+        self.sent_at: dict[int, int] = {}
+        self.next_out = 0
+
+    def produce(self) -> None:
+        while self.next_out < min(self.total, self.step + self.in_flight):
+            self.sent_at[self.next_out] = self.step
+            self.next_out += 1
+
+
+def test_what_a_role_sends_depends_on_its_step_not_on_how_many_steps_one_arrival_completes(tmp_path: Path) -> None:
+    """5, 4, 3, 2, 1 wait for 0; its arrival completes six steps at once. Each step's sends still
+    go out right after it, as if the messages had come one by one (a split head's activation of
+    micro-batch m is computed after exactly m - in_flight + 1 gradients)."""
+    sender, broker = setup(tmp_path)
+    role = Producing(tmp_path, broker)
+    send(sender, [5, 4, 3, 2, 1, 0])
+    with role.transport:
+        assert role.run() == 0
+    assert role.applied == list(range(STEPS))
+    assert role.sent_at == {mb: max(0, mb - role.in_flight + 1) for mb in range(STEPS)}
