@@ -71,9 +71,10 @@ def configure_logging(
     )
     # pika logs every connection attempt at INFO; our transport logs what matters.
     logging.getLogger("pika").setLevel(logging.WARNING)
-    # A failed connect is logged by these two at ERROR, three or four records per attempt, and
+    # A failed connect is logged by these at ERROR, three or four records per attempt, and
     # raised to our transport, which reports it once ("reconnect failed" or the command's error).
-    for chatty in ("pika.adapters.utils.connection_workflow", "pika.adapters.blocking_connection"):
+    for chatty in ("pika.adapters.utils.connection_workflow", "pika.adapters.blocking_connection",
+                   "pika.adapters.utils.io_services_utils", "pika.adapters.base_connection"):
         logging.getLogger(chatty).setLevel(logging.CRITICAL)
     _configured = True
 
