@@ -32,6 +32,7 @@ import os
 import platform
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -154,12 +155,15 @@ def render(result: dict[str, Any]) -> str:
              f"messages: {st['messages']}; {cfg['publishers']} publisher threads (one connection each)", "",
              f"goodput across the federated TLS link, shaped by the relay (+{cfg['delay_ms']:g} ms each way);",
              f"first publish -> last message consumed on {B}, payload bytes; median of {cfg['repeats']}",
-             f"{'link Mbit/s':>11} {'size':>7} {'msgs':>5} {'Mbit/s':>7} {'% link':>7} {'steady %':>9} "
-             f"{'runs (Mbit/s)':>24} {'dup':>4} {'miss':>4}"]
+             f"{'link Mbit/s':>11} {'size':>7} {'stripes':>7} {'msgs':>5} {'Mbit/s':>7} {'% link':>7} "
+             f"{'steady %':>9} {'runs (Mbit/s)':>24} {'dup':>4} {'miss':>4} {'vs 1 stripe':>11}"]
+    one = {(r["rate_mbit"], r["payload_bytes"]): r for r in result["goodput"] if r.get("stripes", 1) == 1}
     for r in result["goodput"]:
-        lines.append(f"{r['rate_mbit']:11g} {_size(r['payload_bytes']):>7} {r['messages']:5d} {r['mbit']:7.1f} "
-                     f"{r['percent']:7.1f} {r['steady_percent']:9.1f} {str(r['all_mbit']):>24} "
-                     f"{r['duplicates']:4d} {r['missing']:4d}")
+        base = one.get((r["rate_mbit"], r["payload_bytes"]))
+        vs = f"{r['mbit'] / base['mbit']:10.2f}x" if base and r is not base and base["mbit"] > 0 else f"{'':>11}"
+        lines.append(f"{r['rate_mbit']:11g} {_size(r['payload_bytes']):>7} {r.get('stripes', 1):7d} "
+                     f"{r['messages']:5d} {r['mbit']:7.1f} {r['percent']:7.1f} {r['steady_percent']:9.1f} "
+                     f"{str(r['all_mbit']):>24} {r['duplicates']:4d} {r['missing']:4d} {vs}")
     lines += ["", "unshaped (relay unlimited, no delay); MB = 10^6 bytes",
               f"{'path':>11} {'size':>7} {'msgs':>5} {'MB/s':>7} {'msgs/s':>8} {'dup':>4} {'miss':>4}"]
     for r in result["unshaped"]:
@@ -196,8 +200,10 @@ def targets(result: dict[str, Any]) -> list[str]:
     for r in result["goodput"]:
         if r["payload_bytes"] >= 4 * MIB:
             ok = r["percent"] >= 90
-            out.append(f"goodput >= 90% at {r['rate_mbit']:g} Mbit/s, {_size(r['payload_bytes'])}: "
-                       f"{'met' if ok else 'MISSED'} ({r['percent']:.1f}%)")
+            stripes = r.get("stripes", 1)
+            out.append(f"goodput >= 90% at {r['rate_mbit']:g} Mbit/s, {_size(r['payload_bytes'])}"
+                       f"{f', {stripes} stripes' if stripes > 1 else ''}: {'met' if ok else 'MISSED'} "
+                       f"({r['percent']:.1f}%)")
     out.append(f"recovery exactly once: {'met' if result['recovery']['exactly_once'] else 'MISSED'}")
     for r in result.get("compare_pika", []):
         out.append(f"publisher (windowed) >= 0.9x plain pika, {_size(r['payload_bytes'])}: "
@@ -217,6 +223,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", type=_floats, metavar="MBIT,...", help="shaped link rates (default 60,170; quick 170)")
     parser.add_argument("--sizes", type=_ints, metavar="MIB,...", help="goodput message sizes (default 1,4,8,16)")
     parser.add_argument("--delay-ms", type=float, help="delay the relay adds each way (default 20)")
+    parser.add_argument("--stripes", type=_ints, metavar="K,...",
+                        help="measure each goodput point with the flow striped over each of these numbers of "
+                             "queues, one federation link each (default 1), side by side")
     parser.add_argument("--compare-pika", action="store_true",
                         help="also time a plain pika publisher with confirms beside ours, one thread each, over the "
                              "same TLS into the same broker, and print ours over pika's")
@@ -271,6 +280,11 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, sizes_mib=args.sizes)
     if getattr(args, "delay_ms", None) is not None:
         cfg = replace(cfg, delay_ms=args.delay_ms)
+    if getattr(args, "stripes", None):
+        if not all(1 <= k <= topology.MAX_STRIPES for k in args.stripes):
+            print(f"nebula-mq bench transport: --stripes: each must be in 1..{topology.MAX_STRIPES}", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, stripes=args.stripes)
     if getattr(args, "compare_pika", False):
         cfg = replace(cfg, compare_pika=True)
     run_dir = getattr(args, "stack", None)

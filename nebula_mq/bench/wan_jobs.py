@@ -34,6 +34,9 @@ class BenchConfig:
     unshaped_sizes_mib: tuple[int, ...] = (1, 4, 16)
     small_bytes: int = 1024
     small_messages: int = 3000
+    # Each goodput point is measured with the flow striped over each of these numbers of queues
+    # (``topology.stripe_flows``: one federation link each), side by side in the same run.
+    stripes: tuple[int, ...] = (1,)
     # Publisher threads (one connection each) per run.
     publishers: int = 4
     small_publishers: int = 8
@@ -83,8 +86,15 @@ class StackJob:
         return self.stack.broker_settings(cluster, identity, vhost=topology.vhost(self.job_id))
 
 
-def goodput_flow(rate: float, size_mib: int, repeat: int) -> Flow:
-    return Flow(f"g{rate:g}-{size_mib}m-{repeat}".replace(".", "p"), A, B)
+def goodput_flow(rate: float, size_mib: int, repeat: int, stripes: int = 1) -> Flow:
+    name = f"g{rate:g}-{size_mib}m-{repeat}".replace(".", "p") + (f"-x{stripes}" if stripes > 1 else "")
+    return Flow(name, A, B, stripes=stripes)
+
+
+def goodput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
+    """Every goodput point's flow (logical: a striped one stands for its stripes)."""
+    return tuple(goodput_flow(r, s, k, x) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib
+                 for x in cfg.stripes)
 
 
 # The recovery run has a job of its own: the cap of a cross-cluster flow is a per-job
@@ -95,7 +105,7 @@ RECOVERY_FLOW = Flow("recovery", A, B)
 
 def throughput_flows(cfg: BenchConfig) -> tuple[Flow, ...]:
     """The flows of the goodput and unshaped runs: provision their job with these."""
-    out = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
+    out = list(topology.physical_flows(goodput_flows(cfg)))
     for s in [*cfg.unshaped_sizes_mib, "small"]:
         out += [Flow(f"lo-{s}", A, A), Flow(f"wan-{s}", A, B)]
     if cfg.compare_pika:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flow
+from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flows
 from nebula_mq.bench.wan_transfer import goodput_points
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.topology import Flow
@@ -100,7 +100,7 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
     ``cfg.repeats``, as ``run_bench`` reports the relay's."""
     from nebula_mq.stack.netns import host_pair
 
-    flows = [goodput_flow(r, s, k) for k in range(cfg.repeats) for r in cfg.rates_mbit for s in cfg.sizes_mib]
+    flows = topology.physical_flows(goodput_flows(cfg))
     with tempfile.TemporaryDirectory(prefix="nebula-netns-", dir="/tmp") as tmp, \
             host_pair("bn", (HOSTNAMES[A], HOSTNAMES[B]), reach_from_here=True) as (ha, hb):
         hosts = {A: ha, B: hb}
@@ -128,13 +128,17 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
 
 def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) -> list[str]:
     """The two WAN emulations side by side: goodput as a share of the link, and their ratio."""
-    by_point = {(r["rate_mbit"], r["payload_bytes"]): r for r in relay}
-    lines = [f"{'link Mbit/s':>11} {'size':>7} {'relay %':>8} {'kernel %':>9} {'kernel/relay':>13}"]
+    def point(r: dict[str, Any]) -> tuple[float, int, int]:
+        return r["rate_mbit"], r["payload_bytes"], r.get("stripes", 1)
+
+    by_point = {point(r): r for r in relay}
+    lines = [f"{'link Mbit/s':>11} {'size':>7} {'stripes':>7} {'relay %':>8} {'kernel %':>9} {'kernel/relay':>13}"]
     for n in netns:
-        r = by_point.get((n["rate_mbit"], n["payload_bytes"]))
+        r = by_point.get(point(n))
         rp = f"{r['percent']:8.1f}" if r else f"{'-':>8}"
         ratio = f"{n['percent'] / r['percent']:13.2f}" if r and r["percent"] > 0 else f"{'-':>13}"
-        lines.append(f"{n['rate_mbit']:11g} {n['payload_bytes'] // MIB:5d} M {rp} {n['percent']:9.1f} {ratio}")
+        lines.append(f"{n['rate_mbit']:11g} {n['payload_bytes'] // MIB:5d} M {n.get('stripes', 1):7d} {rp} "
+                     f"{n['percent']:9.1f} {ratio}")
     return lines
 
 

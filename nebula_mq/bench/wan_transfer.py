@@ -66,18 +66,44 @@ class Ends:
         self.consumer_side = RabbitTransport(job.settings(flow.dst_cluster, consumer_identity), settings,
                                              job.job_id, flow.dst_cluster)
         try:
-            self.queue = self.producer.declare_flow(flow, "producer")
+            self.queue = self.producer.declare_flow(flow, "producer")  # every stripe's
             self.consumer_side.declare_flow(flow, "consumer")
-            self.consumer = self.consumer_side.consume(self.queue, prefetch)
-            with self.producer.publisher() as pub:  # the federation link runs before the clock starts
-                pub.publish(self.queue, b"probe", f"{job.job_id}/{flow.name}/probe")
-            d = self.consumer.get(timeout=60)
-            if d is None:
-                raise TransportError(f"{self.queue}: probe message did not arrive within 60 s")
-            d.ack()
+            # A striped flow: one queue and one consumer per stripe (topology.stripe_flows).
+            self.queues = [self.producer.queue_for(s) for s in topology.stripe_flows(flow)]
+            self.consumers = [self.consumer_side.consume(q, prefetch) for q in self.queues]
+            self.consumer = self.consumers[0]
+            self._next = 0
+            with self.producer.publisher() as pub:  # every federation link runs before the clock starts
+                for q in self.queues:
+                    pub.publish(q, b"probe", f"{job.job_id}/{q}/probe")
+            for q, consumer in zip(self.queues, self.consumers):
+                d = consumer.get(timeout=60)
+                if d is None:
+                    raise TransportError(f"{q}: probe message did not arrive within 60 s")
+                d.ack()
         except NebulaError:
             self.close()
             raise
+
+    def get(self, timeout: float) -> Any:
+        """The next delivery from any stripe (round robin), or None after ``timeout``."""
+        if len(self.consumers) == 1:
+            return self.consumer.get(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            for _ in self.consumers:
+                consumer = self.consumers[self._next]
+                self._next = (self._next + 1) % len(self.consumers)
+                d = consumer.get(timeout=0)
+                if d is not None:
+                    return d
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.002)
+
+    def queue_of(self, index: int) -> str:
+        """The queue of message ``index`` (``topology.stripe_of``)."""
+        return self.queues[index % len(self.queues)]
 
     def close(self) -> None:
         self.producer.close()
@@ -95,10 +121,9 @@ class PublisherPool:
                  on_confirmed: Callable[[str, float, float], None] | None = None, windowed: bool = False) -> None:
         """``windowed``: each thread submits without waiting (the publisher's window of confirms
         bounds what is outstanding) and flushes at the end, as the runtime's outboxes do."""
-        self._work: queue_mod.SimpleQueue[tuple[str, bytes]] = queue_mod.SimpleQueue()
-        for item in bodies:
-            self._work.put(item)
-        self._queue = ends.queue
+        self._work: queue_mod.SimpleQueue[tuple[str, bytes, str]] = queue_mod.SimpleQueue()
+        for i, (mid, body) in enumerate(bodies):  # message i on stripe i % stripes
+            self._work.put((mid, body, ends.queue_of(i)))
         self._pace = pace
         self._on_confirmed = on_confirmed
         self._windowed = windowed
@@ -122,14 +147,14 @@ class PublisherPool:
                         self._next_due = due = max(self._next_due + 1 / self._pace, time.monotonic())
                     time.sleep(max(0.0, due - time.monotonic()))
                 try:
-                    mid, body = self._work.get_nowait()
+                    mid, body, queue = self._work.get_nowait()
                 except queue_mod.Empty:
                     break
                 started = time.monotonic()
                 if self._windowed:
-                    pub.publish_async(self._queue, body, mid)
+                    pub.publish_async(queue, body, mid)
                     continue
-                pub.publish(self._queue, body, mid)
+                pub.publish(queue, body, mid)
                 if self._on_confirmed:
                     self._on_confirmed(mid, started, time.monotonic())
             pub.flush()
@@ -180,7 +205,7 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
         pool.start()
         deadline = t0 + timeout_s
         while len(seen) < count and time.monotonic() < deadline:
-            d = ends.consumer.get(timeout=1.0)
+            d = ends.get(timeout=1.0)
             if d is None:
                 continue
             env = decode_envelope(d.body, max_bytes=payload_bytes + MIB)  # checksum: the bytes are intact
@@ -205,28 +230,31 @@ def transfer(job: BenchJob, flow: Flow, payload_bytes: int, count: int, publishe
 
 def goodput_points(job: BenchJob, cfg: BenchConfig, shape: Callable[[float], None], label: str,
                    say: Callable[[str], None], link_bytes: Callable[[], int] | None = None) -> list[dict[str, Any]]:
-    """Goodput at every ``cfg.rates_mbit`` x ``cfg.sizes_mib`` point, ``shape(rate)`` setting the
-    link first: one row per point, median of ``cfg.repeats``, as a share of the link. With
-    ``link_bytes`` (a byte counter of the shaped link), each row also says what crossed it."""
-    runs: dict[tuple[float, int], list[Transfer]] = {}
-    sent: dict[tuple[float, int], int] = {}
+    """Goodput at every ``cfg.rates_mbit`` x ``cfg.sizes_mib`` x ``cfg.stripes`` point, ``shape(rate)``
+    setting the link first: one row per point, median of ``cfg.repeats``, as a share of the link.
+    With ``link_bytes`` (a byte counter of the shaped link), each row also says what crossed it."""
+    runs: dict[tuple[float, int, int], list[Transfer]] = {}
+    sent: dict[tuple[float, int, int], int] = {}
     for k in range(cfg.repeats):  # repeats interleaved: a busy spell on the host hits every point alike
         for rate in cfg.rates_mbit:
             shape(rate)
             for size in cfg.sizes_mib:
-                n = cfg.goodput_messages(rate, size)
-                before = link_bytes() if link_bytes else 0
-                r = transfer(job, goodput_flow(rate, size, k), size * MIB, n, cfg.publishers, cfg.timeout_s)
-                if link_bytes:
-                    sent[(rate, size)] = link_bytes() - before
-                runs.setdefault((rate, size), []).append(r)
-                say(f"  {label:7s} {rate:5g} Mbit/s {size:3d} MiB x {n:3d} (run {k + 1}/{cfg.repeats}): "
-                    f"{r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% (steady {100 * r.steady_mbit / rate:5.1f}%)")
+                for stripes in cfg.stripes:
+                    n = cfg.goodput_messages(rate, size)
+                    before = link_bytes() if link_bytes else 0
+                    r = transfer(job, goodput_flow(rate, size, k, stripes), size * MIB, n, cfg.publishers,
+                                 cfg.timeout_s)
+                    if link_bytes:
+                        sent[(rate, size, stripes)] = link_bytes() - before
+                    runs.setdefault((rate, size, stripes), []).append(r)
+                    say(f"  {label:7s} {rate:5g} Mbit/s {size:3d} MiB x {n:3d}, {stripes} stripe(s) (run {k + 1}/"
+                        f"{cfg.repeats}): {r.mbit:6.1f} Mbit/s = {100 * r.mbit / rate:5.1f}% "
+                        f"(steady {100 * r.steady_mbit / rate:5.1f}%)")
     rows = []
-    for (rate, size), rs in runs.items():
-        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, **median_transfer(rs)}
+    for (rate, size, stripes), rs in runs.items():
+        row = {"rate_mbit": rate, "delay_ms": cfg.delay_ms, "stripes": stripes, **median_transfer(rs)}
         if link_bytes:
-            row["link_tx_bytes"] = sent[(rate, size)]
+            row["link_tx_bytes"] = sent[(rate, size, stripes)]
         row["percent"] = 100 * row["mbit"] / rate
         row["steady_percent"] = 100 * row["steady_mbit"] / rate
         rows.append(row)

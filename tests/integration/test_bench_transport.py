@@ -20,7 +20,7 @@ pytest_plugins = ["tests.fixtures.stack"]
 @pytest.mark.broker
 @pytest.mark.timeout(120)
 def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack: Any) -> None:
-    cfg = replace(bench.BenchConfig.quick(), compare_pika=True)
+    cfg = replace(bench.BenchConfig.quick(), compare_pika=True, stripes=(1, 3))
     job = stack.new_job(flows=bench.throughput_flows(cfg), identities=bench.IDENTITIES, prefix="tb")
     recovery_job = stack.new_job(flows=(bench.RECOVERY_FLOW,), identities=bench.IDENTITIES, prefix="tr",
                                  max_queue_bytes=cfg.recovery_cap_mib * bench.MIB)
@@ -32,8 +32,9 @@ def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack:
     result["stack"] = bench.stack_facts(stack.stack, cfg)
     print(bench.render(result))
 
-    points = {(r["rate_mbit"], r["payload_bytes"]) for r in result["goodput"]}
-    assert points == {(rate, size * bench.MIB) for rate in cfg.rates_mbit for size in cfg.sizes_mib}
+    points = {(r["rate_mbit"], r["payload_bytes"], r["stripes"]) for r in result["goodput"]}
+    assert points == {(rate, size * bench.MIB, k) for rate in cfg.rates_mbit for size in cfg.sizes_mib
+                      for k in cfg.stripes}  # striped over three queues too: every message once
     for r in result["goodput"]:
         assert r["missing"] == 0
         assert r["messages"] == cfg.goodput_messages(r["rate_mbit"], r["payload_bytes"] // bench.MIB)
