@@ -221,19 +221,31 @@ class RabbitPublisher(base.Publisher):
             self._space.notify_all()
 
     def _exchange(self, queue: str) -> str:
+        """The exchange into ``queue``, learned once per queue and transport over a short-lived
+        connection; a broker that is away is waited for, as a publish would wait for it."""
         known = self._routes.known(queue)
         if known is not None:
             return known
-        conn = open_connection(self._broker, f"{self.name}-route")  # once per queue and transport
-        try:
-            return self._routes.exchange(conn, queue)
-        except PIKA_ERRORS as exc:
-            raise translate(exc, f"{self.name}: route to {queue!r}") from None
-        finally:
+        deadline = time.monotonic() + self._settings.publish_patience_s
+        backoff = Backoff(*_RECONNECT)
+        while True:
             try:
-                conn.close()
-            except PIKA_ERRORS:
-                pass
+                conn = open_connection(self._broker, f"{self.name}-route")
+            except ConnectionLost:
+                delay = backoff.next_delay()
+                if self._closing or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                continue
+            try:
+                return self._routes.exchange(conn, queue)
+            except PIKA_ERRORS as exc:
+                raise translate(exc, f"{self.name}: route to {queue!r}") from None
+            finally:
+                try:
+                    conn.close()
+                except PIKA_ERRORS:
+                    pass
 
     def close(self) -> None:
         """Stop; messages not yet confirmed fail with ConnectionLost (call ``flush`` first to wait)."""
