@@ -117,6 +117,7 @@ class PublishHandle:
 class Publisher(abc.ABC):
     """Confirmed, persistent publishes to a queue of the local broker."""
 
+    @abc.abstractmethod
     def publish_async(
         self,
         queue: str,
@@ -126,15 +127,9 @@ class Publisher(abc.ABC):
         correlation_id: str | None = None,
         reply_to: str | None = None,
     ) -> PublishHandle:
-        """Submit a message; its handle's ``wait`` returns once the broker holds it. A publisher
-        with a window of confirms returns at once; this default publishes and waits."""
-        self.publish(queue, body, message_id, headers, correlation_id, reply_to)
-        return PublishHandle.confirmed(message_id)
+        """Submit a message; its handle's ``wait`` returns once the broker holds it (a publisher
+        with a window of confirms returns at once, one without it once the broker confirmed)."""
 
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until the broker holds every message submitted so far (raise the first failure)."""
-
-    @abc.abstractmethod
     def publish(
         self,
         queue: str,
@@ -145,6 +140,10 @@ class Publisher(abc.ABC):
         reply_to: str | None = None,
     ) -> None:
         """Block until the broker confirmed the message (see module docstring)."""
+        self.publish_async(queue, body, message_id, headers, correlation_id, reply_to).wait()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until the broker holds every message submitted so far (raise the first failure)."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

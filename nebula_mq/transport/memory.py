@@ -211,7 +211,7 @@ class MemoryPublisher(base.Publisher):
         self._settings = settings
         self.stats = PublishStats()
 
-    def publish(
+    def publish_async(
         self,
         queue: str,
         body: bytes | memoryview,
@@ -219,12 +219,14 @@ class MemoryPublisher(base.Publisher):
         headers: Mapping[str, Any] | None = None,
         correlation_id: str | None = None,
         reply_to: str | None = None,
-    ) -> None:
+    ) -> base.PublishHandle:
+        """Stored (or refused) before it returns: the memory broker confirms at once."""
         message = _Message(bytes(body), message_id, dict(headers or {}), correlation_id, reply_to)
         publish_patiently(
             lambda: self._broker.put(queue, message),
             self._settings.publish_patience_s, self.stats, queue, message_id,
         )
+        return base.PublishHandle.confirmed(message_id)
 
     def close(self) -> None:
         pass

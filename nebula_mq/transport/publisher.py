@@ -202,17 +202,6 @@ class RabbitPublisher(base.Publisher):
         with self._space:
             return len(self._live)
 
-    def publish(
-        self,
-        queue: str,
-        body: bytes | memoryview,
-        message_id: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-    ) -> None:
-        self.publish_async(queue, body, message_id, headers, correlation_id, reply_to).wait()
-
     def _settled(self, message: _Message) -> None:
         with self._space:
             if message in self._live:

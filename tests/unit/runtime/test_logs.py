@@ -39,7 +39,7 @@ def test_library_records_and_warnings_are_json_lines_without_tracebacks() -> Non
     try:
         raise ConnectionResetError("connection lost")
     except ConnectionResetError:
-        logging.getLogger("pika.adapters.utils.io_services_utils").error("socket error", exc_info=True)
+        logging.getLogger("pika.adapters.select_connection").error("socket error", exc_info=True)
     logging.getLogger("pika.connection").info("connecting")  # below WARNING: dropped
     with warnings.catch_warnings():
         warnings.simplefilter("always")
