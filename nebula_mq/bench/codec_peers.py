@@ -101,7 +101,7 @@ def _lowrank(stream: list[Any], repeats: int, torch: Any) -> list[dict[str, Any]
 
     orthogonalise: Callable[[Any], Any] = qr_in_place
     try:  # the hook's own orthogonalisation (a batched QR in place, at these ranks)
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook  # type: ignore[import-not-found, unused-ignore]
 
         orthogonalise = powerSGD_hook._orthogonalize
     except (ImportError, AttributeError):  # pragma: no cover - torch builds without distributed
