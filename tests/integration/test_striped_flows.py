@@ -21,7 +21,7 @@ JOB = """
 id = "{job_id}"
 scenario = "split"
 seed = 11
-steps = 30
+steps = 200
 run_dir = "{run_dir}"
 device = "cpu"
 
@@ -35,7 +35,7 @@ tail = "mlp:build_tail"
 head_cluster = "cluster-a"
 tail_cluster = "cluster-b"
 in_flight = 2
-checkpoint_every = 5
+checkpoint_every = 10
 lr = 0.003
 stripes = {stripes}
 """
@@ -51,7 +51,8 @@ def test_a_striped_job_under_wan_cuts_and_a_restart_ends_bit_identical_to_one_qu
     shutil.copy(SPLIT_EXAMPLE / "mlp.py", tmp_path)  # the user's model, next to their job file
     striped = tmp_path / "striped.toml"
     striped.write_text(JOB.format(job_id="stripes", run_dir=tmp_path / "striped", stripes=3))
-    schedule = [Fault(6, "cut", "", 2.0), Fault(14, "restart", "cluster-b"), Fault(22, "cut", "", 1.5)]
+    # A step takes milliseconds: faults far apart, so each lands before the job outruns it.
+    schedule = [Fault(20, "cut", "", 2.0), Fault(80, "restart", "cluster-b"), Fault(140, "cut", "", 1.5)]
     logs: list[str] = []
     try:
         report = ChaosRunner(str(striped), str(stack.run_dir), schedule, log=logs.append).run(400)
