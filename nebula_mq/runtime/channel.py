@@ -73,7 +73,6 @@ class Outbox:
         self.flow = flow
         self.producer_id = producer_id
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
-        self.queue = worker.transport.queue_for(flow)  # stripe 0's
         self.publisher = worker.transport.publisher()
         worker.open_outboxes.append(self)  # its commit waits for our confirms (``Worker.commit``)
 
