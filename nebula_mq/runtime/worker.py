@@ -122,6 +122,7 @@ class Worker(ABC):
         with self.transport:
             try:
                 code = self.run()
+                self.sample_queues(final=True)  # the queues as the worker leaves them
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
             except BaseException:
@@ -190,12 +191,14 @@ class Worker(ABC):
         log.info("progress", step=self.step, total=total, steps_per_s=round(rate, 3), eta_s=eta,
                  **{k: round(v, 5) for k, v in self.values.items()})
 
-    def sample_queues(self) -> None:
+    def sample_queues(self, final: bool = False) -> None:
         """The depth of the queues this worker reads (and of its dead-letter queue), at most
-        every :data:`QUEUE_SAMPLE_S` seconds: one passive declare each on the local broker, and
-        their size in bytes from the management API when the broker settings name one."""
+        every :data:`QUEUE_SAMPLE_S` seconds and once more as it leaves (``final``): one passive
+        declare each on the local broker, and their size in bytes from the management API when
+        the broker settings name one. A queue younger than the broker's statistics interval has
+        no size yet; the final sample gives even a short job one that has."""
         now = time.monotonic()
-        if now - self._queues_sampled < QUEUE_SAMPLE_S:
+        if not final and now - self._queues_sampled < QUEUE_SAMPLE_S:
             return
         self._queues_sampled = now
         rows = []

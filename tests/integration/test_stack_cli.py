@@ -231,7 +231,9 @@ def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: Stack
     from tests.fixtures.jobs import final_checkpoint
 
     job, run_dir, log = tmp_path / "job.toml", tmp_path / "run", tmp_path / "run.log"
-    job.write_text(CTRL_C_JOB.format(tag=f"restart-{os.getpid()}", run_dir=run_dir).replace("steps = 5000", "steps = 40"))
+    # 120 steps: the job outlives the broker's 5 s statistics interval by seconds, so the
+    # workers' final queue samples have sizes (a queue younger than that has none yet).
+    job.write_text(CTRL_C_JOB.format(tag=f"restart-{os.getpid()}", run_dir=run_dir).replace("steps = 5000", "steps = 120"))
     proc = _start_run(job, stack, log)
     try:
         _wait_for_step(run_dir, "dec-0", 10, proc, log)
@@ -244,7 +246,7 @@ def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: Stack
             proc.wait(10)
     text = log.read_text()
     assert "worker dec-0 exited -9" in text and "restarting dec-0" in text and "(restart 1 of 5)" in text, text[-3000:]
-    assert {w: final_checkpoint(run_dir, w).step for w in ("enc-0", "dec-0")} == {"enc-0": 40, "dec-0": 40}
+    assert {w: final_checkpoint(run_dir, w).step for w in ("enc-0", "dec-0")} == {"enc-0": 120, "dec-0": 120}
     faults = [json.loads(line) for line in (run_dir / "faults.jsonl").read_text().splitlines()]
     assert [(f["kind"], f["target"]) for f in faults] == [("restart", "dec-0")]
     assert faults[0]["recovered_after_s"] is not None  # the restarted decoder made steps again
@@ -252,6 +254,8 @@ def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: Stack
     submitted = [r for r in audit if r["event"] == "job_submitted"]
     assert len(submitted) == 1 and submitted[0]["workers"] == ["dec-0", "enc-0"], submitted
     # The workers sampled their queues' sizes in bytes from the management API, as the job's
-    # monitoring user (messages over AMQP, bytes over HTTPS).
-    samples = [json.loads(line) for f in (run_dir / "queues").glob("*.jsonl") for line in f.read_text().splitlines()]
-    assert any("bytes" in s for s in samples), samples
+    # monitoring user (messages over AMQP, bytes over HTTPS), and once more as they finished.
+    for worker in ("enc-0", "dec-0"):
+        rows = [json.loads(line) for line in (run_dir / "queues" / f"{worker}.jsonl").read_text().splitlines()]
+        last = {row["queue"]: row for row in rows}  # each queue's final sample
+        assert len(last) == 2 and all(r["messages"] == 0 and r["bytes"] == 0 for r in last.values()), rows
