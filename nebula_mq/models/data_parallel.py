@@ -38,6 +38,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 import numpy as np
 import paddle
@@ -50,6 +51,8 @@ from nebula_mq.runtime.logs import get_logger
 log = get_logger(__name__)
 
 DEFAULT_TIMEOUT_S = 300.0
+# Linux's range of local ports for outgoing connections (32768-60999 unless tuned).
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 @contextmanager
@@ -158,6 +161,7 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
         master = f"{host}:{int(port) - 1}"
     if not _is_endpoint(master):
         raise WorkerError(f"master must be 'host:port', got {master!r}")
+    warn_ephemeral_ports([master, endpoints[rank]])
     os.environ.update({
         "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(world_size),
         "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints), "PADDLE_CURRENT_ENDPOINT": endpoints[rank],
@@ -176,6 +180,30 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
         raise WorkerError(f"paddle reports rank {dist.get_rank()}/{dist.get_world_size()}, "
                           f"expected {rank}/{world_size}")
     return DataParallelGroup(rank, world_size, timeout_s)
+
+
+def ephemeral_ports(source: Path = EPHEMERAL_RANGE_FILE) -> range | None:
+    """The kernel's ephemeral port range; None where it cannot be read (not Linux)."""
+    try:
+        low, high = (int(v) for v in source.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return range(low, high + 1)
+
+
+def warn_ephemeral_ports(addresses: Sequence[str], source: Path = EPHEMERAL_RANGE_FILE) -> list[int]:
+    """Warn about rendezvous ports inside the ephemeral range, and return them. Any outgoing
+    connection on the host (a worker's own broker connections) may be given such a port
+    before the rank binds it; the rank then fails to listen, and the group never forms."""
+    ephemeral = ephemeral_ports(source)
+    if ephemeral is None:
+        return []
+    ports = sorted({int(a.rpartition(":")[2]) for a in addresses} & set(ephemeral))
+    if ports:
+        log.warning("gloo_ports_in_ephemeral_range", ports=ports,
+                    ephemeral=f"{ephemeral.start}-{ephemeral.stop - 1}",
+                    hint=f"an outgoing connection may take them first; choose ports below {ephemeral.start}")
+    return ports
 
 
 def _is_endpoint(text: str) -> bool:

@@ -71,8 +71,9 @@ class ElectraJob:
     # Last sentences of each generator's data, never trained on (held-out evaluation).
     heldout: int = 256
     # gloo rendezvous of the discriminator group: master on base_port, rank r on base_port+1+r.
+    # Below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections could take it.
     gloo_host: str = "127.0.0.1"
-    gloo_base_port: int = 36100
+    gloo_base_port: int = 29100
     # Hot start: a previous job's run_dir whose checkpoints seed workers that have none.
     init_from: str = ""
 

@@ -69,10 +69,12 @@ class Placement:
     # Each side's device, overriding [job] device ("" = [job] device).
     head_device: str = ""
     tail_device: str = ""
-    # Rendezvous of each side's group: its master on <port>, rank r on <port> + 1 + r.
+    # Rendezvous of each side's group: its master on <port>, rank r on <port> + 1 + r. Keep
+    # them below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections
+    # could take them first.
     gloo_host: str = "127.0.0.1"
-    head_gloo_port: int = 36200
-    tail_gloo_port: int = 36300
+    head_gloo_port: int = 29200
+    tail_gloo_port: int = 29300
     # A collective (or the rendezvous) that has not completed after this long means a rank
     # is gone: the rank exits, and the group restarts from its last common checkpoint.
     group_timeout_s: float = 300.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -11,31 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.fixtures.jobs import free_port_range
+
 pytest.importorskip("paddle")
 
 pytestmark = pytest.mark.paddle
 
 STEPS, RANKS, ROWS = 2, 2, 4
-
-
-def _free_port_block(n: int) -> int:
-    """A base port with base..base+n-1 free right now (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65000 and all(_free(base + i) for i in range(1, n)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _micro_batches() -> list[list[dict[str, np.ndarray]]]:
@@ -95,7 +76,7 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
     data = tmp_path / "batches.npz"
     np.savez(data, **{f"{s}/{r}/{k}": v for s, row in enumerate(batches) for r, b in enumerate(row)
                       for k, v in b.items()})
-    base = _free_port_block(RANKS + 1)
+    base = free_port_range(RANKS)
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(base), str(data), str(tmp_path / f"r{r}.npz")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(RANKS)]
     for p in procs:
@@ -126,7 +107,7 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
 def test_a_rank_whose_peer_never_comes_exits_with_a_clear_error_instead_of_waiting(tmp_path: Path) -> None:
     """The rendezvous (as every collective) runs under a deadline: a dead or missing peer
     ends the process, saying where it waited, so the launcher restarts the group."""
-    base = _free_port_block(3)
+    base = free_port_range(2)
     code = ("from nebula_mq.models.data_parallel import init_group\n"
             f"init_group(0, 2, ['127.0.0.1:{base + 1}', '127.0.0.1:{base + 2}'], master='127.0.0.1:{base}', "
             "timeout_s=4)\nprint('joined')")
@@ -140,3 +121,41 @@ def test_a_rank_whose_peer_never_comes_exits_with_a_clear_error_instead_of_waiti
 
 if __name__ == "__main__":  # a sub-discriminator process of the test above
     _worker(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]))
+
+
+def test_rendezvous_ports_inside_the_ephemeral_range_are_named_in_a_warning(tmp_path: Path) -> None:
+    """A rank whose port lies where the kernel picks outgoing connections' ports may lose it to
+    one of them before it listens: the rendezvous says so, naming the ports and a safe bound."""
+    from structlog.testing import capture_logs
+
+    from nebula_mq.models.data_parallel import ephemeral_ports, warn_ephemeral_ports
+
+    source = tmp_path / "ip_local_port_range"
+    source.write_text("32768\t60999\n")
+    assert ephemeral_ports(source) == range(32768, 61000)
+    with capture_logs() as logs:
+        assert warn_ephemeral_ports(["127.0.0.1:36200", "10.0.0.2:36202", "h:29200"], source) == [36200, 36202]
+    assert [(e["event"], e["ports"], e["ephemeral"]) for e in logs] == [
+        ("gloo_ports_in_ephemeral_range", [36200, 36202], "32768-60999")]
+    assert "below 32768" in logs[0]["hint"]
+    with capture_logs() as logs:
+        assert warn_ephemeral_ports(["127.0.0.1:29200", "127.0.0.1:29201"], source) == []
+    assert logs == []
+    assert ephemeral_ports(tmp_path / "absent") is None  # not Linux: nothing to check
+
+
+def test_the_default_rendezvous_ports_lie_below_the_kernels_ephemeral_range() -> None:
+    """Every default and shipped job file keeps its gloo ports (master and ranks) below
+    Linux's default ephemeral range, so a host's own connections cannot take them."""
+    import tomllib
+
+    from workers.electra.common import ElectraJob
+    from workers.split.job import SplitJob
+
+    ports = [SplitJob.head_gloo_port, SplitJob.tail_gloo_port, ElectraJob.gloo_base_port]
+    config = Path(__file__).resolve().parents[3] / "config"
+    for path in sorted(config.glob("*.toml")):
+        for table in tomllib.loads(path.read_text()).values():
+            if isinstance(table, dict):
+                ports += [v for k, v in table.items() if k.endswith("gloo_port") or k == "gloo_base_port"]
+    assert len(ports) >= 7 and all(1024 < p and p + 64 < 32768 for p in ports), ports
