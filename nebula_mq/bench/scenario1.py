@@ -70,8 +70,9 @@ def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps:
             max_lead: int, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
     """Write a job file for these parameters and run it (see :func:`run_config`)."""
     config = root / f"{name}.toml"
+    # The gloo ports stay below the kernel's ephemeral range (32768 up), above the stack's.
     text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
-                      n=n, max_lead=max_lead, port=free_port_base(n, 38000 + os.getpid() % 2000), preset=preset)
+                      n=n, max_lead=max_lead, port=free_port_base(n, 30200 + os.getpid() % 1500), preset=preset)
     if init_from:
         text = text.replace("[electra.model]", f'init_from = "{init_from}"\n\n[electra.model]')
     if horizon:
