@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
+# Where the benchmarks' gloo groups take their ports: below the ephemeral range (an outgoing
+# connection could take a rank's port before it listens) and clear of the stacks the tools
+# start (bases below 12000, dist ports 26000-32000; see ``stack.layout.free_base_port``).
+GLOO_PORTS = range(20000, 25900)
 
-def free_port_base(n: int, start: int) -> int:
-    """A base port from ``start`` on with ``base .. base + n`` free now (a gloo group's
-    store and ranks, or a stack's ports)."""
-    for base in range(start, start + 4000, 11):
+
+def free_port_base(n: int) -> int:
+    """A base port with ``base .. base + n`` free now: a gloo group's store and ``n`` ranks.
+    Where it starts depends on the pid, so benchmarks started together pick different ones."""
+    start = GLOO_PORTS.start + (os.getpid() * 11) % (len(GLOO_PORTS) // 2)
+    for base in range(start, GLOO_PORTS.stop - n, 11):
         try:
             for port in range(base, base + n + 1):
                 with socket.socket() as s:
@@ -16,4 +23,4 @@ def free_port_base(n: int, start: int) -> int:
         except OSError:
             continue
         return base
-    raise RuntimeError(f"no {n + 1} free ports from {start}")
+    raise RuntimeError(f"no {n + 1} free ports in {GLOO_PORTS.start}-{GLOO_PORTS.stop}")

@@ -61,7 +61,7 @@ def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> di
     given = settings.scenario_section()
     head_key = "encoder_ranks" if "encoder_ranks" in given else "head_ranks"
     tail_key = "decoder_ranks" if "decoder_ranks" in given else "tail_ranks"
-    port = free_port_base(heads + tails + 2, 39000 + os.getpid() % 3000)
+    port = free_port_base(heads + tails + 2)
     name = f"{heads}x{tails}"
     return {
         "NEBULA__JOB__ID": f"{settings.job.id}-scale-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),

@@ -70,9 +70,8 @@ def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps:
             max_lead: int, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
     """Write a job file for these parameters and run it (see :func:`run_config`)."""
     config = root / f"{name}.toml"
-    # The gloo ports stay below the kernel's ephemeral range (32768 up), above the stack's.
     text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
-                      n=n, max_lead=max_lead, port=free_port_base(n, 30200 + os.getpid() % 1500), preset=preset)
+                      n=n, max_lead=max_lead, port=free_port_base(n), preset=preset)
     if init_from:
         text = text.replace("[electra.model]", f'init_from = "{init_from}"\n\n[electra.model]')
     if horizon:
@@ -179,6 +178,7 @@ def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max
 
 def run(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
+    from nebula_mq.stack.layout import free_base_port
 
     ns = [int(x) for x in str(getattr(args, "n", "1,2")).split(",")]
     steps = 24 if args.quick else int(getattr(args, "steps", 40))
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     lead, preset = int(getattr(args, "max_lead", 2)), str(getattr(args, "preset", "tiny"))
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
     stack_dir = str(root / "stack")
-    stack = Stack(stack_dir, CLUSTERS, base_port=free_port_base(8, 21000 + os.getpid() % 9000),
+    stack = Stack(stack_dir, CLUSTERS, base_port=free_base_port(len(CLUSTERS), os.getpid()),
                   prefix=f"s1b{os.getpid()}")
     results: list[dict[str, Any]] = []
     try:

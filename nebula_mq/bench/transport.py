@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -248,24 +247,6 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _free_base_port(n: int = 2) -> int:
-    from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
-
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-        return True
-
-    for k in range(300):
-        base = 20000 + (os.getpid() * 53 + k * 50) % 12000  # TLS/relay ports below the ephemeral range
-        if all(free(base + o + i) for o in (0, RELAY_OFFSET, DIST_OFFSET) for i in range(n)):
-            return base
-    raise TransportError("no free port range for the bench stack")
-
-
 def run(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack, layout, node
 
@@ -292,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     if run_dir and layout.StackLayout.load(run_dir) is not None:
         stack = Stack.open(run_dir)
     else:
-        stack = Stack(run_dir or tmp, layout.DEFAULT_CLUSTERS, base_port=_free_base_port(),
+        stack = Stack(run_dir or tmp, layout.DEFAULT_CLUSTERS, base_port=layout.free_base_port(len(layout.DEFAULT_CLUSTERS), os.getpid()),
                       prefix=f"nbb{os.getpid()}")
     started = not all(node.is_running(n) for n in stack.layout.nodes)
     shapes = {c: s.shape for c, s in stack.status().items()}

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +28,12 @@ DEFAULT_PREFIX = "nebula"
 RELAY_OFFSET = 10
 MGMT_OFFSET = 30
 DIST_OFFSET = 20000
+# Linux gives outgoing connections local ports from here up (ip_local_port_range). A port up
+# there can be taken by any client between a free-port check and a node's bind, or while a
+# node restarts: stacks that tools start for themselves stay below it, and so do the gloo
+# groups they run (12000 and up, above these bases).
+EPHEMERAL_START = 32768
+TOOL_BASE_PORTS = range(6000, 12000, 50)  # their dist ports: 26000-31950 (+ cluster)
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -152,6 +159,32 @@ def did_you_mean(name: str, known: Sequence[str]) -> str:
     """`` (did you mean 'cluster-b'?)`` for the closest of ``known``, or ``""``."""
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def stack_ports(base_port: int, n: int) -> list[int]:
+    """Every port a stack of ``n`` nodes at ``base_port`` listens on (see the module docstring)."""
+    return [base_port + o + i for o in (0, RELAY_OFFSET, MGMT_OFFSET, DIST_OFFSET) for i in range(n)]
+
+
+def free_base_port(n: int, seed: int) -> int:
+    """A base port for a stack of ``n`` nodes that a benchmark, a study or a test starts for
+    itself: every one of its ports free now and below the ephemeral range. ``seed`` (a pid)
+    spreads runs that start at the same time over different bases."""
+    count = len(TOOL_BASE_PORTS)
+    for k in range(count):
+        base = TOOL_BASE_PORTS[(seed * 37 + k) % count]
+        if all(_port_free(p) for p in stack_ports(base, n)):
+            return base
+    raise StackError(f"no base port in {TOOL_BASE_PORTS.start}-{TOOL_BASE_PORTS.stop} with {n} nodes' ports free")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def plan(

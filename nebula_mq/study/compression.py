@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,32 +67,15 @@ def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, link: Link | Non
                        r.backward_bytes_per_step, (cfg.batch_size, seq, hidden), rate)
 
 
-def _free_base_port() -> int:
-    from nebula_mq.stack.layout import DIST_OFFSET, RELAY_OFFSET
-
-    for k in range(300):
-        base = 20000 + (os.getpid() * 41 + k * 50) % 15000
-        ok = True
-        for port in (base + o + i for o in (0, RELAY_OFFSET, DIST_OFFSET) for i in range(2)):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise OSError("no free port range for the study stack")
-
-
 class OwnStack:
     """A private two-node stack for the study, torn down afterwards."""
 
     def __enter__(self) -> Any:
         from nebula_mq.stack import Stack
+        from nebula_mq.stack.layout import free_base_port
 
         self.dir = tempfile.mkdtemp(prefix="nebula-study-", dir="/tmp")
-        self.stack = Stack(self.dir, ("cluster-s", "cluster-t"), base_port=_free_base_port(),
+        self.stack = Stack(self.dir, ("cluster-s", "cluster-t"), base_port=free_base_port(2, os.getpid()),
                            prefix=f"nbs{os.getpid()}")
         self.stack.up()
         return self.stack

@@ -71,3 +71,22 @@ def test_a_compose_node_listens_everywhere_and_serves_management_to_its_network(
         stack.broker_settings("cluster-a", "job.enc-0", host="broker-b")
     with pytest.raises(StackError, match="one cluster"):
         Stack(tmp_path / "two", ("cluster-a", "cluster-b"), 5671, "t").serve()
+
+
+def test_a_tools_stack_takes_free_ports_below_the_ephemeral_range() -> None:
+    """Stacks that benchmarks, studies and tests start keep every port (TLS, relay, management,
+    Erlang distribution) below 32768, where no outgoing connection can take one while a node
+    is down, and skip a base whose ports are busy."""
+    import os
+    import socket
+
+    from nebula_mq.stack.layout import EPHEMERAL_START, TOOL_BASE_PORTS, free_base_port, stack_ports
+
+    assert stack_ports(6000, 2) == [6000, 6001, 6010, 6011, 6030, 6031, 26000, 26001]
+    assert max(stack_ports(TOOL_BASE_PORTS[-1], 10)) < EPHEMERAL_START
+    base = free_base_port(2, os.getpid())
+    assert base in TOOL_BASE_PORTS
+    with socket.socket() as holder:  # its dist port busy: the same seed must move elsewhere
+        holder.bind(("127.0.0.1", stack_ports(base, 2)[-1]))
+        other = free_base_port(2, os.getpid())
+    assert other != base and other in TOOL_BASE_PORTS
