@@ -31,7 +31,7 @@ DIST_OFFSET = 20000
 # Linux gives outgoing connections local ports from here up (ip_local_port_range). A port up
 # there can be taken by any client between a free-port check and a node's bind, or while a
 # node restarts: stacks that tools start for themselves stay below it, and so do the gloo
-# groups they run (12000 and up, above these bases).
+# groups they run (12000-25900: between these bases and their dist ports).
 EPHEMERAL_START = 32768
 TOOL_BASE_PORTS = range(6000, 12000, 50)  # their dist ports: 26000-31950 (+ cluster)
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
