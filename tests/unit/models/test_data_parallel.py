@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import free_port_range
-
 pytest.importorskip("paddle")
 
 pytestmark = pytest.mark.paddle
@@ -76,6 +74,8 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
     data = tmp_path / "batches.npz"
     np.savez(data, **{f"{s}/{r}/{k}": v for s, row in enumerate(batches) for r, b in enumerate(row)
                       for k, v in b.items()})
+    from tests.fixtures.jobs import free_port_range  # not at the top: ranks run this file as a script
+
     base = free_port_range(RANKS)
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(base), str(data), str(tmp_path / f"r{r}.npz")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(RANKS)]
@@ -107,6 +107,8 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
 def test_a_rank_whose_peer_never_comes_exits_with_a_clear_error_instead_of_waiting(tmp_path: Path) -> None:
     """The rendezvous (as every collective) runs under a deadline: a dead or missing peer
     ends the process, saying where it waited, so the launcher restarts the group."""
+    from tests.fixtures.jobs import free_port_range
+
     base = free_port_range(2)
     code = ("from nebula_mq.models.data_parallel import init_group\n"
             f"init_group(0, 2, ['127.0.0.1:{base + 1}', '127.0.0.1:{base + 2}'], master='127.0.0.1:{base}', "
