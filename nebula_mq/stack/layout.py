@@ -173,13 +173,15 @@ def free_base_port(n: int, seed: int) -> int:
     count = len(TOOL_BASE_PORTS)
     for k in range(count):
         base = TOOL_BASE_PORTS[(seed * 37 + k) % count]
-        if all(_port_free(p) for p in stack_ports(base, n)):
+        if all(port_free(p) for p in stack_ports(base, n)):
             return base
     raise StackError(f"no base port in {TOOL_BASE_PORTS.start}-{TOOL_BASE_PORTS.stop} with {n} nodes' ports free")
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """False when something listens on ``port`` (TIME_WAIT leftovers of a stopped node do not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

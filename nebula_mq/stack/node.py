@@ -20,7 +20,7 @@ from typing import NoReturn
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, Identity
 from nebula_mq.security.revocation import ensure_crls
-from nebula_mq.stack.layout import NodeLayout
+from nebula_mq.stack.layout import NodeLayout, port_free
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 BROKER_DIR = Path(__file__).resolve().parents[2] / "broker"
@@ -197,17 +197,6 @@ def exec_foreground(node: NodeLayout) -> NoReturn:
         os.execve(server, [server], node_env(node))
     except OSError as exc:
         raise StackError(f"cannot run {server}: {exc}") from None
-
-
-def port_free(port: int) -> bool:
-    """False when something listens on ``port`` (TIME_WAIT leftovers of a stopped node do not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def wait_tls(node: NodeLayout, deadline: float) -> None:

@@ -17,8 +17,7 @@ import pytest
 
 from nebula_mq.cli import main
 from nebula_mq.stack import Stack
-from nebula_mq.stack.layout import MGMT_OFFSET, RELAY_OFFSET, stack_ports
-from nebula_mq.stack.node import port_free
+from nebula_mq.stack.layout import MGMT_OFFSET, RELAY_OFFSET, port_free, stack_ports
 from tests.fixtures.stack import StackHandle, pick_base_port
 
 pytestmark = pytest.mark.broker
