@@ -200,6 +200,13 @@ class WorkerError(NebulaError):
     reason = "worker"
 
 
+class DuplicateRegistration(WorkerError, ValueError):
+    """A second, different function registered under a role or scenario name already taken
+    (``workers.registry``); raised at import."""
+
+    reason = "duplicate_registration"
+
+
 class CheckpointError(WorkerError):
     reason = "checkpoint"
 

@@ -2,14 +2,17 @@
 
 Scenario-specific sections (``[abnet]``, ``[electra]``) are kept as raw tables
 here and validated by the scenario's own dataclass with :func:`nebula_mq.config.build`,
-so the library stays free of role-specific logic.
+so the library stays free of role-specific logic. A job file holds the section of its own
+scenario only (``[job] scenario``, ``abnet`` by default): another scenario's section is refused.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -243,15 +246,41 @@ class Settings:
 def load_settings(
     path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
 ) -> Settings:
-    """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it."""
+    """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it.
+
+    Only the keys of :class:`Settings` are accepted at the top level (``source`` is set here,
+    never by the file), and a scenario section must be the one of ``[job] scenario``.
+    """
     overrides = config.env_overrides(environ)
     data = config.apply_env_overrides(config.load_toml(path), environ)
-    data["source"] = str(path)
-    # Cluster names default to their table key.
-    for key, cluster in (data.get("clusters") or {}).items():
-        if isinstance(cluster, dict):
-            cluster.setdefault("name", key)
     try:
-        return config.build(Settings, data, str(path))
+        known = sorted(f.name for f in dataclasses.fields(Settings) if f.name != "source")
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(str(path), unknown[0], f"one of {known}", "unknown key")
+        data["source"] = str(path)
+        # Cluster names default to their table key.
+        for key, cluster in (data.get("clusters") or {}).items():
+            if isinstance(cluster, dict):
+                cluster.setdefault("name", key)
+        settings = config.build(Settings, data, str(path))
+        _check_scenario_sections(settings, data, overrides)
+        return settings
     except ConfigError as exc:
         raise config.blame_env(exc, overrides) from None
+
+
+def _check_scenario_sections(settings: Settings, data: Mapping[str, Any],
+                             overrides: Sequence[config.EnvOverride]) -> None:
+    """Refuse a scenario section (``[split]``, ``[abnet]``, ``[electra]``) that is not the section
+    of the scenario in force: that job would run another scenario and ignore the section."""
+    scenario = settings.job.scenario
+    for section in typing.get_args(typing.get_type_hints(JobSettings)["scenario"]):
+        if section == scenario or section not in data:
+            continue
+        job = data.get("job") or {}
+        where = next((f"set by {o.variable}" for o in overrides if o.path == ("job", "scenario")),
+                     "set in [job]" if "scenario" in job else "the default")
+        raise ConfigError(settings.source, section,
+                          f'[job] scenario = "{section}" to run a [{section}] section (the scenario '
+                          f'in force is "{scenario}", {where}); set [job] scenario, or remove the section')

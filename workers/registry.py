@@ -4,7 +4,8 @@ A scenario is the subpackage of ``workers`` named by ``[job] scenario`` (``split
 ``abnet``, ``electra``). Its ``plan`` module says which processes a job runs
 (``@plan_builder``; paddle-free, since the launcher reads it) and names its role
 modules (``ROLE_MODULES``); each role module registers its entry point with
-``@role``. Looking a role up imports only that scenario's role modules, in the
+``@role``. A role or scenario name is registered once: a second function under it
+raises at import. Looking a role up imports only that scenario's role modules, in the
 worker process that runs it: a process that does not train never imports paddle.
 A new scenario is a new subpackage; nothing here changes.
 """
@@ -18,7 +19,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 import workers
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, DuplicateRegistration
 from nebula_mq.settings import Settings
 from workers.processes import Plan
 
@@ -31,19 +32,34 @@ _PLANS: dict[str, PlanBuilder] = {}
 
 
 def role(name: str) -> Callable[[F], F]:
-    """Register a role's entry point under the name plans and ``--role`` use."""
+    """Register a role's entry point under the name plans and ``--role`` use (once: a second
+    function under the same name raises :class:`DuplicateRegistration`)."""
     def register(main: F) -> F:
-        _ROLES[name] = main
+        _register(_ROLES, "role", name, main)
         return main
     return register
 
 
 def plan_builder(scenario: str) -> Callable[[F], F]:
-    """Register the function that lists a scenario's processes."""
+    """Register the function that lists a scenario's processes (once per scenario)."""
     def register(build: F) -> F:
-        _PLANS[scenario] = build
+        _register(_PLANS, "plan of scenario", scenario, build)
         return build
     return register
+
+
+def _register(table: dict[str, Any], kind: str, name: str, func: Callable[..., Any]) -> None:
+    """Put ``func`` under ``name``, refusing a different function already there. The same function
+    (by module and qualified name: a re-import or a reload of its module) replaces itself."""
+    held = table.get(name)
+    if held is not None and _identity(held) != _identity(func):
+        raise DuplicateRegistration(f"{kind} {name!r} is registered twice: by {_identity(held)} "
+                                    f"and by {_identity(func)}")
+    table[name] = func
+
+
+def _identity(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
 
 
 def scenarios() -> list[str]:

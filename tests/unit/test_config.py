@@ -11,6 +11,8 @@ from nebula_mq import config
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import load_settings
 
+ROOT = Path(__file__).resolve().parents[2]
+
 GOOD = """
 [job]
 id = "demo-1"
@@ -142,3 +144,64 @@ def test_bad_codec_chain_fails_at_load(tmp_path: Path) -> None:
         load_settings(write(tmp_path, GOOD.replace('"fp16(svd(0.6))"', '"fp17(svd(0.6))"')), environ={})
     assert info.value.key == "codec.forward"
     assert info.value.got == "fp17(svd(0.6))" and "fp17" in info.value.expected
+
+
+@pytest.mark.parametrize(("text", "key"), [('source = "x"', "source"), ("[splt]\nhead_ranks = 2", "splt"),
+                                           ("[abnet_old]", "abnet_old")])
+def test_an_unknown_top_level_key_is_named_with_the_known_ones(tmp_path: Path, text: str, key: str) -> None:
+    """``source`` is where the settings came from: set by the loader, never by the file."""
+    path = write(tmp_path, f"{text}\n{GOOD}")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert (info.value.source, info.value.key, info.value.got) == (str(path), key, "unknown key")
+    assert str(info.value) == (f"{path}: {key}: expected one of ['abnet', 'clusters', 'codec', 'electra', 'job', "
+                               f"'security', 'split', 'transport'], got 'unknown key'")
+
+
+def test_an_unknown_top_level_table_from_the_environment_is_the_variables(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD), environ={"NEBULA__SPLT__HEAD_RANKS": "2"})
+    assert info.value.key == "splt" and info.value.source.endswith("NEBULA__SPLT__HEAD_RANKS set")
+
+
+@pytest.mark.parametrize(("scenario", "section", "where"), [
+    ("", "split", 'the scenario in force is "abnet", the default'),
+    ("", "electra", 'the scenario in force is "abnet", the default'),
+    ("electra", "abnet", 'the scenario in force is "electra", set in [job]'),
+    ("split", "abnet", 'the scenario in force is "split", set in [job]'),
+])
+def test_a_section_of_another_scenario_is_refused(tmp_path: Path, scenario: str, section: str,
+                                                  where: str) -> None:
+    """Without ``[job] scenario`` a job runs ABNet: a lone [split] would silently train the
+    tiny synthetic ABNet job instead."""
+    job = '[job]\nid = "mixed"\n'
+    if scenario:
+        job += f'scenario = "{scenario}"\n[{scenario}]\nlr = 0.01\n'
+    job += f"[{section}]\nlr = 0.01\n"
+    path = write(tmp_path, job)
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ={})
+    assert info.value.key == section
+    assert str(info.value) == (f'{path}: {section}: expected [job] scenario = "{section}" to run a [{section}] '
+                               f"section ({where}); set [job] scenario, or remove the section")
+    assert "\n" not in str(info.value)
+
+
+def test_the_scenario_in_force_may_come_from_the_environment(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, GOOD), environ={"NEBULA__JOB__SCENARIO": "split"})
+    assert info.value.key == "abnet"
+    assert 'the scenario in force is "split", set by NEBULA__JOB__SCENARIO' in str(info.value)
+
+
+def test_the_scenarios_own_section_and_none_at_all_load(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, '[job]\nid = "bare"\n'), environ={}).job.scenario == "abnet"
+    split = load_settings(write(tmp_path, '[job]\nid = "s"\nscenario = "split"\n[split]\nlr = 0.1\n'), environ={})
+    assert split.scenario_section() == {"lr": 0.1}
+
+
+@pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for d in ("config", "examples")
+                                        for p in (ROOT / d).rglob("*.toml")))
+def test_every_shipped_job_file_loads(path: str) -> None:
+    settings = load_settings(ROOT / path, environ={})
+    assert settings.scenario_section(), f"{path} has no [{settings.job.scenario}] section"

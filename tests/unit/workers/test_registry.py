@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, DuplicateRegistration, NebulaError
 from nebula_mq.settings import JobSettings, Settings
-from workers.registry import role_main, scenarios
+from workers import registry
+from workers.registry import plan_builder, role, role_main, scenarios
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,4 +42,64 @@ def test_a_role_is_looked_up_in_its_jobs_scenario(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"one of \['split-head', 'split-tail'\]"):
         role_main(settings, "abnet-encoder")
     with pytest.raises(ConfigError, match="job.scenario"):
-        role_main(Settings(job=JobSettings(id="reg", scenario="pipline", run_dir=str(tmp_path))), "x")
+        role_main(Settings(job=JobSettings(id="reg", scenario="pipline",  # type: ignore[arg-type]
+                                              run_dir=str(tmp_path))), "x")
+
+
+@pytest.fixture
+def fresh_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's registrations go to copies of the tables, dropped after it."""
+    monkeypatch.setattr(registry, "_ROLES", dict(registry._ROLES))
+    monkeypatch.setattr(registry, "_PLANS", dict(registry._PLANS))
+
+
+def _twin(func: Callable[..., Any], module: str) -> Callable[..., Any]:
+    """A different function object named like ``func``, as if defined in ``module``."""
+    def twin(*args: Any) -> int:
+        return 0
+    twin.__module__, twin.__qualname__ = module, func.__qualname__
+    return twin
+
+
+@pytest.mark.usefixtures("fresh_tables")
+def test_a_second_role_under_a_taken_name_is_refused_with_both_names() -> None:
+    def first(settings: Settings) -> int:
+        return 0
+
+    role("registry-test-role")(first)
+    with pytest.raises(DuplicateRegistration, match=r"role 'registry-test-role' is registered twice") as info:
+        role("registry-test-role")(_twin(first, "elsewhere"))
+    assert isinstance(info.value, NebulaError) and isinstance(info.value, ValueError)
+    assert f"{first.__module__}.{first.__qualname__}" in str(info.value) and "elsewhere." in str(info.value)
+    assert registry._ROLES["registry-test-role"] is first
+
+
+@pytest.mark.usefixtures("fresh_tables")
+def test_a_second_plan_for_a_scenario_is_refused() -> None:
+    def plan(settings: Settings) -> Any:
+        return None
+
+    split_plan = importlib.import_module("workers.split.plan").plan
+    with pytest.raises(DuplicateRegistration, match=r"plan of scenario 'split' is registered twice: "
+                                                    r"by workers\.split\.plan\.plan and by "):
+        plan_builder("split")(plan)
+    assert registry._PLANS["split"] is split_plan
+
+
+@pytest.mark.usefixtures("fresh_tables")
+def test_the_same_function_registers_again_harmlessly() -> None:
+    def main(settings: Settings) -> int:
+        return 0
+
+    assert role("registry-test-again")(main) is main
+    assert role("registry-test-again")(main) is main  # the module imported twice
+    twin = _twin(main, main.__module__)  # the module reloaded: a new object, the same name
+    role("registry-test-again")(twin)
+    assert registry._ROLES["registry-test-again"] is twin
+
+
+@pytest.mark.usefixtures("fresh_tables")
+def test_reloading_a_scenario_plan_keeps_its_registration() -> None:
+    module = importlib.import_module("workers.split.plan")
+    importlib.reload(module)
+    assert registry._PLANS["split"] is module.plan
