@@ -32,13 +32,10 @@ machine this runs on in CI).
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import io
 import os
-import sys
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 import numpy as np
 import paddle
@@ -46,29 +43,14 @@ import paddle.distributed as dist
 from paddle import nn
 
 from nebula_mq.errors import WorkerError
+from nebula_mq.models.collectives import (DEFAULT_TIMEOUT_S, deadline, ephemeral_ports, is_endpoint,
+                                          warn_ephemeral_ports)
 from nebula_mq.runtime.logs import get_logger
 
+__all__ = ["DEFAULT_TIMEOUT_S", "DataParallelGroup", "deadline", "ephemeral_ports", "init_group",
+           "warn_ephemeral_ports"]
+
 log = get_logger(__name__)
-
-DEFAULT_TIMEOUT_S = 300.0
-# Linux's range of local ports for outgoing connections (32768-60999 unless tuned).
-EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-
-
-@contextmanager
-def deadline(what: str, rank: int, timeout_s: float) -> Iterator[None]:
-    """Run a blocking collective; past ``timeout_s`` the process dumps where it waited and exits.
-
-    paddle's collectives hold the GIL while they block, so no Python thread or signal
-    handler can run meanwhile: the watchdog is :mod:`faulthandler`'s, which runs in C. Its
-    dump names the collective's function (``init_group``, ``allreduce_gradients``,
-    ``barrier``, ``min_int``) under a ``Timeout`` line, then it exits with code 1."""
-    log.debug("group_wait", what=what, rank=rank, timeout_s=timeout_s)
-    faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.stderr)
-    try:
-        yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
 
 
 class DataParallelGroup:
@@ -154,12 +136,12 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise WorkerError(f"rank {rank} outside a group of {world_size}")
-    if len(endpoints) != world_size or not all(_is_endpoint(e) for e in endpoints):
+    if len(endpoints) != world_size or not all(is_endpoint(e) for e in endpoints):
         raise WorkerError(f"need {world_size} 'host:port' endpoints, got {list(endpoints)}")
     if master is None:
         host, port = endpoints[0].rsplit(":", 1)
         master = f"{host}:{int(port) - 1}"
-    if not _is_endpoint(master):
+    if not is_endpoint(master):
         raise WorkerError(f"master must be 'host:port', got {master!r}")
     warn_ephemeral_ports([master, endpoints[rank]])
     os.environ.update({
@@ -180,32 +162,3 @@ def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str
         raise WorkerError(f"paddle reports rank {dist.get_rank()}/{dist.get_world_size()}, "
                           f"expected {rank}/{world_size}")
     return DataParallelGroup(rank, world_size, timeout_s)
-
-
-def ephemeral_ports(source: Path = EPHEMERAL_RANGE_FILE) -> range | None:
-    """The kernel's ephemeral port range; None where it cannot be read (not Linux)."""
-    try:
-        low, high = (int(v) for v in source.read_text().split())
-    except (OSError, ValueError):
-        return None
-    return range(low, high + 1)
-
-
-def warn_ephemeral_ports(addresses: Sequence[str], source: Path = EPHEMERAL_RANGE_FILE) -> list[int]:
-    """Warn about rendezvous ports inside the ephemeral range, and return them. Any outgoing
-    connection on the host (a worker's own broker connections) may be given such a port
-    before the rank binds it; the rank then fails to listen, and the group never forms."""
-    ephemeral = ephemeral_ports(source)
-    if ephemeral is None:
-        return []
-    ports = sorted({int(a.rpartition(":")[2]) for a in addresses} & set(ephemeral))
-    if ports:
-        log.warning("gloo_ports_in_ephemeral_range", ports=ports,
-                    ephemeral=f"{ephemeral.start}-{ephemeral.stop - 1}",
-                    hint=f"an outgoing connection may take them first; choose ports below {ephemeral.start}")
-    return ports
-
-
-def _is_endpoint(text: str) -> bool:
-    host, sep, port = text.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
