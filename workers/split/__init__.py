@@ -1,11 +1,13 @@
-"""The few-lines API: run one half of your own split Paddle model on this cluster.
+"""The few-lines API: run one half of your own split model (Paddle or PyTorch) on this cluster.
 
     # cluster S                                   # cluster T
     from workers.split import run_head             from workers.split import run_tail
     run_head("job.toml", model=Bottom(),           run_tail("job.toml", model=Top(),
              inputs=batch)                                  loss=mse, targets=labels)
 
-``job.toml`` names the clusters (brokers), the codec chains (``[codec] forward``
+``model`` is a ``paddle.nn.Layer`` or a ``torch.nn.Module``, and ``loss`` a function of
+the same framework; each side picks its own (a Paddle head trains with a PyTorch
+tail: only numpy arrays cross). ``job.toml`` names the clusters (brokers), the codec chains (``[codec] forward``
 for activations, ``backward`` for gradients) and the ``[split]`` section
 (``workers.split.job.SplitJob``: in_flight, checkpoint_every, lr...).
 """
@@ -17,8 +19,7 @@ import threading
 
 from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.base import Transport
-from workers.split.job import (HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn,
-                                  default_optimizer)
+from workers.split.job import HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
 
 __all__ = ["HeadSpec", "TailSpec", "run_head", "run_tail"]
 
@@ -31,7 +32,7 @@ def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
 
 
 def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: InputsFn,
-             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None,
+             optimizer_fn: OptimizerFn | None = None, transport: Transport | None = None,
              rank: int = 0) -> int:
     """Train the head half until ``job.steps`` gradients are applied (or SIGTERM); exit code.
 
@@ -40,7 +41,7 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
     ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
     from workers.split.head import SplitHeadWorker
 
-    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport,  # type: ignore[arg-type]
+    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport,
                              rank=rank)
     if threading.current_thread() is threading.main_thread():
         worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
@@ -48,13 +49,13 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
 
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
-             optimizer_fn: OptimizerFn = default_optimizer, transport: Transport | None = None,
+             optimizer_fn: OptimizerFn | None = None, transport: Transport | None = None,
              rank: int = 0) -> int:
     """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code.
     ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model."""
     from workers.split.tail import SplitTailWorker
 
-    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport,  # type: ignore[arg-type]
+    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport,
                              rank=rank)
     if threading.current_thread() is threading.main_thread():
         worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0

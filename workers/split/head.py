@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import paddle
 
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
@@ -36,7 +35,8 @@ from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from workers.split.side import SplitSide, peer_prefix, trainable
+from nebula_mq.models.frameworks import Framework, framework_of
+from workers.split.side import SplitSide, peer_prefix
 from workers.split.job import HeadSpec, Placement, SplitJob, load_builder, load_split_job
 
 log = get_logger(__name__)
@@ -47,7 +47,7 @@ class Forward:
     """One micro-batch through the head."""
 
     sample_ids: np.ndarray  # int64 [B]: how the tail finds its targets
-    activation: paddle.Tensor
+    activation: Any  # the framework's tensor, still holding its graph when made with grad
     # Arrays the tail needs besides the activation (e.g. a padding mask), sent lossless.
     side: Mapping[str, np.ndarray] = field(default_factory=dict)
 
@@ -61,8 +61,9 @@ class SplitHead(SplitSide):
     state_prefix = "head"
     gradient_op = "sum"  # each head rank holds its shard's part of the global gradient
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
-        super().__init__(settings, job, rank, transport)
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
+                 framework: Framework | None = None) -> None:
+        super().__init__(settings, job, rank, transport, framework)
         self.reply_flow = self.reply_flows[rank]
         self.steps_flow = self.reply_flow  # step s applies the gradient of micro-batch s
         # One gradient per tail rank makes a step (workers.split.routing).
@@ -101,10 +102,11 @@ class SplitHead(SplitSide):
         """The arrays of the activation message; the flow's compression encodes them."""
         return {self.activation_name: activation, **fwd.side, "sample_ids": fwd.sample_ids}
 
-    def backward(self, activation: paddle.Tensor, grad: np.ndarray) -> None:
+    def backward(self, activation: Any, grad: np.ndarray) -> None:
         if tuple(grad.shape) != tuple(activation.shape):
-            raise ShapeMismatch(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(activation.shape)}")
-        activation.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
+            raise ShapeMismatch(f"{self.worker_id}: gradient shape {tuple(grad.shape)} != activation shape "
+                                f"{tuple(activation.shape)}")
+        self.fw.backward(activation, grad)
 
     # ------------------------------------------------------------------ the step (runtime.stepped)
 
@@ -140,9 +142,9 @@ class SplitHead(SplitSide):
         """This rank's shard of ``mb``, one piece to each tail rank."""
         bind_context(step=self.step, micro_batch=mb)
         t0 = time.perf_counter()
-        with paddle.no_grad():
+        with self.fw.no_grad():
             fwd = self.forward(mb)
-        activation = fwd.activation.numpy()
+        activation = self.fw.numpy(fwd.activation)
         self.hooks.on_compute(time.perf_counter() - t0)
         for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
             rows = self.routing.piece(len(fwd.sample_ids), j)
@@ -189,10 +191,12 @@ class SplitHeadWorker(SplitHead):
     def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None,
                  rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job, rank, transport)
+        super().__init__(settings, self.job, rank, transport,
+                         framework_of(spec.model, "split.head", self.job.head_framework))
         self.spec = spec
-        self.model = spec.model
-        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+        self.model = self.fw.to_device(spec.model)
+        build = spec.optimizer_fn or self.fw.default_optimizer
+        self.optimizer = build(self.fw.trainable(self.model), self.job.lr)
 
     def forward(self, mb: int) -> Forward:
         parts = tuple(self.spec.inputs(mb))
@@ -200,10 +204,12 @@ class SplitHeadWorker(SplitHead):
             raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
         rows = self.shard_rows(len(parts[0]))
         sample_ids = np.asarray(parts[0], dtype=np.int64)[rows]
-        paddle.seed(self.seed("head", mb))
-        out = self.model(*(paddle.to_tensor(np.asarray(p)[rows]) for p in parts[1:]))
-        if not isinstance(out, paddle.Tensor):
-            raise DataError(f"the head model must return one tensor, got {type(out).__name__}")
+        with self.fw.seeded(self.seed("head", mb)):
+            out = self.model(*(self.fw.tensor(np.asarray(p)[rows]) for p in parts[1:]))
+        if not self.fw.is_float_tensor(out):
+            got = getattr(out, "dtype", type(out).__name__)
+            raise DataError(f"{self.worker_id}: the head model must return one floating-point "
+                            f"{self.fw.name} tensor, got {got}")
         return Forward(sample_ids, out)
 
 

@@ -22,27 +22,25 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from nebula_mq import config, topology
 from nebula_mq.errors import ConfigError
+from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.settings import DEVICE_PATTERN, Settings
 from workers.split.routing import Ranks, rank_id
-
-if TYPE_CHECKING:  # paddle is imported by the workers only
-    import paddle
 
 # head(micro_batch) -> (sample_ids int64 [B], input arrays...): deterministic in the
 # micro-batch index (a resumed head must rebuild exactly what a clean one sent).
 InputsFn = Callable[[int], Sequence[np.ndarray]]
 # tail(sample_ids) -> the target arrays of those samples (one array or a tuple).
 TargetsFn = Callable[[np.ndarray], "np.ndarray | Sequence[np.ndarray]"]
-# loss(tail output, *targets as tensors) -> scalar tensor.
-LossFn = Callable[..., "paddle.Tensor"]
-# optimizer_fn(trainable parameters, lr) -> optimizer.
-OptimizerFn = Callable[[list["paddle.Tensor"], float], "paddle.optimizer.Optimizer"]
+# loss(tail output, *targets as tensors) -> scalar tensor (the tail model's framework).
+LossFn = Callable[..., Any]
+# optimizer_fn(trainable parameters, lr) -> optimizer of the model's framework.
+OptimizerFn = Callable[[list[Any], float], Any]
 
 
 @dataclass(frozen=True)
@@ -137,6 +135,16 @@ class SplitJob(Placement):
     # by `nebula-mq run` (a user's own script passes the spec directly).
     head: str = ""
     tail: str = ""  # the same for the tail: a function returning a TailSpec
+    # Each side's framework, "paddle" or "torch"; "" = whichever the model is. When set, a
+    # model of the other framework is refused before anything is sent.
+    head_framework: str = ""
+    tail_framework: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        for value in (self.head_framework, self.tail_framework):
+            if value not in ("", *FRAMEWORKS):
+                raise ValueError(f"head_framework / tail_framework: one of {list(FRAMEWORKS)} or empty")
 
 
 def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
@@ -150,29 +158,23 @@ def load_split_job(settings: Settings) -> SplitJob:
     return config.build(SplitJob, dict(settings.split), settings.source or "<settings>", "split.")
 
 
-def default_optimizer(parameters: list[paddle.Tensor], lr: float) -> paddle.optimizer.Optimizer:
-    import paddle
-
-    return paddle.optimizer.Adam(learning_rate=lr, parameters=parameters)
-
-
 @dataclass(frozen=True)
 class HeadSpec:
     """What the head side of a user's split model is."""
 
-    model: paddle.nn.Layer  # called as model(*input tensors) -> activation tensor
+    model: Any  # a paddle.nn.Layer or torch.nn.Module: model(*input tensors) -> activation tensor
     inputs: InputsFn
-    optimizer_fn: OptimizerFn = default_optimizer
+    optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
 
 
 @dataclass(frozen=True)
 class TailSpec:
     """What the tail side of a user's split model is."""
 
-    model: paddle.nn.Layer  # called as model(activation) -> output tensor
+    model: Any  # a paddle.nn.Layer or torch.nn.Module: model(activation) -> output tensor
     loss: LossFn
     targets: TargetsFn
-    optimizer_fn: OptimizerFn = default_optimizer
+    optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
 
 
 def load_builder(settings: Settings, key: str) -> Callable[[Settings], Any]:

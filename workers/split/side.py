@@ -10,7 +10,8 @@ learning-rate schedule, and each flow's compression state
 restored together.
 
 **Ranks.** A side of ``R > 1`` ranks (``[split] head_ranks`` / ``tail_ranks``)
-is one gloo group (``nebula_mq.models.data_parallel``). Every step each rank
+is one group (gloo on CPUs, NCCL on GPUs, joined through the side's framework:
+``nebula_mq.models.frameworks``). Every step each rank
 all-reduces its gradients, so every rank of a side holds the same weights;
 the step's stop flags ride in the same collective, so all ranks stop at the same
 step. Checkpoints are at the same steps on every rank; a rank acks what a
@@ -25,23 +26,16 @@ from abc import abstractmethod
 from typing import Any, Literal
 
 import numpy as np
-import paddle
 
 from nebula_mq.codecs.flow import FlowCompression
 from nebula_mq.errors import CheckpointError
-from nebula_mq.models.data_parallel import DataParallelGroup, init_group
-from nebula_mq.models.device import use_device
-from nebula_mq.models.state import load_state_arrays, state_arrays
+from nebula_mq.models.frameworks import Framework, Group, framework_named
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.stepped import IDLE_POLLS_TO_STOP, SteppedWorker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import RoleWorker
 from workers.split.job import Placement, micro_batch_seed
-
-
-def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
-    return [p for p in model.parameters() if not p.stop_gradient]
 
 
 def peer_prefix(prefix: str, peer: int) -> str:
@@ -59,10 +53,11 @@ class SplitSide(SteppedWorker, RoleWorker):
     # How the side's ranks combine their gradients (workers.split.routing): the head's ranks
     # each hold a part of the global gradient (sum), the tail's a mean over equal shares.
     gradient_op: Literal["sum", "mean"]
-    model: paddle.nn.Layer
-    optimizer: paddle.optimizer.Optimizer
+    model: Any  # a paddle.nn.Layer or a torch.nn.Module: self.fw says which
+    optimizer: Any
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
+                 framework: Framework | None = None) -> None:
         head = self.side == "head"
         ids = job.head_ids() if head else job.tail_ids()
         if not 0 <= rank < len(ids):
@@ -76,10 +71,12 @@ class SplitSide(SteppedWorker, RoleWorker):
         self.in_flight = job.in_flight
         self.total = settings.job.steps
         self.act_flows, self.reply_flows = job.activation_flows(), job.reply_flows()
+        # Everything framework-specific this side does (models.frameworks); paddle unless given.
+        self.fw: Framework = framework if framework is not None else framework_named("paddle")
         override = job.head_device if head else job.tail_device
-        self.device = use_device(override or settings.job.device, rank,
-                                 f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
-        self.group: DataParallelGroup | None = None
+        self.device = self.fw.place(override or settings.job.device, rank,
+                                    f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
+        self.group: Group | None = None
         self.agreed_stop = False  # every rank of the group asked or agreed to stop at this step
 
     @abstractmethod
@@ -98,9 +95,7 @@ class SplitSide(SteppedWorker, RoleWorker):
             return
         job = self.placement
         base = job.head_gloo_port if self.side == "head" else job.tail_gloo_port
-        endpoints = [f"{job.gloo_host}:{base + 1 + r}" for r in range(self.world)]
-        self.group = init_group(self.rank, self.world, endpoints, master=f"{job.gloo_host}:{base}",
-                                timeout_s=job.group_timeout_s)
+        self.group = self.fw.join_group(self.rank, self.world, job.gloo_host, base, job.group_timeout_s)
 
     def start_step(self, steps: list[int]) -> int | None:
         if self.group is None:
@@ -141,24 +136,20 @@ class SplitSide(SteppedWorker, RoleWorker):
 
     def step_optimizer(self) -> None:
         if self.group is not None:
-            flags = self.group.allreduce_gradients(trainable(self.model), self.gradient_op,
+            flags = self.group.allreduce_gradients(self.fw.trainable(self.model), self.gradient_op,
                                                    extra=[float(self.stop_requested.is_set())])
             self.agreed_stop = bool(flags[0] > 0)
-        lr = self.learning_rate(self.step)
-        if lr is not None:
-            self.optimizer.set_lr(lr)
-        self.optimizer.step()
-        self.optimizer.clear_grad()
+        self.fw.step(self.optimizer, self.learning_rate(self.step))
 
     # ------------------------------------------------------------------ checkpoint
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays = state_arrays(self.state_prefix, self.model, self.optimizer)
+        arrays = self.fw.state_arrays(self.state_prefix, self.model, self.optimizer)
         for prefix, compression in self.compressions():
             arrays.update(compression.state_arrays(prefix))
         return arrays, {}
 
     def load(self, ck: Checkpoint) -> None:
-        load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
+        self.fw.load_state_arrays(self.state_prefix, self.model, self.optimizer, ck.arrays)
         for prefix, compression in self.compressions():
             compression.restore(ck.arrays, prefix)

@@ -21,17 +21,17 @@ from abc import abstractmethod
 from collections.abc import Mapping
 
 import numpy as np
-import paddle
 
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
-from nebula_mq.errors import DataError, MalformedMessage
+from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from workers.split.side import SplitSide, peer_prefix, trainable
+from nebula_mq.models.frameworks import Framework, framework_of
+from workers.split.side import SplitSide, peer_prefix
 from workers.split.job import Placement, SplitJob, TailSpec, load_builder, load_split_job
 
 log = get_logger(__name__)
@@ -46,8 +46,9 @@ class SplitTail(SplitSide):
     state_prefix = "tail"
     gradient_op = "mean"  # every tail rank trains on an equal share of the micro-batch
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None) -> None:
-        super().__init__(settings, job, rank, transport)
+    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
+                 framework: Framework | None = None) -> None:
+        super().__init__(settings, job, rank, transport, framework)
         self.act_flow = self.act_flows[rank]
         self.steps_flow = self.act_flow  # step s trains on the activation of micro-batch s
         # One piece per head rank makes a step (workers.split.routing).
@@ -141,23 +142,22 @@ class SplitTailWorker(SplitTail):
     def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None,
                  rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job, rank, transport)
+        super().__init__(settings, self.job, rank, transport,
+                         framework_of(spec.model, "split.tail", self.job.tail_framework))
         self.spec = spec
-        self.model = spec.model
-        self.optimizer = spec.optimizer_fn(trainable(self.model), self.job.lr)
+        self.model = self.fw.to_device(spec.model)
+        build = spec.optimizer_fn or self.fw.default_optimizer
+        self.optimizer = build(self.fw.trainable(self.model), self.job.lr)
 
     def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
                       ) -> tuple[float, np.ndarray]:
         targets = self.spec.targets(tensors["sample_ids"])
         parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
-        x = paddle.to_tensor(np.asarray(activation, dtype=np.float32), stop_gradient=False)
-        paddle.seed(self.seed("tail", mb))
-        loss = self.spec.loss(self.model(x), *(paddle.to_tensor(np.asarray(t)) for t in parts))
-        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
-            raise DataError("the tail loss must return a scalar tensor")
-        loss.backward()
-        assert x.grad is not None  # x requires a gradient and the loss depends on it
-        return float(loss), x.grad.numpy()
+        x = self.fw.tensor(np.asarray(activation, dtype=np.float32), grad=True)
+        with self.fw.seeded(self.seed("tail", mb)):
+            loss = self.spec.loss(self.model(x), *(self.fw.tensor(np.asarray(t)) for t in parts))
+        value = self.fw.loss_backward(loss, self.worker_id)
+        return value, self.fw.grad(x)
 
 
 @role("split-tail")

@@ -1,0 +1,151 @@
+"""One side's deep-learning framework behind one small interface: Paddle or PyTorch.
+
+Only numpy arrays cross between the two sides of a split model (activations one
+way, gradients the other), so the framework is each side's own choice: a head in
+Paddle can train with a tail in PyTorch. Everything framework-specific that a
+split side does goes through a :class:`Framework`: placing the model on a device,
+tensors from numpy and back, forward under a seed, backward from an incoming
+gradient or from a scalar loss, the optimizer's step, the trainable weights and
+optimizer state as named numpy arrays (checkpoints), and the side's data-parallel
+group (gloo on CPUs, NCCL on GPUs).
+
+:func:`framework_of` picks the implementation from the model itself; importing
+this package imports neither framework.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import numpy as np
+
+from nebula_mq.errors import ConfigError
+
+FRAMEWORKS = ("paddle", "torch")
+
+
+class Group(Protocol):
+    """A side's data-parallel group: every collective either completes or ends the process
+    within the group's timeout (``models.data_parallel``)."""
+
+    rank: int
+    world_size: int
+
+    def allreduce_gradients(self, params: Sequence[Any], op: str = "mean",
+                            extra: Sequence[float] = ()) -> np.ndarray:
+        """Sum (or mean) every parameter's gradient over the group; ``extra`` values are summed
+        in the same collective and returned."""
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` over the ranks."""
+
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+
+
+class Framework(Protocol):
+    """What a split side needs of its framework; tensors are the framework's own."""
+
+    name: str
+
+    def place(self, spec: str, local_rank: int, where: str) -> str:
+        """Resolve ``spec`` (cpu, gpu, gpu:N, auto) to a device of this host and compute on it;
+        a device the host lacks is a one-line ``ConfigError`` naming ``where``."""
+
+    def to_device(self, model: Any) -> Any:
+        """``model`` on the placed device (before its optimizer is built)."""
+
+    def seeded(self, seed: int) -> AbstractContextManager[object]:
+        """A block whose random draws (dropout) follow ``seed``. The framework's generator is
+        global to the process, so the block holds a process-wide lock: two sides in one process
+        (threads, a notebook) still draw what they would draw alone."""
+
+    def no_grad(self) -> AbstractContextManager[object]:
+        """A block that records no graph."""
+
+    def tensor(self, array: np.ndarray, grad: bool = False) -> Any:
+        """``array`` as a tensor on the device, its dtype kept; ``grad``: its gradient is wanted."""
+
+    def numpy(self, tensor: Any) -> np.ndarray:
+        """A tensor's values as a host array."""
+
+    def is_float_tensor(self, value: object) -> bool:
+        """Whether ``value`` is one of this framework's floating-point tensors."""
+
+    def backward(self, output: Any, grad: np.ndarray) -> None:
+        """Back-propagate ``grad`` (d loss / d output) through the graph that made ``output``."""
+
+    def loss_backward(self, loss: object, where: str) -> float:
+        """Back-propagate a scalar loss; its value. A loss that is not a scalar tensor of this
+        framework is a ``DataError`` naming ``where``."""
+
+    def grad(self, tensor: Any) -> np.ndarray:
+        """The gradient accumulated on ``tensor`` (made with ``grad=True``)."""
+
+    def trainable(self, model: Any) -> list[Any]:
+        """The parameters the optimizer updates."""
+
+    def default_optimizer(self, params: list[Any], lr: float) -> Any:
+        """Adam at ``lr``: what a side trains with unless its spec gives an optimizer."""
+
+    def step(self, optimizer: Any, lr: float | None) -> None:
+        """One optimizer update (at ``lr`` when given), then clear the gradients."""
+
+    def state_arrays(self, prefix: str, model: Any, optimizer: Any) -> dict[str, np.ndarray]:
+        """Trainable weights and optimizer state under ``prefix/param/<name>`` and
+        ``prefix/opt/<name>/<slot>``, by the parameters' structured names."""
+
+    def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
+                          arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`state_arrays` saved, bit for bit."""
+
+    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> Group:
+        """Join the side's group: its master on ``host:base_port``, rank r on ``base_port + 1 + r``."""
+
+
+def _owner(model: object) -> str | None:
+    """Which framework ``model`` belongs to, judged without importing either framework: a
+    model of a framework that was never imported cannot exist."""
+    if "paddle" in sys.modules:
+        import paddle
+
+        if isinstance(model, paddle.nn.Layer):
+            return "paddle"
+    if "torch" in sys.modules:
+        import torch
+
+        if isinstance(model, torch.nn.Module):
+            return "torch"
+    return None
+
+
+def framework_named(name: str, where: str = "framework") -> Framework:
+    """The implementation of framework ``name`` (``paddle`` or ``torch``)."""
+    if name == "paddle":
+        from nebula_mq.models.frameworks.paddle_backend import PaddleFramework
+
+        return PaddleFramework()
+    if name == "torch":
+        try:
+            from nebula_mq.models.frameworks.torch_backend import TorchFramework
+        except ImportError:
+            raise ConfigError("<settings>", where, "torch installed (pip install 'nebula-mq[torch]')",
+                              name) from None
+        return TorchFramework()
+    raise ConfigError("<settings>", where, f"one of {list(FRAMEWORKS)}", name)
+
+
+def framework_of(model: object, where: str, declared: str = "") -> Framework:
+    """The framework of ``model`` (a ``paddle.nn.Layer`` or a ``torch.nn.Module``). ``declared``
+    (``[split] head_framework``, ...) must agree with it when set. Anything else is a one-line
+    ``ConfigError`` naming ``where`` and the model's type."""
+    owner = _owner(model)
+    if owner is None:
+        raise ConfigError("<settings>", where, "a paddle.nn.Layer or a torch.nn.Module",
+                          f"{type(model).__module__}.{type(model).__qualname__}")
+    if declared and declared != owner:
+        raise ConfigError("<settings>", f"{where}_framework", f"the model's framework ({owner})", declared)
+    return framework_named(owner, where)

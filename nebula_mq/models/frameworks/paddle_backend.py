@@ -1,0 +1,86 @@
+"""The Paddle side of :mod:`nebula_mq.models.frameworks`: paddle's own device, state and group code."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import numpy as np
+import paddle
+
+from nebula_mq.errors import DataError
+from nebula_mq.models.data_parallel import DataParallelGroup, init_group
+from nebula_mq.models.device import use_device
+from nebula_mq.models.state import load_state_arrays, state_arrays
+
+
+# Held while a side draws from the framework's process-global generator (seeded()).
+_RANDOM = threading.RLock()
+
+class PaddleFramework:
+    """:class:`~nebula_mq.models.frameworks.Framework` for ``paddle.nn.Layer`` models."""
+
+    name = "paddle"
+
+    def place(self, spec: str, local_rank: int, where: str) -> str:
+        return use_device(spec, local_rank, where)
+
+    def to_device(self, model: Any) -> Any:
+        return model  # paddle builds on the device set by place(); a built layer stays where it is
+
+    @contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        with _RANDOM:
+            paddle.seed(seed)
+            yield
+
+    def no_grad(self) -> AbstractContextManager[object]:
+        return paddle.no_grad()
+
+    def tensor(self, array: np.ndarray, grad: bool = False) -> Any:
+        return paddle.to_tensor(np.asarray(array), stop_gradient=not grad)
+
+    def numpy(self, tensor: Any) -> np.ndarray:
+        return np.asarray(tensor.numpy())
+
+    def is_float_tensor(self, value: object) -> bool:
+        return isinstance(value, paddle.Tensor) and value.is_floating_point()
+
+    def backward(self, output: Any, grad: np.ndarray) -> None:
+        output.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
+
+    def loss_backward(self, loss: object, where: str) -> float:
+        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
+            shape = list(loss.shape) if isinstance(loss, paddle.Tensor) else type(loss).__name__
+            raise DataError(f"{where}: the loss must be a scalar paddle tensor, got {shape}")
+        loss.backward()
+        return float(loss)
+
+    def grad(self, tensor: Any) -> np.ndarray:
+        assert tensor.grad is not None  # made with grad=True, and the loss depends on it
+        return np.asarray(tensor.grad.numpy())
+
+    def trainable(self, model: Any) -> list[Any]:
+        return [p for p in model.parameters() if not p.stop_gradient]
+
+    def default_optimizer(self, params: list[Any], lr: float) -> Any:
+        return paddle.optimizer.Adam(learning_rate=lr, parameters=params)
+
+    def step(self, optimizer: Any, lr: float | None) -> None:
+        if lr is not None:
+            optimizer.set_lr(lr)
+        optimizer.step()
+        optimizer.clear_grad()
+
+    def state_arrays(self, prefix: str, model: Any, optimizer: Any) -> dict[str, np.ndarray]:
+        return state_arrays(prefix, model, optimizer)
+
+    def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
+                          arrays: Mapping[str, np.ndarray]) -> None:
+        load_state_arrays(prefix, model, optimizer, arrays)
+
+    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> DataParallelGroup:
+        endpoints = [f"{host}:{base_port + 1 + r}" for r in range(world)]
+        return init_group(rank, world, endpoints, master=f"{host}:{base_port}", timeout_s=timeout_s)

@@ -1,0 +1,203 @@
+"""The PyTorch side of :mod:`nebula_mq.models.frameworks`.
+
+Exactly-once replay asks that a resumed side recompute what a clean run computed,
+bit for bit: deterministic algorithms are switched on (CPU kernels are; on CUDA
+cuBLAS needs its fixed workspace, set before the first product), dropout is
+seeded per micro-batch, and the optimizer's state (Adam's step count included)
+is saved and restored as exact arrays.
+
+The group is ``torch.distributed``: gloo on the CPU, NCCL on GPUs, its store on
+the side's master port. Every collective runs under the same deadline as
+paddle's groups (``models.data_parallel.deadline``): a rank that is gone ends its
+peers within the group's timeout, and the launcher restarts the group from its
+last common checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from nebula_mq.errors import CheckpointError, ConfigError, DataError, WorkerError
+from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
+from nebula_mq.settings import DEVICE_PATTERN
+
+
+# Held while a side draws from the framework's process-global generator (seeded()).
+_RANDOM = threading.RLock()
+
+def resolve_device(spec: str, local_rank: int, where: str) -> str:
+    """The torch device for ``spec`` on rank ``local_rank`` of this host."""
+    if not DEVICE_PATTERN.match(spec):
+        raise ConfigError("<settings>", where, "cpu, gpu, gpu:N or auto", spec)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if spec == "cpu" or (spec == "auto" and gpus == 0):
+        return "cpu"
+    if gpus == 0:
+        raise ConfigError("<settings>", where, "a device this machine has (torch sees no GPU)", spec)
+    if spec in ("gpu", "auto"):
+        return f"cuda:{local_rank % gpus}"
+    index = int(spec.split(":", 1)[1])
+    if index >= gpus:
+        raise ConfigError("<settings>", where, f"a GPU index below {gpus}", spec)
+    return f"cuda:{index}"
+
+
+class TorchGroup:
+    """A joined ``torch.distributed`` process group (one per process)."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+
+    def _run(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            with deadline(what, self.rank, self.timeout_s):
+                fn(*args, **kwargs)
+        except (RuntimeError, OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerError(f"{what} failed on rank {self.rank}: {first}") from None
+
+    def allreduce_gradients(self, params: Sequence[Any], op: str = "mean",
+                            extra: Sequence[float] = ()) -> np.ndarray:
+        params = list(params)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        device = params[0].device if params else torch.device("cpu")
+        flat = torch.cat([g.reshape(-1).float() for g in grads]
+                         + [torch.as_tensor(np.asarray(extra, np.float32), device=device)])
+        self._run("gradient all-reduce", dist.all_reduce, flat)
+        riders = flat[flat.numel() - len(extra):].cpu().numpy() if extra else np.zeros(0, np.float32)
+        if op == "mean":
+            flat = flat / float(self.world_size)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset:offset + n].reshape(p.shape).to(p.dtype).clone()
+            offset += n
+        return np.asarray(riders)
+
+    def min_int(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        self._run("checkpoint agreement", dist.all_reduce, t, op=dist.ReduceOp.MIN)
+        return int(t.cpu()[0])
+
+    def barrier(self) -> None:
+        self._run("barrier", dist.barrier)
+
+
+class TorchFramework:
+    """:class:`~nebula_mq.models.frameworks.Framework` for ``torch.nn.Module`` models."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+
+    def place(self, spec: str, local_rank: int, where: str) -> str:
+        device = resolve_device(spec, local_rank, where)
+        if device.startswith("cuda"):
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+            torch.cuda.set_device(device)
+        torch.use_deterministic_algorithms(True)
+        self.device = torch.device(device)
+        return device
+
+    def to_device(self, model: Any) -> Any:
+        return model.to(self.device)
+
+    @contextmanager
+    def seeded(self, seed: int) -> Iterator[None]:
+        with _RANDOM:
+            torch.manual_seed(seed)  # every device's generator
+            yield
+
+    def no_grad(self) -> AbstractContextManager[object]:
+        return torch.no_grad()
+
+    def tensor(self, array: np.ndarray, grad: bool = False) -> Any:
+        t = torch.from_numpy(np.array(array, copy=True, order="C")).to(self.device)
+        return t.requires_grad_(True) if grad else t
+
+    def numpy(self, tensor: Any) -> np.ndarray:
+        return np.asarray(tensor.detach().cpu().numpy())
+
+    def is_float_tensor(self, value: object) -> bool:
+        return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+    def backward(self, output: Any, grad: np.ndarray) -> None:
+        output.backward(torch.from_numpy(np.asarray(grad, dtype=np.float32)).to(output.device, output.dtype))
+
+    def loss_backward(self, loss: object, where: str) -> float:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise DataError(f"{where}: the loss must be a scalar torch tensor, got {shape}")
+        loss.backward()
+        return float(loss.detach())
+
+    def grad(self, tensor: Any) -> np.ndarray:
+        assert tensor.grad is not None  # made with grad=True, and the loss depends on it
+        return self.numpy(tensor.grad)
+
+    def trainable(self, model: Any) -> list[Any]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def default_optimizer(self, params: list[Any], lr: float) -> Any:
+        return torch.optim.Adam(params, lr=lr)
+
+    def step(self, optimizer: Any, lr: float | None) -> None:
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def state_arrays(self, prefix: str, model: Any, optimizer: Any) -> dict[str, np.ndarray]:
+        named = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        out = {f"{prefix}/param/{name}": self.numpy(p) for name, p in named.items()}
+        for name, p in named.items():
+            for slot, value in optimizer.state.get(p, {}).items():
+                array = self.numpy(value) if isinstance(value, torch.Tensor) else np.asarray(value)
+                out[f"{prefix}/opt/{name}/{slot}"] = array
+        return out
+
+    def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
+                          arrays: Mapping[str, np.ndarray]) -> None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
+                key = f"{prefix}/param/{name}"
+                if key not in arrays:
+                    raise CheckpointError(f"checkpoint lacks {key}")
+                if tuple(arrays[key].shape) != tuple(p.shape):
+                    raise CheckpointError(f"{key}: shape {arrays[key].shape} != model {tuple(p.shape)}")
+                p.copy_(torch.from_numpy(np.array(arrays[key])))
+                slots = {k[len(f"{prefix}/opt/{name}/"):]: v for k, v in arrays.items()
+                         if k.startswith(f"{prefix}/opt/{name}/")}
+                if slots:
+                    # Adam keeps its step count on the host, its moments beside the parameter.
+                    optimizer.state[p] = {slot: torch.from_numpy(np.array(v)).to(
+                        "cpu" if slot == "step" else p.device) for slot, v in slots.items()}
+
+    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> TorchGroup:
+        if world < 1 or not 0 <= rank < world:
+            raise WorkerError(f"rank {rank} outside a group of {world}")
+        warn_ephemeral_ports([f"{host}:{base_port}"])
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        try:
+            with deadline("group rendezvous", rank, timeout_s):
+                dist.init_process_group(backend, init_method=f"tcp://{host}:{base_port}", rank=rank,
+                                        world_size=world, timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise WorkerError(f"cannot join the {backend} group as rank {rank}/{world} via "
+                              f"{host}:{base_port}: {str(exc).strip().splitlines()[0]}") from None
+        return TorchGroup(rank, world, timeout_s)
