@@ -1,31 +1,17 @@
-"""A small MLP cut in two, on a synthetic regression task (y = sin(x @ w) + noise, var ~0.43).
+"""A small Paddle MLP cut in two, on the example's regression task (mlp_data.py).
 
 Cluster S holds the features and the bottom layers, cluster T the labels and the
-top layers; they agree on micro-batch ``i`` through a seeded schedule, and the
-activation carries the sample ids so T can find its labels.
+top layers. mlp_torch.py is the same model in PyTorch; either side can be either.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import paddle
 from paddle import nn
 
-SAMPLES, FEATURES, HIDDEN, BATCH = 512, 16, 32, 32
+from mlp_data import BATCH, FEATURES, HIDDEN, SAMPLES, batch_ids, dataset
 
-
-def dataset(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(SAMPLES, FEATURES)).astype(np.float32)
-    w = rng.normal(size=(FEATURES, 1)) / np.sqrt(FEATURES)
-    y = np.sin(x @ w) + 0.05 * rng.normal(size=(SAMPLES, 1))
-    return x, y.astype(np.float32)
-
-
-def batch_ids(mb: int, seed: int = 0) -> np.ndarray:
-    """Sample ids of micro-batch ``mb``: a fresh permutation per epoch, same on both sides."""
-    epoch, k = divmod(mb, SAMPLES // BATCH)
-    return np.random.default_rng([seed, epoch]).permutation(SAMPLES)[k * BATCH:(k + 1) * BATCH].astype(np.int64)
+__all__ = ["BATCH", "SAMPLES", "batch_ids", "bottom", "build_head", "build_tail", "dataset", "top"]
 
 
 def bottom(seed: int = 0) -> nn.Layer:
