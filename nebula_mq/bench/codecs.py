@@ -37,7 +37,7 @@ LOWRANK_FRACTIONS = [0.1, 0.3, 0.6]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", action="store_true",
                         help="also time torch's casts, quantize_per_channel and PowerSGD's math on the same tensors "
-                             "(pip install -e '.[peers]')")
+                             "(pip install -e '.[torch]')")
 
 
 def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
