@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nebula_mq.errors import ConfigError, NebulaError
+from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.metrics import MetricsHook
+from nebula_mq.runtime.sampler import QueueSampler
 from nebula_mq.runtime.signals import StopFlag, install_stop_handlers
 from nebula_mq.runtime.tracking import tensorboard_hook
 from nebula_mq.settings import Settings
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# How often a worker samples the depth of the queues it reads (seconds).
-QUEUE_SAMPLE_S = 10.0
 # How often a worker logs a progress line (step, rate, ETA, values), in seconds.
 PROGRESS_LOG_S = 30.0
 
@@ -101,8 +100,12 @@ class Worker(ABC):
         self.open_outboxes: list[Outbox] = []  # each registers itself; commit flushes them
         # Queues this worker reads (its inboxes register them), sampled into the metrics.
         self.watched_queues: set[str] = set()
-        self._queues_sampled = 0.0
         self._dead_letter_alarm = False
+        # Samples them (and the dead-letter queue) on its own thread while `main` runs.
+        self.sampler = QueueSampler(
+            self.transport.queue_probe(), lambda: frozenset(self.watched_queues),
+            self.transport.dead_letter_queue, self.hooks, run_dir / "queues" / f"{worker_id}.jsonl",
+            self.check_dead_letters, name=f"queue-sampler-{worker_id}")
         self._progress_logged: tuple[float, int] | None = None  # (time, step) of the last line
         self.step = 0
         self.values: dict[str, float] = {}
@@ -117,18 +120,21 @@ class Worker(ABC):
         install_stop_handlers(self.stop_requested)
 
     def main(self) -> int:
-        """Run the role to completion (or to a stop request) with the transport open."""
+        """Run the role to completion (or to a stop request) with the transport open, its
+        queues sampled on the sampler's thread (``runtime.sampler``) meanwhile."""
         self.write_status("starting")
         with self.transport:
+            self.sampler.start()
             try:
                 code = self.run()
-                self.sample_queues(final=True)  # the queues as the worker leaves them
+                self.sampler.stop(final=True)  # after one last sample: the queues as the worker leaves them
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
             except BaseException:
                 self.write_status("failed")
                 raise
             finally:
+                self.sampler.stop()  # (a failed run) bounded, like the final stop above; then a no-op
                 self.hooks.close()
         self.write_status("finished" if code == 0 and not self.stop_requested.is_set()
                           else "stopped")
@@ -169,7 +175,7 @@ class Worker(ABC):
     def record_step(self, values: Mapping[str, float]) -> None:
         self.values = {k: float(v) for k, v in values.items()}
         self.history.append({"step": float(self.step), "time": time.time(), **self.values})
-        self.sample_queues()
+        self.sampler.tick()  # samples here only for a worker driven without `main`
         self.log_progress()
         self.hooks.on_step(self.step, self.values)
         self.write_status("running")
@@ -191,39 +197,10 @@ class Worker(ABC):
         log.info("progress", step=self.step, total=total, steps_per_s=round(rate, 3), eta_s=eta,
                  **{k: round(v, 5) for k, v in self.values.items()})
 
-    def sample_queues(self, final: bool = False) -> None:
-        """The depth of the queues this worker reads (and of its dead-letter queue), at most
-        every :data:`QUEUE_SAMPLE_S` seconds and once more as it leaves (``final``): one passive
-        declare each on the local broker, and their size in bytes from the management API when
-        the broker settings name one. A queue younger than the broker's statistics interval has
-        no size yet; the final sample gives even a short job one that has."""
-        now = time.monotonic()
-        if not final and now - self._queues_sampled < QUEUE_SAMPLE_S:
-            return
-        self._queues_sampled = now
-        rows = []
-        for queue in sorted(self.watched_queues | {self.transport.dead_letter_queue}):
-            try:
-                depth = self.transport.queue_depth(queue)
-                size = self.transport.queue_bytes(queue) if depth is not None else None
-            except NebulaError as exc:  # a broker hiccup costs a sample, never a step
-                log.warning("queue_sample_failed", queue=queue, error=str(exc))
-                return
-            if depth is not None:
-                self.hooks.on_queue_depth(queue, depth, size)
-                row = {"time": time.time(), "queue": queue, "messages": depth}
-                rows.append(row if size is None else {**row, "bytes": size})
-                if queue == self.transport.dead_letter_queue:
-                    self.check_dead_letters(depth)
-        # Over time, for the report's backpressure plot (the gauges only hold the latest).
-        path = self.settings.run_dir / "queues" / f"{self.worker_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as fh:
-            fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-
     def check_dead_letters(self, depth: int) -> None:
         """Raise the alarm when the dead-letter queue passes ``[transport] dead_letter_alarm``
-        (once per crossing), and lower it when someone has drained it."""
+        (once per crossing), and lower it when someone has drained it. The sampler calls it with
+        each sample's depth of the dead-letter queue."""
         bound = self.settings.transport.dead_letter_alarm
         alarm = depth > bound
         if alarm and not self._dead_letter_alarm:

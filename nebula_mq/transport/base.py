@@ -31,6 +31,8 @@ from typing import Any, Literal
 from nebula_mq import topology
 from nebula_mq.errors import TransportError
 
+from .probe import QueueProbe, ReadThroughProbe
+
 Side = Literal["producer", "consumer"]
 
 # Headers a dead-lettered message carries, next to its original headers.
@@ -229,6 +231,12 @@ class Transport(abc.ABC):
         """Bytes of the ready messages in a queue of the local broker; None when the broker
         cannot say (no management API) or the queue does not exist."""
         return None
+
+    def queue_probe(self) -> QueueProbe:
+        """A probe for a thread that samples queue depths (``probe`` module). This one reads
+        through ``queue_depth`` and ``queue_bytes``, for in-process transports; a transport that
+        talks to a broker gives a probe that owns its own connection."""
+        return ReadThroughProbe(self)
 
     @abc.abstractmethod
     def delete_queue(self, queue: str) -> None: ...

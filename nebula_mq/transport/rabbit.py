@@ -52,6 +52,7 @@ from .management import ManagementClient
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
 from .publisher import RabbitPublisher
+from .rabbit_probe import RabbitQueueProbe
 from .routing import Routes
 
 log = structlog.get_logger(__name__)
@@ -128,6 +129,8 @@ class RabbitTransport(base.Transport):
         )
 
     def queue_depth(self, queue: str) -> int | None:
+        """On a connection of its own, for occasional checks; sampling uses ``queue_probe``."""
+
         def passive(channel: BlockingChannel) -> int | None:
             try:
                 return int(channel.queue_declare(queue, passive=True).method.message_count)
@@ -145,6 +148,11 @@ class RabbitTransport(base.Transport):
             self._management = ManagementClient(self.broker)
         stats = self._management.queue(queue)
         return None if stats is None else stats.message_bytes_ready
+
+    def queue_probe(self) -> RabbitQueueProbe:
+        """One long-lived connection for a sampling thread, instead of ``queue_depth``'s
+        connection per call (opened by the probe's first call, on that thread)."""
+        return RabbitQueueProbe(self.broker, self._name("probe"))
 
     def delete_queue(self, queue: str) -> None:
         self._with_channel(f"delete queue {queue!r}", lambda ch: ch.queue_delete(queue))

@@ -1,0 +1,181 @@
+"""A worker's queue sampler: the depth of the queues it reads, taken on a thread of its own.
+
+At the worker's first step (its inboxes are open by then), and every :data:`QUEUE_SAMPLE_S`
+seconds after, the sampler thread reads from the local broker the ready messages of each queue
+the worker reads and of the job's dead-letter queue, and their size in bytes where the broker
+has a management API. It reads through the transport's queue probe (``Transport.queue_probe``;
+for RabbitMQ: one long-lived connection of the sampler thread's own for the passive declares,
+and one HTTPS request per queue). Each sample
+
+* sets the queue gauges (``Hook.on_queue_depth``, called on the sampler thread);
+* appends a JSON line per queue to ``<run_dir>/queues/<worker>.jsonl``, for the report's
+  backpressure plot (the gauges only hold the latest);
+* raises or lowers the dead-letter alarm (``Worker.check_dead_letters``).
+
+The training thread never waits for the broker on the sampler's account. A sample that fails,
+whatever the cause, logs ``queue_sample_failed`` and is skipped; sampling goes on.
+
+Lifecycle (``Worker.main``): :meth:`QueueSampler.start` once the transport is open;
+``stop(final=True)`` as the worker leaves: the thread takes one last sample (a queue younger
+than the broker's statistics interval has no size yet, and the final sample gives even a short
+job one that has), closes the probe and ends; ``stop`` waits for that at most
+:data:`STOP_WAIT_S` seconds. A sampler whose thread never started (a worker driven step by
+step without ``main``, as unit tests do) samples on the stepping thread in
+:meth:`QueueSampler.tick`, at most every QUEUE_SAMPLE_S seconds.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.errors import NebulaError
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.logs import get_logger
+from nebula_mq.transport.probe import QueueProbe
+
+log = get_logger(__name__)
+
+# How often a worker samples the depth of the queues it reads (seconds).
+QUEUE_SAMPLE_S = 10.0
+# How long stopping waits for the sampler thread and its final sample (seconds). A thread
+# still busy then (a broker that does not answer) is left to end on its own: it is a daemon.
+STOP_WAIT_S = 10.0
+
+
+class QueueSampler:
+    """Samples one worker's queues; see the module docstring."""
+
+    def __init__(
+        self,
+        probe: QueueProbe,
+        queues: Callable[[], Iterable[str]],
+        dead_letter_queue: str,
+        hooks: Hook,
+        rows: Path,
+        on_dead_letters: Callable[[int], None],
+        name: str = "queue-sampler",
+    ) -> None:
+        """``queues``: the queues the worker reads now (called from the sampler thread, so it
+        must return a copy); ``rows``: the JSON-lines file; ``on_dead_letters``: called with the
+        dead-letter queue's depth at each sample; ``name``: the thread's name."""
+        self.probe = probe
+        self._queues = queues
+        self.dead_letter_queue = dead_letter_queue
+        self._hooks = hooks
+        self.rows = rows
+        self._on_dead_letters = on_dead_letters
+        self.name = name
+        self.thread: threading.Thread | None = None
+        self._wake = threading.Event()  # set by the first tick and by stop
+        self._stepped = False  # tick was called
+        self._stopping = False  # stop was called; the thread leaves its loop
+        self._final = False  # stop asked for a last sample
+        self._stopped = False
+        self._ticked: float | None = None  # when tick last sampled (monotonic)
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def start(self) -> None:
+        """Sample on a daemon thread from the first :meth:`tick` on, every
+        :data:`QUEUE_SAMPLE_S` seconds, until :meth:`stop`. Once per sampler."""
+        if self.thread is not None or self._stopped:
+            return
+        context = contextvars.copy_context()  # the worker's log fields (job, role, worker)
+        self.thread = threading.Thread(target=context.run, args=(self._run,), name=self.name, daemon=True)
+        self.thread.start()
+
+    def tick(self) -> None:
+        """At each step. With a sampler thread, the first tick wakes it for its first sample
+        (and later ones do nothing): the caller never waits for the broker. A sampler without
+        a thread samples here, on the caller's thread, when the last sample is
+        :data:`QUEUE_SAMPLE_S` seconds old (or there is none). Nothing once stopped."""
+        if self._stopped:
+            return
+        if self.thread is not None:
+            if not self._stepped:
+                self._stepped = True
+                self._wake.set()
+            return
+        now = time.monotonic()
+        if self._ticked is not None and now - self._ticked < QUEUE_SAMPLE_S:
+            return
+        self._ticked = now
+        self.sample()
+
+    def stop(self, final: bool = False, timeout: float | None = None) -> bool:
+        """Stop sampling, after one last sample when ``final``, and close the probe (on the
+        thread that used it). Waits for the thread at most ``timeout`` seconds (default
+        :data:`STOP_WAIT_S`); returns whether it has ended. Only the first call does anything."""
+        if self._stopped:
+            return not self.running
+        self._stopped = True
+        if self.thread is None:
+            if final:
+                self.sample()
+            self._close_probe()
+            return True
+        self._final = final
+        self._stopping = True  # before the wake-up: the thread reads it once awake
+        self._wake.set()
+        wait = STOP_WAIT_S if timeout is None else timeout
+        self.thread.join(wait)
+        if self.thread.is_alive():
+            log.warning("queue_sampler_stuck", waited_s=wait, final=final,
+                        hint="the broker did not answer; the sampler thread ends on its own")
+            return False
+        return True
+
+    def sample(self) -> bool:
+        """Take one sample now, on the calling thread. Returns False when it failed: that is
+        logged (``queue_sample_failed``), never raised."""
+        queue: str | None = None
+        try:
+            rows: list[dict[str, Any]] = []
+            for queue in sorted({*self._queues(), self.dead_letter_queue}):
+                depth = self.probe.queue_depth(queue)
+                if depth is None:  # no such queue (yet)
+                    continue
+                size = self.probe.queue_bytes(queue)
+                self._hooks.on_queue_depth(queue, depth, size)
+                row = {"time": time.time(), "queue": queue, "messages": depth}
+                rows.append(row if size is None else {**row, "bytes": size})
+                if queue == self.dead_letter_queue:
+                    self._on_dead_letters(depth)
+            queue = None
+            self.rows.parent.mkdir(parents=True, exist_ok=True)
+            with self.rows.open("a") as fh:
+                fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+        except NebulaError as exc:  # a broker hiccup costs a sample, never a step
+            log.warning("queue_sample_failed", queue=queue, error=str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - nor does anything else (a full disk, a bug)
+            log.warning("queue_sample_failed", queue=queue, error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            return False
+        return True
+
+    def _run(self) -> None:
+        try:
+            self._wake.wait()  # the first step, or stop
+            while not self._stopping:
+                self.sample()
+                self._wake.clear()
+                if not self._stopping:  # (stop may have come during the sample)
+                    self._wake.wait(QUEUE_SAMPLE_S)
+            if self._final:
+                self.sample()
+        finally:
+            self._close_probe()
+
+    def _close_probe(self) -> None:
+        try:
+            self.probe.close()
+        except Exception as exc:  # noqa: BLE001 - closing is best effort
+            log.warning("queue_probe_close_failed", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,190 @@
+"""The queue sampler runs on its own thread: a slow or failing broker costs samples, never steps."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from nebula_mq.errors import TransportError
+from nebula_mq.runtime import sampler
+from nebula_mq.settings import JobSettings, Settings, TransportSettings
+from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from nebula_mq.transport.probe import ReadThroughProbe
+from tests.fixtures.channels import FLOW, Bare
+
+STEPS = 20
+
+
+class ScriptedProbe(ReadThroughProbe):
+    """Reads the in-memory broker, but its ``n``-th call to ``queue_depth`` (from 1) first does
+    what ``script`` maps ``n`` to: sleep, block, raise."""
+
+    def __init__(self, transport: MemoryTransport, script: dict[int, Callable[[], None]]) -> None:
+        super().__init__(transport)
+        self.script = script
+        self.calls = 0
+        self.entered = threading.Event()  # a scripted call has begun
+        self.answering = threading.Event()  # a scripted call is under way
+
+    def queue_depth(self, queue: str) -> int | None:
+        self._check()  # the probe's thread rule, as pika's
+        self.calls += 1
+        action = self.script.get(self.calls)
+        if action is not None:
+            self.answering.set()
+            self.entered.set()
+            try:
+                action()
+            finally:
+                self.answering.clear()
+        return super().queue_depth(queue)
+
+
+class ProbedTransport(MemoryTransport):
+    def __init__(self, broker: MemoryBroker, settings: TransportSettings, script: dict[int, Callable[[], None]]):
+        super().__init__(broker, settings, "chan", "t")
+        self.probe = ScriptedProbe(self, script)
+
+    def queue_probe(self) -> ScriptedProbe:
+        return self.probe
+
+
+class Stepping(Bare):
+    """Runs ``body`` as its loop."""
+
+    body: Callable[[Stepping], int]
+
+    def run(self) -> int:
+        return self.body(self)
+
+
+def probe(w: Stepping) -> ScriptedProbe:
+    assert isinstance(w.sampler.probe, ScriptedProbe)
+    return w.sampler.probe
+
+
+def worker(tmp: Path, script: dict[int, Callable[[], None]], body: Callable[[Stepping], int]) -> Stepping:
+    """A worker on cluster t that reads FLOW's queue, which holds three 100-byte messages."""
+    settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp)), transport=TransportSettings(publish_patience_s=5.0))
+    transport = ProbedTransport(MemoryBroker(), settings.transport, script)
+    w = Stepping(settings, "t", "dec-0", transport)
+    w.body = body
+    queue = transport.declare_flow(FLOW, "consumer")
+    transport.declare_dead_letter_queue()
+    with transport.publisher() as pub:
+        for i in range(3):
+            pub.publish(queue, bytes(100), f"m{i}")
+    w.watched_queues.add(queue)
+    return w
+
+
+def record_steps(w: Stepping) -> float:
+    """Seconds that recording STEPS steps took."""
+    started = time.monotonic()
+    for step in range(1, STEPS + 1):
+        w.step = step
+        w.record_step({"loss": 1.0 / step})
+    return time.monotonic() - started
+
+
+def rows(w: Stepping) -> list[dict[str, float]]:
+    path = w.settings.run_dir / "queues" / "dec-0.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_slow_broker_delays_no_step_and_the_sampler_writes_its_rows_afterwards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampler, "QUEUE_SAMPLE_S", 0.01)
+    took: list[float] = []
+    overlapped: list[bool] = []
+
+    def body(w: Stepping) -> int:
+        w.record_step({"loss": 1.0})  # the sampler's first sample comes at the first step
+        assert probe(w).entered.wait(5), "the sampler never sampled"
+        took.append(record_steps(w))
+        overlapped.append(probe(w).answering.is_set())
+        return 0
+
+    w = worker(tmp_path, {1: lambda: time.sleep(2.0)}, body)  # the broker takes 2 s to answer once
+    with capture_logs() as logs:
+        assert w.main() == 0
+    assert took[0] < 0.5 and overlapped == [True]  # the steps ran while the sampler waited
+    assert not [e for e in logs if e["log_level"] == "warning"]  # and no thread broke the probe's rule
+    assert w.sampler.thread is not None and not w.sampler.thread.is_alive()  # joined as main left
+    assert probe(w).closed and probe(w).owner is w.sampler.thread  # one thread read the broker: the sampler's
+    queue = w.transport.queue_for(FLOW)
+    last = {row["queue"]: row for row in rows(w)}  # the final sample's rows are the last ones
+    assert last[queue]["messages"] == 3 and last[queue]["bytes"] == 300
+    assert last[w.transport.dead_letter_queue]["messages"] == 0
+    assert w.metrics.of(w.metrics.queue_messages, queue)._value.get() == 3.0
+
+
+def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampler, "QUEUE_SAMPLE_S", 0.01)
+    monkeypatch.setattr(sampler, "STOP_WAIT_S", 0.3)
+    release = threading.Event()
+
+    def body(w: Stepping) -> int:
+        w.record_step({"loss": 1.0})
+        assert probe(w).entered.wait(5)
+        return 0
+
+    w = worker(tmp_path, {1: lambda: release.wait(30)}, body)  # a broker that never answers
+    try:
+        started = time.monotonic()
+        with capture_logs() as logs:
+            assert w.main() == 0
+        assert time.monotonic() - started < 2.0
+        assert [e for e in logs if e["event"] == "queue_sampler_stuck"]
+        assert json.loads((tmp_path / "status" / "dec-0.json").read_text())["state"] == "finished"
+    finally:
+        release.set()
+    thread = w.sampler.thread
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and probe(w).closed
+
+
+def test_failed_samples_are_logged_and_never_reach_training(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sampler, "QUEUE_SAMPLE_S", 0.01)
+
+    def broker_error() -> None:
+        raise TransportError("inspect queue: connection lost")
+
+    def bug() -> None:
+        raise RuntimeError("a bug in the probe")
+
+    def body(w: Stepping) -> int:
+        deadline = time.monotonic() + 10
+        while probe(w).calls < 6:
+            assert time.monotonic() < deadline, "the sampler stopped sampling after a failure"
+            record_steps(w)
+        return 0
+
+    w = worker(tmp_path, {1: broker_error, 2: bug}, body)
+    with capture_logs() as logs:
+        assert w.main() == 0
+    failed = [e for e in logs if e["event"] == "queue_sample_failed"]
+    assert [e["error"] for e in failed] == ["inspect queue: connection lost", "RuntimeError: a bug in the probe"]
+    assert rows(w)  # and sampling went on
+
+
+def test_a_worker_stepped_without_main_samples_on_its_own_thread_and_survives_failures(tmp_path: Path) -> None:
+    def broker_error() -> None:
+        raise TransportError("management API: HTTP 503")
+
+    w = worker(tmp_path, {1: broker_error}, lambda _: 0)
+    with capture_logs() as logs:
+        record_steps(w)  # the first step's sample fails; the next is due QUEUE_SAMPLE_S later
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["queue_sample_failed"]
+    assert w.sampler.thread is None and rows(w) == []
+    w.sampler.stop(final=True)  # a last sample, on this thread
+    assert {row["queue"] for row in rows(w)} == {w.transport.queue_for(FLOW), w.transport.dead_letter_queue}
+    assert probe(w).closed
