@@ -14,14 +14,15 @@ from torch import nn
 from mlp_data import FEATURES, HIDDEN, batch_ids, dataset
 
 
-def bottom(seed: int = 0) -> nn.Module:
+def bottom(seed: int = 0, dropout: float = 0.1) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(0.1), nn.Linear(HIDDEN, HIDDEN), nn.ReLU())
+    return nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Dropout(dropout), nn.Linear(HIDDEN, HIDDEN),
+                         nn.ReLU())
 
 
-def top(seed: int = 1) -> nn.Module:
+def top(seed: int = 1, dropout: float = 0.1) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Dropout(0.1), nn.Linear(HIDDEN, 1))
+    return nn.Sequential(nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Dropout(dropout), nn.Linear(HIDDEN, 1))
 
 
 def batch(mb: int) -> tuple[np.ndarray, np.ndarray]:
@@ -33,15 +34,15 @@ def batch(mb: int) -> tuple[np.ndarray, np.ndarray]:
 
 # ---- builders named in the job files, for `nebula-mq run` ----------------------------------
 
-def build_head(settings: object) -> object:
+def build_head(settings: object, dropout: float = 0.1) -> object:
     from workers.split import HeadSpec
 
     x, _ = dataset()  # S uses only the features
-    return HeadSpec(model=bottom(), inputs=lambda mb: (ids := batch_ids(mb), x[ids]))
+    return HeadSpec(model=bottom(dropout=dropout), inputs=lambda mb: (ids := batch_ids(mb), x[ids]))
 
 
-def build_tail(settings: object) -> object:
+def build_tail(settings: object, dropout: float = 0.1) -> object:
     from workers.split import TailSpec
 
     _, y = dataset()  # T uses only the labels
-    return TailSpec(model=top(), loss=nn.functional.mse_loss, targets=lambda ids: y[ids])
+    return TailSpec(model=top(dropout=dropout), loss=nn.functional.mse_loss, targets=lambda ids: y[ids])

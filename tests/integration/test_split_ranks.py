@@ -35,8 +35,8 @@ forward = "none"
 backward = "none"
 
 [split]
-head = "mlp:build_head"
-tail = "mlp:build_tail"
+head = "{module}:build_head"
+tail = "{module}:build_tail"
 head_cluster = "cluster-a"
 tail_cluster = "cluster-b"
 in_flight = 1
@@ -72,17 +72,35 @@ def model_arrays(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
     return {k: v for k, v in arrays.items() if "/param/" in k or "/opt/" in k}
 
 
-def test_2x2_ranks_train_the_1x1_model_with_identical_ranks(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+# The torch example's MLP without dropout: a rank other than 0 draws its own dropout masks, so
+# only a model without dropout trains exactly the 1 x 1 model on ranks.
+TORCH_EXACT = """
+from mlp_torch import build_head as _head, build_tail as _tail
+
+def build_head(settings):
+    return _head(settings, dropout=0.0)
+
+def build_tail(settings):
+    return _tail(settings, dropout=0.0)
+"""
+
+
+@pytest.mark.parametrize("module", ["mlp", "torch_exact"], ids=["paddle", "torch"])
+def test_2x2_ranks_train_the_1x1_model_with_identical_ranks(  # type: ignore[no-untyped-def]
+        stack, tmp_path: Path, module: str) -> None:
     """The same global batch, in_flight 1, no compression: 2 x 2 ranks end where one head and
-    one tail end (to float tolerance), and the ranks of a side hold the same weights."""
-    shutil.copy(SPLIT_EXAMPLE / "mlp.py", tmp_path)  # the user's model, next to their job file
+    one tail end (to float tolerance), and the ranks of a side hold the same weights (paddle
+    groups, or torch.distributed groups for the torch model)."""
+    for name in ("mlp.py", "mlp_torch.py", "mlp_data.py"):  # the user's model, next to their job file
+        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
+    (tmp_path / "torch_exact.py").write_text(TORCH_EXACT)
     runs = {}
     for heads, tails in ((1, 1), (2, 2)):
         name = f"split{heads}x{tails}"
         config = tmp_path / f"{name}.toml"
         port = free_port_range(8)
         config.write_text(SPLIT_JOB.format(job_id=f"ranks-{name}", steps=20, run_dir=tmp_path / name, heads=heads,
-                                           tails=tails, head_port=port, tail_port=port + 4))
+                                           tails=tails, head_port=port, tail_port=port + 4, module=module))
         run_to_end(config, stack.run_dir)
         runs[(heads, tails)] = tmp_path / name
     one, four = runs[(1, 1)], runs[(2, 2)]

@@ -48,7 +48,8 @@ def test_a_striped_job_under_wan_cuts_and_a_restart_ends_bit_identical_to_one_qu
     """Order is restored and exactly-once holds with the flow spread over three links: the
     striped run under faults, the striped clean run and a one-queue clean run end with the same
     checkpoints, bit for bit."""
-    shutil.copy(SPLIT_EXAMPLE / "mlp.py", tmp_path)  # the user's model, next to their job file
+    for name in ("mlp.py", "mlp_data.py"):  # the user's model, next to their job file
+        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
     striped = tmp_path / "striped.toml"
     striped.write_text(JOB.format(job_id="stripes", run_dir=tmp_path / "striped", stripes=3))
     # A step takes milliseconds: faults far apart, so each lands before the job outruns it.

@@ -46,7 +46,7 @@ def test_show_prints_the_file_the_overrides_and_every_default_as_toml(
     assert json.loads(capsys.readouterr().out)["transport"]["prefetch"] == 4
 
 
-@pytest.mark.parametrize("job", sorted((ROOT / "config").glob("*.toml")) + [ROOT / "examples" / "split_mlp" / "job.toml"],
+@pytest.mark.parametrize("job", sorted((ROOT / "config").glob("*.toml")) + sorted((ROOT / "examples" / "split_mlp").glob("job*.toml")),
                          ids=lambda p: p.name)
 def test_show_reads_every_shipped_job_file_back_as_toml(job: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "show", str(job)]) == 0
