@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import paddle
 
-from nebula_mq.errors import ConfigError
-from nebula_mq.settings import DEVICE_PATTERN
+from nebula_mq.models.frameworks import pick_device
 
 
 def visible_gpus() -> int:
@@ -22,19 +21,8 @@ def visible_gpus() -> int:
 
 def resolve_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:
     """The paddle device string for ``spec`` on rank ``local_rank`` of this host."""
-    if not DEVICE_PATTERN.match(spec):
-        raise ConfigError("<settings>", where, "cpu, gpu, gpu:N or auto", spec)
-    gpus = visible_gpus()
-    if spec == "cpu" or (spec == "auto" and gpus == 0):
-        return "cpu"
-    if gpus == 0:
-        raise ConfigError("<settings>", where, "a device this machine has (paddle sees no GPU)", spec)
-    if spec in ("gpu", "auto"):
-        return f"gpu:{local_rank % gpus}"
-    index = int(spec.split(":", 1)[1])
-    if index >= gpus:
-        raise ConfigError("<settings>", where, f"a GPU index below {gpus}", spec)
-    return spec
+    index = pick_device(spec, visible_gpus(), local_rank, where, "paddle")
+    return "cpu" if index is None else f"gpu:{index}"
 
 
 def use_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:

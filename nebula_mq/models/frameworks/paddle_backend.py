@@ -15,7 +15,6 @@ from nebula_mq.models.data_parallel import DataParallelGroup, init_group
 from nebula_mq.models.device import use_device
 from nebula_mq.models.state import load_state_arrays, state_arrays
 
-
 # Held while a side draws from the framework's process-global generator (seeded()).
 _RANDOM = threading.RLock()
 

@@ -26,29 +26,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nebula_mq.errors import CheckpointError, ConfigError, DataError, WorkerError
+from nebula_mq.errors import CheckpointError, DataError, WorkerError
 from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
-from nebula_mq.settings import DEVICE_PATTERN
+from nebula_mq.models.frameworks import pick_device
+
+
+def resolve_device(spec: str, local_rank: int, where: str) -> str:
+    """The torch device for ``spec`` on rank ``local_rank`` of this host."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = pick_device(spec, gpus, local_rank, where, "torch")
+    return "cpu" if index is None else f"cuda:{index}"
 
 
 # Held while a side draws from the framework's process-global generator (seeded()).
 _RANDOM = threading.RLock()
-
-def resolve_device(spec: str, local_rank: int, where: str) -> str:
-    """The torch device for ``spec`` on rank ``local_rank`` of this host."""
-    if not DEVICE_PATTERN.match(spec):
-        raise ConfigError("<settings>", where, "cpu, gpu, gpu:N or auto", spec)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if spec == "cpu" or (spec == "auto" and gpus == 0):
-        return "cpu"
-    if gpus == 0:
-        raise ConfigError("<settings>", where, "a device this machine has (torch sees no GPU)", spec)
-    if spec in ("gpu", "auto"):
-        return f"cuda:{local_rank % gpus}"
-    index = int(spec.split(":", 1)[1])
-    if index >= gpus:
-        raise ConfigError("<settings>", where, f"a GPU index below {gpus}", spec)
-    return f"cuda:{index}"
 
 
 class TorchGroup:
