@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import paddle
 
-from nebula_mq.models.frameworks import pick_device
+from nebula_mq.models.device_spec import pick_device
 
 
 def visible_gpus() -> int:

@@ -106,26 +106,6 @@ class Framework(Protocol):
         """Join the side's group: its master on ``host:base_port``, rank r on ``base_port + 1 + r``."""
 
 
-def pick_device(spec: str, gpus: int, local_rank: int, where: str, framework: str) -> int | None:
-    """The GPU index ``spec`` (cpu, gpu, gpu:N, auto) names on a host where ``framework`` sees
-    ``gpus`` GPUs, for rank ``local_rank`` of this host; None for the CPU. A device the host
-    lacks is a one-line ``ConfigError`` naming ``where``."""
-    from nebula_mq.settings import DEVICE_PATTERN
-
-    if not DEVICE_PATTERN.match(spec):
-        raise ConfigError("<settings>", where, "cpu, gpu, gpu:N or auto", spec)
-    if spec == "cpu" or (spec == "auto" and gpus == 0):
-        return None
-    if gpus == 0:
-        raise ConfigError("<settings>", where, f"a device this machine has ({framework} sees no GPU)", spec)
-    if spec in ("gpu", "auto"):
-        return local_rank % gpus
-    index = int(spec.split(":", 1)[1])
-    if index >= gpus:
-        raise ConfigError("<settings>", where, f"a GPU index below {gpus}", spec)
-    return index
-
-
 def _owner(model: object) -> str | None:
     """Which framework ``model`` belongs to, judged without importing either framework: a
     model of a framework that was never imported cannot exist."""

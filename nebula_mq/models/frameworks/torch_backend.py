@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from nebula_mq.errors import CheckpointError, DataError, WorkerError
 from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
-from nebula_mq.models.frameworks import pick_device
+from nebula_mq.models.device_spec import pick_device
 
 
 def resolve_device(spec: str, local_rank: int, where: str) -> str:
