@@ -20,8 +20,9 @@ import threading
 from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.base import Transport
 from workers.split.job import HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
+from workers.split.trained import export, load, predict
 
-__all__ = ["HeadSpec", "TailSpec", "run_head", "run_tail"]
+__all__ = ["HeadSpec", "TailSpec", "export", "load", "predict", "run_head", "run_tail"]
 
 
 def _settings(job: str | os.PathLike[str] | Settings) -> Settings:

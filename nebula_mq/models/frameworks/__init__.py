@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -101,6 +102,13 @@ class Framework(Protocol):
     def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
                           arrays: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`state_arrays` saved, bit for bit."""
+
+    def load_weights(self, prefix: str, model: Any, arrays: Mapping[str, np.ndarray]) -> None:
+        """Set the trainable weights from ``prefix/param/<name>`` arrays (no optimizer)."""
+
+    def save_model(self, model: Any, stem: Path) -> Path:
+        """The model's weights in the framework's own format (``stem`` plus its suffix: paddle's
+        ``.pdparams``, torch's ``.pt``), loadable with ``paddle.load`` / ``torch.load``."""
 
     def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> Group:
         """Join the side's group: its master on ``host:base_port``, rank r on ``base_port + 1 + r``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +14,7 @@ import paddle
 from nebula_mq.errors import DataError
 from nebula_mq.models.data_parallel import DataParallelGroup, init_group
 from nebula_mq.models.device import use_device
-from nebula_mq.models.state import load_state_arrays, state_arrays
+from nebula_mq.models.state import load_params, load_state_arrays, state_arrays
 
 # Held while a side draws from the framework's process-global generator (seeded()).
 _RANDOM = threading.RLock()
@@ -79,6 +80,14 @@ class PaddleFramework:
     def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
                           arrays: Mapping[str, np.ndarray]) -> None:
         load_state_arrays(prefix, model, optimizer, arrays)
+
+    def load_weights(self, prefix: str, model: Any, arrays: Mapping[str, np.ndarray]) -> None:
+        load_params(prefix, model, arrays)
+
+    def save_model(self, model: Any, stem: Path) -> Path:
+        path = stem.with_suffix(".pdparams")
+        paddle.save(model.state_dict(), str(path))
+        return path
 
     def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> DataParallelGroup:
         endpoints = [f"{host}:{base_port + 1 + r}" for r in range(world)]

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -160,8 +161,7 @@ class TorchFramework:
                 out[f"{prefix}/opt/{name}/{slot}"] = array
         return out
 
-    def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
-                          arrays: Mapping[str, np.ndarray]) -> None:
+    def load_weights(self, prefix: str, model: Any, arrays: Mapping[str, np.ndarray]) -> None:
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if not p.requires_grad:
@@ -172,12 +172,22 @@ class TorchFramework:
                 if tuple(arrays[key].shape) != tuple(p.shape):
                     raise CheckpointError(f"{key}: shape {arrays[key].shape} != model {tuple(p.shape)}")
                 p.copy_(torch.from_numpy(np.array(arrays[key])))
-                slots = {k[len(f"{prefix}/opt/{name}/"):]: v for k, v in arrays.items()
-                         if k.startswith(f"{prefix}/opt/{name}/")}
-                if slots:
-                    # Adam keeps its step count on the host, its moments beside the parameter.
-                    optimizer.state[p] = {slot: torch.from_numpy(np.array(v)).to(
-                        "cpu" if slot == "step" else p.device) for slot, v in slots.items()}
+
+    def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
+                          arrays: Mapping[str, np.ndarray]) -> None:
+        self.load_weights(prefix, model, arrays)
+        for name, p in model.named_parameters():
+            slots = {k[len(f"{prefix}/opt/{name}/"):]: v for k, v in arrays.items()
+                     if k.startswith(f"{prefix}/opt/{name}/")}
+            if p.requires_grad and slots:
+                # Adam keeps its step count on the host, its moments beside the parameter.
+                optimizer.state[p] = {slot: torch.from_numpy(np.array(v)).to("cpu" if slot == "step" else p.device)
+                                      for slot, v in slots.items()}
+
+    def save_model(self, model: Any, stem: Path) -> Path:
+        path = stem.with_suffix(".pt")
+        torch.save(model.state_dict(), path)
+        return path
 
     def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> TorchGroup:
         if world < 1 or not 0 <= rank < world:
