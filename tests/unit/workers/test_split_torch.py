@@ -16,47 +16,21 @@ from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 
-from tests.fixtures.pairs import SPLIT_EXAMPLE, assert_resume_matches_clean
+from tests.fixtures.pairs import SPLIT_EXAMPLE, assert_resume_matches_clean, split_pair
 from tests.fixtures.pairs import split_settings as settings_for
-from tests.fixtures.threads import history, run_workers
+from tests.fixtures.threads import history
 
 pytestmark = pytest.mark.paddle  # the mixed pairs build a paddle half
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(SPLIT_EXAMPLE))  # the example's modules, as its job files import them
+import mlp  # noqa: E402
 import mlp_torch as torch_mlp  # noqa: E402
 
 
-def pair(head_spec: Any, tail_spec: Any) -> Any:
-    """run_pair(settings, broker, stop_at) for the given spec builders."""
-    from workers.split.head import SplitHeadWorker
-    from workers.split.tail import SplitTailWorker
-
-    def run(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> tuple[Any, Any]:
-        tail = SplitTailWorker(settings, tail_spec(settings), MemoryTransport(broker, settings.transport,
-                                                                             settings.job.id, "t"))
-        head = SplitHeadWorker(settings, head_spec(settings), MemoryTransport(broker, settings.transport,
-                                                                             settings.job.id, "s"))
-        run_workers((tail, head), stop_at)
-        return head, tail
-    return run
-
-
-def paddle_head(settings: object) -> Any:
-    import mlp
-
-    return mlp.build_head(settings)
-
-
-def paddle_tail(settings: object) -> Any:
-    import mlp
-
-    return mlp.build_tail(settings)
-
-
-TORCH = pair(torch_mlp.build_head, torch_mlp.build_tail)
-PADDLE_HEAD_TORCH_TAIL = pair(paddle_head, torch_mlp.build_tail)
-TORCH_HEAD_PADDLE_TAIL = pair(torch_mlp.build_head, paddle_tail)
+TORCH = split_pair(torch_mlp.build_head, torch_mlp.build_tail)
+PADDLE_HEAD_TORCH_TAIL = split_pair(mlp.build_head, torch_mlp.build_tail)
+TORCH_HEAD_PADDLE_TAIL = split_pair(torch_mlp.build_head, mlp.build_tail)
 
 
 def test_a_torch_pair_trains_compressed_and_checkpoints_both_sides(tmp_path: Path) -> None:

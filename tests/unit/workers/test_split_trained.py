@@ -15,15 +15,17 @@ from nebula_mq.errors import CheckpointError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker
-from tests.fixtures.pairs import SPLIT_EXAMPLE
-from tests.fixtures.pairs import split_settings
-from tests.unit.workers.test_split_torch import PADDLE_HEAD_TORCH_TAIL, TORCH
+from tests.fixtures.pairs import SPLIT_EXAMPLE, split_pair, split_settings
 
 pytestmark = pytest.mark.paddle
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(SPLIT_EXAMPLE))
+import mlp  # noqa: E402
 import mlp_data  # noqa: E402
 import mlp_torch  # noqa: E402
+
+TORCH = split_pair(mlp_torch.build_head, mlp_torch.build_tail)
+PADDLE_HEAD_TORCH_TAIL = split_pair(mlp.build_head, mlp_torch.build_tail)
 
 
 def trained_job(tmp_path: Path, run_pair: Any, head: str) -> Settings:
