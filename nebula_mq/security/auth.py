@@ -77,6 +77,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nebula_mq.errors import AuthenticationFailed, ReplayedMessage, WireError
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.keys import JobKey, KeyRing, ensure_job_key, job_key_file
+from nebula_mq.wire.envelope import Envelope, Signer
 from nebula_mq.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -138,7 +139,7 @@ class MessageAuth:
 
     # ------------------------------------------------------------------ signing
 
-    def signer(self, now_ms: int | None = None) -> Any:
+    def signer(self, now_ms: int | None = None) -> Signer:
         """A ``signer(chunks) -> tag`` for ``encode_envelope(env, signer=...)``.
 
         Call it per message (it stamps the current time) unless ``now_ms`` is fixed.
@@ -154,7 +155,7 @@ class MessageAuth:
 
     # ------------------------------------------------------------------ verifying
 
-    def verify(self, envelope: Any, now: float | None = None) -> TagInfo:
+    def verify(self, envelope: Envelope, now: float | None = None) -> TagInfo:
         """Check ``envelope.auth_tag`` over ``envelope.signing_bytes()`` and the replay rules.
 
         Raises :class:`AuthenticationFailed` (missing, malformed, unknown key,
@@ -169,7 +170,7 @@ class MessageAuth:
             self._audit_rejection(envelope, exc)
             raise
 
-    def _check_tag(self, envelope: Any) -> TagInfo:
+    def _check_tag(self, envelope: Envelope) -> TagInfo:
         tag = bytes(envelope.auth_tag)
         if not tag:
             raise AuthenticationFailed("message carries no authentication tag")
@@ -198,7 +199,7 @@ class MessageAuth:
             raise ReplayedMessage(f"message signed {sent - now:.1f}s in the future (clock skew > "
                                   f"{self.max_skew_s:g}s, or a forged time)")
 
-    def _audit_rejection(self, envelope: Any, exc: WireError) -> None:
+    def _audit_rejection(self, envelope: Envelope, exc: WireError) -> None:
         if self.audit is None:
             return
         fields = {k: getattr(envelope, a, None) for k, a in
@@ -233,7 +234,7 @@ class MessageAuth:
             raise AuthenticationFailed("sealed message fails AES-GCM authentication (altered)") from None
 
 
-def signer_for(ring_or_path: KeyRing | str | os.PathLike[str]) -> Any:
+def signer_for(ring_or_path: KeyRing | str | os.PathLike[str]) -> Signer:
     """Shortcut: a signer for the current key of a ring (or of the ring in a key file)."""
     ring = ring_or_path if isinstance(ring_or_path, KeyRing) else KeyRing.load(Path(ring_or_path))
     return MessageAuth(ring).signer()

@@ -5,18 +5,18 @@ which never reads key files itself."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-# sign(chunks of the signed region) -> auth tag, for encode_envelope(env, signer=...).
-Signer = Callable[[Sequence[Any]], bytes]
+from nebula_mq.wire.envelope import Envelope, Signer
+
+__all__ = ["EnvelopeAuth", "Signer"]
 
 
 class EnvelopeAuth(Protocol):
     def signer(self) -> Signer:
         """A signer for one message (it stamps the current time)."""
 
-    def verify(self, envelope: Any) -> object:
+    def verify(self, envelope: Envelope) -> object:
         """Check the envelope's tag and replay window; a WireError subclass when it fails."""
 
     def seal(self, frame: bytes | memoryview) -> bytes:

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -24,6 +24,11 @@ from nebula_mq.settings import Settings
 from workers.split.job import Placement
 
 EVAL_KIND = "eval"  # meta "kind" of evaluation activations (no gradient comes back)
+
+if TYPE_CHECKING:  # paddle is imported by the workers only; the launcher reads this module
+    import paddle
+
+    from nebula_mq.models.abnet_config import ABNetConfig
 
 
 def eval_producer(head_id: str) -> str:
@@ -130,7 +135,7 @@ def learning_rate(job: AbnetJob, steps: int, step: int) -> float:
     return job.lr * (job.min_lr_ratio + (1.0 - job.min_lr_ratio) * shape)
 
 
-def adapter_optimizer(job: AbnetJob, parameters: list[Any]) -> Any:
+def adapter_optimizer(job: AbnetJob, parameters: list[paddle.Tensor]) -> paddle.optimizer.Optimizer:
     """One side's optimizer: AdamW without weight decay (adapters start near zero), its
     gradients clipped to ``grad_clip`` global norm."""
     import paddle  # here, not at the top: the launcher reads this module (plans) without paddle
@@ -181,7 +186,7 @@ def load_side(job: AbnetJob, seed: int, side: Literal["src", "tgt"], vocab: int,
     return TranslationData(arrays, job.batch_size, seed, by_length=by_length)
 
 
-def model_config(job: AbnetJob, seed: int) -> Any:
+def model_config(job: AbnetJob, seed: int) -> ABNetConfig:
     """The ABNet model config of this job (paddle-free; see nebula_mq.models.abnet_config)."""
     from nebula_mq.models import abnet_config
 

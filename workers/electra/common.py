@@ -29,7 +29,7 @@ import dataclasses
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -42,6 +42,9 @@ MAX_AUTO_N = 8
 # generator that the trainers swap in and out; roles that share a process
 # (unit tests, threads) must not interleave inside a trainer call.
 PADDLE_TURN = threading.RLock()
+
+if TYPE_CHECKING:  # the model module imports paddle; the launcher reads this one without it
+    from nebula_mq.models.electra import ElectraConfig
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,7 @@ class ElectraJob:
         return len(self.generator_clusters) > 1
 
 
-def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | None = None) -> Any:
+def model_config(settings: Settings, job: ElectraJob, vocab_kept: np.ndarray | None = None) -> ElectraConfig:
     """The ElectraConfig of this job: seed from [job], total steps from [job], n_sub micro-batches."""
     from nebula_mq.models.electra import electra_config
 

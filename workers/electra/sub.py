@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +55,9 @@ log = get_logger(__name__)
 ROLE = "electra-sub"
 METRICS = ("disc_loss", "rtd_loss", "clm_loss", "rtd_acc", "clm_acc", "mlm_loss", "total_loss")
 
+if TYPE_CHECKING:
+    from nebula_mq.models.data_parallel import DataParallelGroup
+
 
 def concat_shares(shares: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """K micro-batches (one per generator) as one batch; L_G is their mean."""
@@ -80,7 +83,7 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
             # starts identical without a broadcast; a checkpoint, if any, replaces them in restore().
             self.trainer = DiscriminatorTrainer(self.cfg, pretrained=pretrained_discriminator(data))
         self.flows = flows(self.job)
-        self.group: Any = None  # DataParallelGroup once joined (world > 1)
+        self.group: DataParallelGroup | None = None  # joined when world > 1
         # Deliveries recorded and acked with a step besides its own shares (the root's scattered ones).
         self.riders: dict[int, list[Received]] = {}
         self.total = settings.job.steps
