@@ -57,6 +57,10 @@ class AbnetEncoderWorker(SplitHead):
         super().__init__(settings, self.job, rank, transport)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg)
+        if self.job.encoder_init:  # the frozen stack is in no checkpoint: set it at every start
+            from workers.abnet.encoder_init import init_encoder
+
+            init_encoder(self.model, self.job.encoder_init, settings.source)
         self.optimizer = adapter_optimizer(self.job, self.model.trainable_parameters())
         self.data = load_side(self.job, settings.job.seed, "src", self.cfg.encoder.vocab)
         self._collapse_reported = False

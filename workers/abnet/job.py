@@ -57,6 +57,10 @@ class AbnetJob(Placement):
     # Layers kept from each pretrained stack (small preset); fewer = faster on CPU.
     encoder_layers: int = 6
     decoder_layers: int = 6
+    # A Scenario I job file (or a disc-root checkpoint folder) whose trained discriminator
+    # encoder replaces the encoder's frozen stack, as the paper fine-tunes ABNet from the
+    # ERNIE-M Extra encoder ("" = the preset's own weights; workers.abnet.encoder_init).
+    encoder_init: str = ""
     # "synthetic": a seeded toy translation task (tests, tiny); "corpus": `data build` output.
     data: Literal["synthetic", "corpus"] = "synthetic"
     data_dir: str = "run/data"
