@@ -1,23 +1,20 @@
 """examples/split_langid (a byte-level transformer cut in two that tells a string's language),
 on a tiny in-memory set of strings: the split, the one-line error, the shapes, the determinism
-of ``inputs(mb)``, and a pair trained over the in-memory transport that lowers its loss and
-leaves checkpoints evaluate.py reads back."""
+of ``inputs(mb)``, and a pair built from a job file, trained over the in-memory transport,
+that lowers its loss and whose checkpoints evaluate.py scores above the baselines."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from nebula_mq.errors import DataError
-from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.settings import Settings
+from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import split_settings
 from tests.fixtures.threads import history, run_workers
 
 torch = pytest.importorskip("torch")
@@ -93,8 +90,32 @@ def test_inputs_are_deterministic_and_the_halves_fit(data: langid_data.LangData)
     assert tail.model(activation).shape == (BATCH, len(data.languages))
 
 
-def run_pair(settings: Settings, data: langid_data.LangData) -> None:
-    """The example's head and tail, each in its own thread over one in-memory broker."""
+JOB = """\
+[job]
+id = "unit-langid"
+scenario = "split"
+seed = 7
+steps = 40
+run_dir = "{run_dir}"
+
+[codec]
+forward = "fp16"
+backward = "int8"
+compress_from_step = 0
+
+[split]
+head = "langid_model:build_head"
+tail = "langid_model:build_tail"
+head_cluster = "s"
+tail_cluster = "t"
+in_flight = 2
+checkpoint_every = 20
+lr = 0.003
+"""
+
+
+def run_pair(settings: Settings) -> None:
+    """The job's head and tail, each in its own thread over one in-memory broker."""
     from workers.split.head import SplitHeadWorker
     from workers.split.tail import SplitTailWorker
 
@@ -102,20 +123,24 @@ def run_pair(settings: Settings, data: langid_data.LangData) -> None:
         return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
 
     broker = MemoryBroker()
-    tail = SplitTailWorker(settings, partial(langid_model.build_tail, data=data)(settings), transport("t"))
-    head = SplitHeadWorker(settings, partial(langid_model.build_head, data=data, batch=BATCH)(settings),
-                           transport("s"))
+    tail = SplitTailWorker(settings, langid_model.build_tail(settings), transport("t"))
+    head = SplitHeadWorker(settings, langid_model.build_head(settings), transport("s"))
     run_workers((tail, head))  # the tail declares its queues first
 
 
-def test_a_pair_trains_compressed_and_evaluate_reads_its_checkpoints(tmp_path: Path,
-                                                                       data: langid_data.LangData) -> None:
-    run_pair(split_settings(tmp_path, steps=40), data)
-    curve = history(tmp_path, "tail-0", "loss")
+def test_a_pair_trains_compressed_and_evaluate_scores_its_checkpoints(
+        tmp_path: Path, data: langid_data.LangData, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for module in (langid_model, evaluate):  # the tiny strings, not the host's catalogues
+        monkeypatch.setattr(module, "dataset", lambda: data)
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(run_dir=tmp_path / "run"))
+    run_pair(load_settings(job))
+    curve = history(tmp_path / "run", "tail-0", "loss")
     assert len(curve) == 40 and np.mean(curve[-8:]) < 0.7 * np.mean(curve[:8])
-    steps_and_arrays = [evaluate.latest(tmp_path, w) for w in ("head-0", "tail-0")]
-    assert [step for step, _ in steps_and_arrays] == [40, 40]
-    head = evaluate.load(langid_model.head_model(), steps_and_arrays[0][1], "head")
-    tail = evaluate.load(langid_model.tail_model(len(data.languages)), steps_and_arrays[1][1], "tail")
-    loss, predicted = evaluate.score(head, tail, data)
-    assert loss < data.baseline()[0] and predicted.shape == data.test_labels.shape
+    assert evaluate.main([str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint: step 40 of both sides" in out and "baseline ln 3 = 1.099" in out
+    loss = float(out.split("held-out loss ")[1].split()[0])
+    accuracy = float(out.split("held-out accuracy ")[1].split()[0])
+    assert loss < np.log(3) and accuracy > 0.5
