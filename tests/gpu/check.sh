@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check of the PyTorch split path (tests/gpu/README.md): run from anywhere as
 #   bash tests/gpu/check.sh [check.py options]
-# On a bare machine the wheels carried in .whl/ (tests/gpu/fetch_wheels.sh) are installed
-# into $SITE first; without a GPU it is the CPU-only dry run. Exit status: check.py's
+# Where the interpreter lacks nebula-mq's dependencies (a bare GPU machine), the wheels carried
+# in .whl/ (tests/gpu/fetch_wheels.sh) are installed into $SITE first (FORCE_WHEELS=1: always);
+# without a GPU it is the CPU-only dry run. Exit status: check.py's
 # (0 all passed, 1 a check failed), 124 past the time limit (CHECK_TIMEOUT_S, default 360 s).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,7 +19,11 @@ echo "== $($PY -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
 shopt -s nullglob
 wheels=("$WHEELS"/*.whl)
-if [ ${#wheels[@]} -gt 0 ]; then
+DEPS="import numpy, ml_dtypes, msgpack, lz4, cryptography, structlog, prometheus_client"
+if [ "${FORCE_WHEELS:-0}" != 1 ] && PYTHONPATH=$PWD "$PY" -c "$DEPS" 2>/dev/null; then
+  echo "== the interpreter has nebula-mq's dependencies: $WHEELS not needed"
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+elif [ ${#wheels[@]} -gt 0 ]; then
   echo "== installing ${#wheels[@]} wheels from $WHEELS into $SITE"
   if "$PY" -m pip --version >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"

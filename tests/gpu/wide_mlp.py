@@ -47,7 +47,7 @@ def dataset(size: Size, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(size.samples, size.features)).astype(np.float32)
     w = rng.normal(size=(size.features, 1)) / np.sqrt(size.features)
-    y = np.sin(2.0 * (x @ w)) + 0.05 * rng.normal(size=(size.samples, 1))
+    y = np.sin(x @ w) + 0.05 * rng.normal(size=(size.samples, 1))
     return x, y.astype(np.float32)
 
 
