@@ -106,6 +106,16 @@ class DataParallelGroup:
             raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
         return int(t.numpy()[0])
 
+    def sum_floats(self, values: np.ndarray) -> np.ndarray:
+        """``values`` summed over the ranks (a step's metrics and stop votes), same dtype."""
+        t = paddle.to_tensor(np.asarray(values))
+        try:
+            with self._collective("step agreement"):
+                dist.all_reduce(t)
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
+        return np.asarray(t.numpy())
+
     def broadcast_parameters(self, model: nn.Layer, src: int = 0) -> None:
         """Make every rank's parameters equal to ``src``'s (use once after construction)."""
         try:

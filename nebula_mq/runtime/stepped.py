@@ -11,10 +11,10 @@
   ordered streams (:meth:`~SteppedWorker.handle_other`);
 * what its state is (:meth:`~SteppedWorker.state`, :meth:`~SteppedWorker.load`).
 
-A data-parallel rank also says how its group agrees: on the checkpoint to resume
-from (:meth:`~SteppedWorker.start_step`), on when to stop
-(:meth:`~SteppedWorker.stopping`), and that every rank holds a checkpoint before
-any rank acks what it covers (``Worker.wait_for_peers``).
+A data-parallel rank agrees with its group through the worker's
+:class:`~nebula_mq.runtime.agreement.Agreement` (given its group when the role joins one):
+on the checkpoint to resume from, on when to stop, and that every rank holds a
+checkpoint before any rank acks what it covers.
 
 The runtime does the rest, here and nowhere else: it restores the latest
 checkpoint, orders and dedupes the flow with one counter (the step:
@@ -44,9 +44,6 @@ log = get_logger(__name__)
 
 # How long one wait for the next message lasts before the loop looks at the stop flag.
 POLL_S = 0.5
-# A rank of a group that was asked to stop and has had nothing to apply for this many
-# polls leaves without waiting for its group's agreement: its peers are stopping too.
-IDLE_POLLS_TO_STOP = 2
 
 
 class SteppedWorker(LoopWorker[OrderedStreams]):
@@ -54,6 +51,7 @@ class SteppedWorker(LoopWorker[OrderedStreams]):
     from each of :attr:`sources`."""
 
     in_flight: int  # messages the peer may have in flight ahead of the next one to apply
+    idle_polls: int = 0  # polls in a row that brought nothing to apply
     steps_flow: topology.Flow  # the flow whose messages are the steps
     # Producer ids whose streams on steps_flow make up a step, in the order apply() gets
     # them; empty: one stream, from whoever publishes on the flow.
@@ -86,13 +84,12 @@ class SteppedWorker(LoopWorker[OrderedStreams]):
 
     # ------------------------------------------------------------------ a group's agreements
 
-    def start_step(self, steps: list[int]) -> int | None:
-        """The checkpoint to resume from, of those the store holds (a group agrees on one)."""
-        return steps[-1] if steps else None
-
     def stopping(self) -> bool:
         """Whether to stop between steps now (a group stops where its ranks agreed to)."""
-        return self.stop_requested.is_set()
+        return self.agreement.stopping(self.idle_polls)
+
+    def needs_final_checkpoint(self) -> bool:
+        return self.agreement.may_checkpoint() and super().needs_final_checkpoint()
 
     # ------------------------------------------------------------------ what the runtime does
 
@@ -106,7 +103,7 @@ class SteppedWorker(LoopWorker[OrderedStreams]):
         return FlowWindow(ahead=self.in_flight + self.checkpoint_every, unacked=self.checkpoint_every)
 
     def restore(self) -> None:
-        start = self.start_step(self.store.steps())
+        start = self.agreement.start_step(self.store.steps(), self.worker_id)
         if start is None:
             return
         ck = self.store.load(start)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nebula_mq.errors import ConfigError
+from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -96,6 +97,8 @@ class Worker(ABC):
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
+        # Start, stop and ack agreed with the worker's group; alone until a role joins one.
+        self.agreement = Agreement(self.stop_requested)
         self._pending_acks: list[Delivery] = []
         self.open_outboxes: list[Outbox] = []  # each registers itself; commit flushes them
         # Queues this worker reads (its inboxes register them), sampled into the metrics.
@@ -156,17 +159,14 @@ class Worker(ABC):
         for outbox in list(self.open_outboxes):
             outbox.flush()
         ck = self.store.save(self.step, arrays, meta)
-        self.wait_for_peers()
+        # A rank of a group acks only once every rank holds this checkpoint: no rank acks a
+        # message that a restart of the group from its lowest common checkpoint needs again.
+        self.agreement.before_ack()
         for delivery in self._pending_acks:
             delivery.ack()  # False when the connection died: the repeat is deduped later
         self._pending_acks.clear()
         log.info("checkpoint", step=self.step, digest=ck.digest[:16])
         return ck
-
-    def wait_for_peers(self) -> None:
-        """Between a checkpoint and the acks it allows: a data-parallel rank waits until every
-        rank of its group holds the same checkpoint, so no rank acks a message that a restart
-        of the group from its lowest common checkpoint would need again."""
 
     def has_checkpoint_at_step(self) -> bool:
         steps = self.store.steps()

@@ -91,7 +91,7 @@ class ElectraRootWorker(DiscriminatorRank):
         while not self._scattered(self.step):
             received = inbox.next(0.5)
             if received is None:
-                if self.stop_requested.is_set() and self.group is None:
+                if self.stop_requested.is_set() and self.agreement.alone:
                     return None
                 continue
             try:

@@ -8,12 +8,13 @@ compute λ·L_D + γ·L_CLM, all-reduce the gradients over gloo, apply the same
 AdamW step, then all-reduce the step's metrics and the stop flag (the "subs
 sync first" of §3.3); only then does the root send the sync token to G.
 
-Checkpoints are group-wide at the same steps: ranks 1.. commit, a barrier,
-then the root commits (and acks ``gen-results``). A restart agrees on the
-lowest latest step over the ranks (all-reduce MIN) and every rank loads its
-checkpoint at that step; as the root commits last, that is the root's step,
-and every share of later steps is still unacked on ``gen-results`` and is
-re-scattered with the same ids (ranks drop the copies they hold).
+Checkpoints are group-wide at the same steps: every rank saves, a barrier, then
+every rank acks what its checkpoint covers (the root: ``gen-results``), as every
+group does (``runtime.agreement``). A restart agrees on the lowest latest step
+over the ranks (all-reduce MIN) and every rank loads its checkpoint at that step;
+no rank acked anything past it, so every share of later steps is still unacked
+on ``gen-results`` and is re-scattered with the same ids (ranks drop the copies
+they hold).
 
 **When a rank crashes** the others block in the next collective: the group is
 restarted together (all ranks, a new gloo rendezvous: a process joins one
@@ -33,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nebula_mq import topology
-from nebula_mq.errors import CheckpointError, WorkerError
+from nebula_mq.errors import WorkerError
 from nebula_mq.models.device import use_device
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
 from nebula_mq.runtime.channel import Received
+from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.loop import LoopWorker
@@ -99,16 +101,7 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
         endpoints = [f"{host}:{base + 1 + r}" for r in range(self.world)]
         self.group = init_group(self.rank, self.world, endpoints, master=f"{host}:{base}")
         self.trainer.gradient_sync = self.group
-
-    def allreduce(self, values: np.ndarray, op: str = "sum") -> np.ndarray:
-        if self.group is None:
-            return values
-        import paddle
-        import paddle.distributed as dist
-
-        t = paddle.to_tensor(values)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.SUM)
-        return t.numpy()
+        self.agreement = Agreement(self.stop_requested, self.group)
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -120,12 +113,9 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
     def restore(self) -> None:
         """Agree on the group's start step, then load this rank's checkpoint there."""
         store, hot_start = self._source()
-        steps = store.steps()
-        start = int(self.allreduce(np.array([steps[-1] if steps else -1], np.int64), "min")[0])
-        if start < 0:
+        start = self.agreement.start_step(store.steps(), self.worker_id)
+        if start is None:
             return
-        if start not in steps:
-            raise CheckpointError(f"{self.worker_id} has no checkpoint at the group's step {start} (has {steps})")
         ck = store.load(start)
         with PADDLE_TURN:
             self.trainer.load_state_arrays(ck.arrays)
@@ -137,15 +127,10 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
         """Subclass state kept in the checkpoint meta."""
 
     def checkpoint(self) -> None:
-        """Ranks 1.. first, then the root (see the module docstring)."""
+        """Every rank saves, then acks once all ranks hold the step (``Worker.commit``)."""
         with PADDLE_TURN:
             arrays = self.trainer.state_arrays()
-        if self.rank > 0:
-            self.commit(arrays, {})
-        if self.group is not None:
-            self.group.barrier()
-        if self.rank == 0:
-            self.commit(arrays, {})
+        self.commit(arrays, {})
         self.write_history()
 
     # ------------------------------------------------------------------ loop
@@ -193,8 +178,9 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
         t0 = time.perf_counter()
         with PADDLE_TURN:  # the gradient all-reduce inside waits for the other ranks, not threads
             metrics = self.trainer.train_step(concat_shares([dict(r.tensors) for r in shares]))
-        local = np.array([metrics[k] for k in METRICS] + [float(self.stop_requested.is_set())], np.float64)
-        summed = self.allreduce(local)  # every rank is done with this step
+        local = np.array([metrics[k] for k in METRICS] + [self.agreement.vote()], np.float64)
+        summed = local if self.group is None else self.group.sum_floats(local)  # every rank is done
+        self.agreement.count(float(summed[-1]))
         self.hooks.on_compute(time.perf_counter() - t0)
         for received in (*shares, *self.riders.pop(self.step, [])):
             inbox.applied(received)
@@ -202,7 +188,7 @@ class DiscriminatorRank(LoopWorker[OrderedStreams], RoleWorker):
         values = {k: float(v) / self.world for k, v in zip(METRICS, summed)}
         self.record_step({**values, "lr": metrics["lr"]})
         self.after_step(values)
-        return bool(summed[-1] > 0)
+        return self.agreement.agreed_stop
 
 
 class ElectraSubWorker(DiscriminatorRank):
@@ -230,7 +216,7 @@ class ElectraSubWorker(DiscriminatorRank):
         while len(self.ready) < self.k_gen:
             received = inbox.next(0.5)
             if received is None:
-                if self.stop_requested.is_set() and self.group is None:
+                if self.stop_requested.is_set() and self.agreement.alone:
                     return None
                 continue
             self.ready += inbox.take_from(0, received)  # one stream: the root's shares

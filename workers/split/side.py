@@ -14,10 +14,9 @@ is one group (gloo on CPUs, NCCL on GPUs, joined through the side's framework:
 ``nebula_mq.models.frameworks``). Every step each rank
 all-reduces its gradients, so every rank of a side holds the same weights;
 the step's stop flags ride in the same collective, so all ranks stop at the same
-step. Checkpoints are at the same steps on every rank; a rank acks what a
-checkpoint covers only once every rank holds that checkpoint (a barrier), and a
-restarted group resumes from the lowest step all its ranks hold (an all-reduce
-MIN), so a rank that rolls back still finds every message it needs unacked.
+step (the group's :class:`~nebula_mq.runtime.agreement.Agreement`: it also holds
+the acks of a checkpoint until every rank holds it, and resumes a restarted group
+from the lowest step all its ranks hold).
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ from typing import Any, Literal
 import numpy as np
 
 from nebula_mq.codecs.flow import FlowCompression
-from nebula_mq.errors import CheckpointError
 from nebula_mq.models.frameworks import Framework, Group, framework_named
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.stepped import IDLE_POLLS_TO_STOP, SteppedWorker
+from nebula_mq.runtime.agreement import Agreement
+from nebula_mq.runtime.stepped import SteppedWorker
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import RoleWorker
@@ -77,7 +76,6 @@ class SplitSide(SteppedWorker, RoleWorker):
         self.device = self.fw.place(override or settings.job.device, rank,
                                     f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
         self.group: Group | None = None
-        self.agreed_stop = False  # every rank of the group asked or agreed to stop at this step
 
     @abstractmethod
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
@@ -96,35 +94,7 @@ class SplitSide(SteppedWorker, RoleWorker):
         job = self.placement
         base = job.head_gloo_port if self.side == "head" else job.tail_gloo_port
         self.group = self.fw.join_group(self.rank, self.world, job.gloo_host, base, job.group_timeout_s)
-
-    def start_step(self, steps: list[int]) -> int | None:
-        if self.group is None:
-            return super().start_step(steps)
-        start = self.group.min_int(steps[-1] if steps else -1)
-        if start < 0:
-            return None
-        if start not in steps:
-            raise CheckpointError(f"{self.worker_id} has no checkpoint at its group's step {start} "
-                                  f"(it has {steps}); restore the group's checkpoints or start over")
-        return start
-
-    def stopping(self) -> bool:
-        if self.group is None:
-            return super().stopping()
-        # A rank asked to stop that has nothing left to apply leaves (its peers are stopping
-        # too); otherwise the group stops where its all-reduce said every rank agrees.
-        return self.agreed_stop or (self.stop_requested.is_set() and self.idle_polls >= IDLE_POLLS_TO_STOP)
-
-    def needs_final_checkpoint(self) -> bool:
-        # Leaving alone (idle on a stop), a rank must not wait in a barrier for peers that are
-        # not checkpointing: what it applied since its last checkpoint is still unacked.
-        if self.group is not None and not self.agreed_stop:
-            return False
-        return super().needs_final_checkpoint()
-
-    def wait_for_peers(self) -> None:
-        if self.group is not None:
-            self.group.barrier()
+        self.agreement = Agreement(self.stop_requested, self.group)
 
     # ------------------------------------------------------------------ optimizer
 
@@ -136,9 +106,9 @@ class SplitSide(SteppedWorker, RoleWorker):
 
     def step_optimizer(self) -> None:
         if self.group is not None:
-            flags = self.group.allreduce_gradients(self.fw.trainable(self.model), self.gradient_op,
-                                                   extra=[float(self.stop_requested.is_set())])
-            self.agreed_stop = bool(flags[0] > 0)
+            votes = self.group.allreduce_gradients(self.fw.trainable(self.model), self.gradient_op,
+                                                   extra=[self.agreement.vote()])
+            self.agreement.count(float(votes[0]))
         self.fw.step(self.optimizer, self.learning_rate(self.step))
 
     # ------------------------------------------------------------------ checkpoint
