@@ -51,7 +51,7 @@ from nebula_mq.settings import TransportSettings
 from nebula_mq.transport import declare
 from nebula_mq.topology import Flow
 
-# Federation link tuning (RABBITMQ.md): on-confirm loses nothing; never clean up the
+# Federation link tuning (docs/RABBITMQ.md): on-confirm loses nothing; never clean up the
 # upstream buffer on a downstream stop; small prefetch for MB-sized tensors.
 ACK_MODE = "on-confirm"
 PREFETCH = 16
@@ -192,7 +192,7 @@ def definitions(
             "priority": 0, "definition": {"federation-upstream": topology.upstream_name(src)},
         })
     # The backpressure point: the sending-side copy of each cross-cluster flow published here
-    # (never a queue downstream of a federation link: RABBITMQ.md, "Backpressure").
+    # (never a queue downstream of a federation link: docs/RABBITMQ.md, "Backpressure").
     outbound = [topology.queue_name(job_id, f.name) for f in flows if f.crosses_clusters and f.src_cluster == cluster]
     if outbound:
         defs["policies"].append({
