@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-import socket
+
+from nebula_mq.stack.layout import port_free
 
 # Where the benchmarks' gloo groups take their ports: below the ephemeral range (an outgoing
 # connection could take a rank's port before it listens) and clear of the stacks the tools
@@ -16,11 +17,6 @@ def free_port_base(n: int) -> int:
     Where it starts depends on the pid, so benchmarks started together pick different ones."""
     start = GLOO_PORTS.start + (os.getpid() * 11) % (len(GLOO_PORTS) // 2)
     for base in range(start, GLOO_PORTS.stop - n, 11):
-        try:
-            for port in range(base, base + n + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
+        if all(port_free(port, reuse_addr=False) for port in range(base, base + n + 1)):
+            return base
     raise RuntimeError(f"no {n + 1} free ports in {GLOO_PORTS.start}-{GLOO_PORTS.stop}")

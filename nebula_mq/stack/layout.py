@@ -178,10 +178,13 @@ def free_base_port(n: int, seed: int) -> int:
     raise StackError(f"no base port in {TOOL_BASE_PORTS.start}-{TOOL_BASE_PORTS.stop} with {n} nodes' ports free")
 
 
-def port_free(port: int) -> bool:
-    """False when something listens on ``port`` (TIME_WAIT leftovers of a stopped node do not count)."""
+def port_free(port: int, reuse_addr: bool = True) -> bool:
+    """False when something listens on ``port`` of 127.0.0.1. With ``reuse_addr`` (a node's
+    ports) TIME_WAIT leftovers of a stopped node do not count; without it (the stricter probe
+    for gloo groups' and compose projects' ports) any socket still bound there does."""
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_addr:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from nebula_mq.stack.layout import port_free
 from tests.fixtures.jobs import column, final_checkpoint, step_of
-from tests.fixtures.stack import _free
 
 pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(900)]
 
@@ -30,7 +30,7 @@ STEPS = 30
 
 
 def _ports() -> tuple[int, int]:
-    base = next(p for p in range(5771 + os.getpid() % 500, 6700, 2) if _free(p) and _free(p + 1))
+    base = next(p for p in range(5771 + os.getpid() % 500, 6700, 2) if port_free(p, reuse_addr=False) and port_free(p + 1, reuse_addr=False))
     return base, base + 1
 
 

@@ -90,3 +90,27 @@ def test_a_tools_stack_takes_free_ports_below_the_ephemeral_range() -> None:
         holder.bind(("127.0.0.1", stack_ports(base, 2)[-1]))
         other = free_base_port(2, os.getpid())
     assert other != base and other in TOOL_BASE_PORTS
+
+
+def test_port_free_sees_a_listener_and_with_reuse_addr_off_a_closed_connection():
+    """``port_free`` is the one probe of the stacks, the benchmarks' gloo groups and the test
+    fixtures: a listening port is taken either way; one that a closed connection leaves in
+    TIME_WAIT is free for a node (``reuse_addr``) and taken for the stricter probe."""
+    import socket
+    import time
+
+    from nebula_mq.stack.layout import port_free
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a node's listener does
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert not port_free(port) and not port_free(port, reuse_addr=False)
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end of the connection waits in TIME_WAIT
+        client.close()
+    time.sleep(0.05)
+    assert port_free(port)
+    assert not port_free(port, reuse_addr=False)
