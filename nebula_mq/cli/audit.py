@@ -31,15 +31,22 @@ def _path(args: argparse.Namespace) -> Any:
     return args.log or default_audit_path()
 
 
-def _verify(args: argparse.Namespace) -> int:
+def _existing_log(args: argparse.Namespace) -> Any:
+    """The audit log to read; a mistyped path must not read as an empty, valid log."""
     from pathlib import Path
 
     from nebula_mq.errors import AuditError
-    from nebula_mq.security.audit import verify_chain
 
     path = _path(args)
-    if not Path(path).exists():  # a mistyped path must not read as "0 records, OK"
+    if not Path(path).is_file():
         raise AuditError(f"no audit log at {str(path)!r} (check --log or $NEBULA_AUDIT_LOG)")
+    return path
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from nebula_mq.security.audit import verify_chain
+
+    path = _existing_log(args)
     report = verify_chain(path, args.expect_head)
     print(f"audit log OK: {report.records} records, head {report.head}")
     return 0
@@ -50,7 +57,7 @@ def _show(args: argparse.Namespace) -> int:
 
     from nebula_mq.security.audit import AuditLog
 
-    for rec in AuditLog(_path(args)).records():
+    for rec in AuditLog(_existing_log(args)).records():
         if args.event is None or rec.get("event") == args.event:
             print(json.dumps(rec, sort_keys=True))
     return 0

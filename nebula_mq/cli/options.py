@@ -22,3 +22,17 @@ def add_stack_option(parser: argparse.ArgumentParser, help_text: str = STACK_HEL
 
 def default_stack() -> str:
     return os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def seconds_list(text: str) -> tuple[float, ...]:
+    """``5,10,20``: positive numbers of seconds (an argparse ``type``: a bad one is a usage error)."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds separated by commas, like 5,10,20; got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive seconds separated by commas, like 5,10,20; got {text!r}")
+    return values

@@ -15,7 +15,7 @@ import signal
 import socket
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.cli.options import add_stack_option
+from nebula_mq.cli.options import LOG_LEVELS, add_stack_option
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import ClusterSettings, Settings, load_settings
 
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     p.add_argument("--broker-host", default="", metavar="NAME",
                    help="with --stack: reach the stack's broker by this name from its certificate (a worker on "
                         "another machine or container that shares the stack directory; default: loopback)")
-    p.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="debug, info (default), warning or error")
     p.add_argument("--metrics-port", type=port_number, default=None,
                    help="also serve Prometheus metrics over HTTP on this port (/metrics)")
     p.set_defaults(func=_run)

@@ -91,7 +91,14 @@ class DataOwner:
         return load_grants(self.root, self.owner)
 
     def grant(self, job: str, name: str) -> Grant:
+        """Let ``job`` read dataset ``name``, which must already be under this owner's datasets:
+        a mistyped root or dataset is refused, never a new root, key or grant for nothing."""
         g = Grant(_check(job, "job"), _check(name, "dataset"), round(time.time(), 3))
+        if not (self.root / "datasets").is_dir():
+            raise DataAccessDenied(f"no data root at {str(self.root)!r} (it has no datasets/ folder)")
+        if not (self.root / "datasets" / self.owner / name).is_dir():
+            raise DataAccessDenied(f"{self.owner} has no dataset {name!r} under "
+                                   f"{str(self.root / 'datasets' / self.owner)!r}")
         kept = [x for x in self.grants() if (x.job, x.dataset) != (job, name)]
         self._write([*kept, g])
         self.audit.record("data_grant", owner=self.owner, job=job, dataset=name)

@@ -191,3 +191,41 @@ def test_study_with_an_unknown_row_says_so_on_stderr(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith("nebula-mq: error: --only: no such rows ['FP17+INT8']; rows are [")
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["worker", "--role", "abnet-encoder", "--config", "{job}", "--log-level", "loud"],
+     "argument --log-level: invalid choice: 'loud'"),
+    (["chaos", "{job}", "--cuts", "abc"], "argument --cuts: expected seconds separated by commas, like 5,10,20; got 'abc'"),
+    (["chaos", "{job}", "--cuts", "5,-1"], "argument --cuts: expected positive seconds"),
+])
+def test_a_mistyped_flag_value_is_a_usage_error_naming_it(
+        job: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([a.format(job=job) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert expected in err.strip().splitlines()[-1], err
+
+
+def test_showing_an_audit_log_that_is_not_there_is_an_error_not_an_empty_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "missing.jsonl"
+    line = one_error_line(capsys, main(["audit", "show", "--log", str(missing)]))
+    assert f"no audit log at '{missing}'" in line
+
+
+def test_a_grant_on_a_mistyped_root_or_dataset_creates_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    audit = ["--audit", str(tmp_path / "audit.jsonl")]
+    typo = tmp_path / "dtaa"
+    line = one_error_line(capsys, main(["data-access", "grant", str(typo), "alice", "job-1", "bible-es", *audit]))
+    assert f"no data root at '{typo}'" in line and not typo.exists()
+
+    root = tmp_path / "data"
+    (root / "datasets" / "alice" / "bible-es").mkdir(parents=True)
+    line = one_error_line(capsys, main(["data-access", "grant", str(root), "alice", "job-1", "bibel-es", *audit]))
+    assert "alice has no dataset 'bibel-es'" in line
+    assert not (root / "owners").exists() and not (root / "grants").exists()  # no key, no grant
+    assert main(["data-access", "grant", str(root), "alice", "job-1", "bible-es", *audit]) == 0
+    assert "granted to job job-1" in capsys.readouterr().out

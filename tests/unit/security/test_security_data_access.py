@@ -72,6 +72,7 @@ def test_bad_names_and_missing_datasets_are_refused(world: tuple[DataOwner, Data
 
 def test_cli_grant_and_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = str(tmp_path / "a.jsonl")
+    (tmp_path / "datasets" / "alice" / "bible-es").mkdir(parents=True)  # only a dataset that exists is granted
     assert main(["data-access", "grant", str(tmp_path), "alice", "job-b", "bible-es", "--audit", log]) == 0
     assert main(["data-access", "list", str(tmp_path), "alice"]) == 0
     assert "alice/bible-es -> job job-b" in capsys.readouterr().out
