@@ -36,6 +36,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "data-access grant": ("nebula-mq data-access grant run/data-root alice demo gettext",),
     "data-access revoke": ("nebula-mq data-access revoke run/data-root alice demo gettext",),
     "data-access list": ("nebula-mq data-access list run/data-root alice",),
+    "export": ("nebula-mq export examples/split_mlp/job-torch.toml --out run/export/split-mlp-torch",),
     "eval": ("nebula-mq eval config/demo.toml --src my.src --ref my.ref --out run/eval.json",),
     "provision": ("nebula-mq provision job.toml --cluster cluster-a --admin-password-file admin.pw",
                   "nebula-mq provision job.toml --cluster cluster-b --dry-run"),

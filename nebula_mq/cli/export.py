@@ -12,17 +12,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-EPILOG = """example:
-  nebula-mq run examples/split_mlp/job-torch.toml
-  nebula-mq export examples/split_mlp/job-torch.toml --out run/export/split-mlp-torch
-in Python: workers.split.load(job, "head"), workers.split.predict(job, inputs)"""
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser("export", help="write a trained split job's two halves and a manifest",
                        description="Write each side of a trained split job (the newest checkpoint both sides "
-                       "share) in its framework's own format, with a manifest (job, step, codecs, digests).",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       "share) in its framework's own format, with a manifest (job, step, codecs, digests). In Python: "
+                       "workers.split.load(job, side), workers.split.predict(job, inputs).",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", metavar="JOB.toml", help="the split job file the model was trained with")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder to write the files into")
     p.set_defaults(func=_export)
