@@ -121,13 +121,6 @@ class DeltaCompression:
         self.cache.scatter(ids, lengths, x_hat)
         return x_hat
 
-    def send(self, ids: np.ndarray, lengths: np.ndarray, x: np.ndarray, codec: Codec) -> np.ndarray:
-        """Sender in one call: returns the delta to publish with ``codec`` and updates the cache.
-        (A worker encodes once instead: ``nebula_mq.codecs.flow.FlowCompression``.)"""
-        d = self.delta(ids, lengths, x)
-        self.reconstruct(ids, lengths, roundtrip(d, codec))
-        return d
-
 
 class ErrorFeedback:
     """Residual of a lossy gradient codec, carried to the same sample's next gradient."""
@@ -143,10 +136,3 @@ class ErrorFeedback:
     def keep_residual(self, ids: np.ndarray, lengths: np.ndarray, g_comp: np.ndarray, sent: np.ndarray) -> None:
         """After encoding ``g_comp``: remember what the codec dropped (``sent`` is its decode)."""
         self.residual.scatter(ids, lengths, g_comp - sent)
-
-    def compensate(self, ids: np.ndarray, lengths: np.ndarray, g: np.ndarray, codec: Codec) -> np.ndarray:
-        """Sender in one call: the gradient to send; stores the new residual. (A worker encodes
-        once instead: ``nebula_mq.codecs.flow.FlowCompression``.)"""
-        g_comp = self.with_residual(ids, lengths, g)
-        self.keep_residual(ids, lengths, g_comp, roundtrip(g_comp, codec))
-        return g_comp
