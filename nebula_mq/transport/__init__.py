@@ -5,7 +5,7 @@ on use), ``memory`` an in-process one for unit tests, ``dedup`` the repeat
 filter consumers keep in their checkpoints.
 """
 
-from .base import Consumer, Delivery, Publisher, Transport, publish_reply
+from .base import Consumer, Delivery, Publisher, Transport
 from .dedup import Deduplicator
 
-__all__ = ["Consumer", "Delivery", "Deduplicator", "Publisher", "Transport", "publish_reply"]
+__all__ = ["Consumer", "Delivery", "Deduplicator", "Publisher", "Transport"]

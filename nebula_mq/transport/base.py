@@ -259,18 +259,3 @@ def dead_letter_headers(
     out[ORIGINAL_QUEUE_HEADER] = queue
     out[MESSAGE_ID_HEADER] = message_id
     return out
-
-
-def publish_reply(
-    publisher: Publisher,
-    request: Delivery,
-    body: bytes | memoryview,
-    message_id: str,
-    headers: Mapping[str, Any] | None = None,
-) -> None:
-    """Answer a request: to its ``reply_to`` queue, with its ``correlation_id``."""
-    if not request.reply_to:
-        raise TransportError(f"message {request.message_id!r} has no reply_to to answer")
-    publisher.publish(
-        request.reply_to, body, message_id, headers, correlation_id=request.correlation_id
-    )

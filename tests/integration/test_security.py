@@ -37,7 +37,7 @@ from nebula_mq.security.lifecycle import revoke_cert, rotate
 from nebula_mq.security.roles import decoder, encoder
 from nebula_mq.settings import TransportSettings
 from nebula_mq.stack.node import log_file
-from nebula_mq.transport import Deduplicator, publish_reply
+from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
@@ -251,7 +251,7 @@ def test_roles_publish_only_into_their_own_flows(sec: Sec, stack: StackHandle) -
         enc.publisher().publish(act, b"activation", "m-act", reply_to=reply, correlation_id="c-1")
         request = dec.consume(act, 4).get(20)
         assert request is not None and request.reply_to == reply and bytes(request.body) == b"activation"
-        publish_reply(dec.publisher(), request, b"gradient", "m-grad")
+        dec.publisher().publish(request.reply_to, b"gradient", "m-grad", correlation_id=request.correlation_id)
         request.ack()
         dec.dead_letter(b"condemned", "m-dead", "bad_tag", original_queue=act)
         got = enc.consume(reply, 4).get(20)

@@ -241,8 +241,8 @@ def test_reply_goes_to_reply_to_with_correlation_id(make_transport: MakeTranspor
     with t.publisher() as pub, t.consume(requests) as server, t.consume(replies) as client:
         pub.publish(requests, b"req", "r1", correlation_id="corr-7", reply_to=replies)
         request = server.get(timeout=5)
-        assert request is not None
-        base.publish_reply(pub, request, b"answer", "a1")
+        assert request is not None and request.reply_to == replies
+        pub.publish(request.reply_to, b"answer", "a1", correlation_id=request.correlation_id)
         assert request.ack()
         reply = client.get(timeout=5)
         assert reply is not None
