@@ -2,8 +2,9 @@
 
 A :class:`WorkerIdentity` is a certificate CN (it *is* a ``str``, so it goes
 wherever the stack expects a CN: ``Stack.provision_job(job, flows,
-{"cluster-a": [encoder("enc-0")]})``) that also names the flows its role
-publishes to and consumes from. Provisioning turns that into exact RabbitMQ
+{"cluster-a": [WorkerIdentity("enc-0", ("activations",), ("reply-enc-0",))]})``)
+that also names the flows its role publishes to and consumes from; a job plan's
+processes give theirs (``workers.processes.Process.broker_identity``). Provisioning turns that into exact RabbitMQ
 regexes (:func:`permissions`):
 
 * configure: the queues of those flows and the job's dead-letter queue (the
@@ -91,29 +92,3 @@ def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, pee
     out = [topology.queue_name(job_id, f.name) for f in flows if f.src_cluster == cluster and f.dst_cluster == peer]
     return Permissions(_alternation(out), NOTHING, _alternation(out))
 
-
-# --------------------------------------------------------------------------- the scenarios' roles
-
-
-def encoder(cn: str) -> WorkerIdentity:
-    """ABNet encoder ``cn``: publishes activations, reads only its own gradient replies."""
-    return WorkerIdentity(cn, publishes=("activations",), consumes=(topology.reply_flow(cn),))
-
-
-def decoder(cn: str, requesters: Sequence[str]) -> WorkerIdentity:
-    """ABNet decoder: reads activations, publishes the requesters' replies."""
-    return WorkerIdentity(cn, publishes=[topology.reply_flow(r) for r in requesters], consumes=("activations",))
-
-
-def generator(cn: str) -> WorkerIdentity:
-    """ELECTRA generator: publishes results, reads sync tokens."""
-    return WorkerIdentity(cn, publishes=("gen-results",), consumes=("sync",))
-
-
-def root_discriminator(cn: str, n_sub: int) -> WorkerIdentity:
-    subs = [topology.sub_discriminator_flow(i) for i in range(n_sub)]
-    return WorkerIdentity(cn, publishes=("sync", *subs), consumes=("gen-results",))
-
-
-def sub_discriminator(cn: str, index: int) -> WorkerIdentity:
-    return WorkerIdentity(cn, consumes=(topology.sub_discriminator_flow(index),))

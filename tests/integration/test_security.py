@@ -34,13 +34,13 @@ from nebula_mq.security.broker_log import BrokerLogAuditor
 from nebula_mq.security.certs import ClusterCA
 from nebula_mq.security.keys import ensure_job_key
 from nebula_mq.security.lifecycle import revoke_cert, rotate
-from nebula_mq.security.roles import decoder, encoder
 from nebula_mq.settings import TransportSettings
 from nebula_mq.stack.node import log_file
 from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
+from tests.fixtures.roles import decoder, encoder
 from tests.fixtures.stack import StackHandle, pika_parameters, tls_context
 
 pytest_plugins = ["tests.fixtures.stack"]

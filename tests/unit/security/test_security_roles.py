@@ -11,11 +11,9 @@ from hypothesis import strategies as st
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
-from nebula_mq.security.roles import (
-    NOTHING, WorkerIdentity, decoder, encoder, federation_permissions, generator, permissions, root_discriminator,
-    sub_discriminator,
-)
+from nebula_mq.security.roles import NOTHING, WorkerIdentity, federation_permissions, permissions
 from nebula_mq.stack.provision import definitions, publish_path
+from tests.fixtures.roles import decoder, encoder, generator, root_discriminator, sub_discriminator
 
 A, B = "cluster-a", "cluster-b"
 FLOWS = topology.abnet_flows(A, B, ("enc-0", "enc-1"))
