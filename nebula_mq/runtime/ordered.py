@@ -126,12 +126,6 @@ class OrderedInbox(OrderedStreams):
         """``first``: the index of the next message to apply (what the last checkpoint holds)."""
         super().__init__(worker, topology.stripe_flows(flow), 1, first, window)
 
-    def ready(self, timeout: float) -> list[Received]:
-        """The messages whose turn has come, in order (empty when nothing came within
-        ``timeout``)."""
-        received = self.next(timeout)
-        return self.take(received) if received is not None else []
-
     def take(self, received: Received, admit: Callable[[Received], None] | None = None) -> list[Received]:
         """Order one delivery from :meth:`next`; returns what became ready (see :meth:`take_from`)."""
         return self.take_from(0, received, admit)

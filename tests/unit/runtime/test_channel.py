@@ -128,12 +128,14 @@ def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (x, Identity())})
     got: list[int] = []
     for _ in range(50):
-        for received in inbox.ready(0.05):
-            got.append(received.micro_batch)
-            inbox.applied(received)
+        received = inbox.next(0.05)
+        for ready in inbox.take(received) if received is not None else []:
+            got.append(ready.micro_batch)
+            inbox.applied(ready)
         if len(got) == 3:
             break
-    assert got == [0, 1, 2] and inbox.ready(0.2) == []
+    late = inbox.next(0.2)  # the second 0: a repeat, never handed out
+    assert got == [0, 1, 2] and (late is None or inbox.take(late) == [])
 
     def refuse(received: object) -> None:
         raise MalformedMessage("not for this role")
