@@ -98,8 +98,6 @@ class Placement:
             raise ValueError("group_timeout_s > 0")
         if self.checkpoint_every < 1:
             raise ValueError("checkpoint_every >= 1")
-        if self.head_cluster == self.tail_cluster:
-            raise ValueError("head_cluster != tail_cluster")
         if not self.lr > 0:
             raise ValueError("lr > 0")
 

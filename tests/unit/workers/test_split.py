@@ -82,6 +82,28 @@ def test_striped_flows_spread_the_micro_batches_and_train_bit_identically_to_one
         assert f'flow="{stripe}"' in received and f'flow="{stripe}"' in sent, stripe
 
 
+def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_path: Path) -> None:
+    """The in-cluster baseline (head_cluster == tail_cluster: every flow local to one broker)
+    trains the same model as the cross-cluster job, bit for bit."""
+    from workers.split.head import SplitHeadWorker
+    from workers.split.tail import SplitTailWorker
+
+    import mlp
+
+    run_pair(settings_for(tmp_path / "two", steps=12), MemoryBroker())
+    one = settings_for(tmp_path / "one", steps=12)
+    one = Settings(job=one.job, codec=one.codec, transport=one.transport,
+                   split={**one.split, "tail_cluster": "s"})
+    broker = MemoryBroker()
+    tail = SplitTailWorker(one, mlp.build_tail(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
+    head = SplitHeadWorker(one, mlp.build_head(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
+    assert not any(f.crosses_clusters for f in (*head.act_flows, *head.reply_flows))
+    run_workers((tail, head))
+    for worker in ("head-0", "tail-0"):
+        a, b = (CheckpointStore(d / "checkpoints" / worker).latest() for d in (tmp_path / "two", tmp_path / "one"))
+        assert a is not None and b is not None and a.step == b.step == 12 and a.digest == b.digest, worker
+
+
 def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
     assert_resume_matches_clean(lambda d: settings_for(d, steps=12), run_pair, tmp_path, ("head-0", "tail-0"))
 
@@ -111,7 +133,7 @@ def test_a_bad_builder_name_is_a_config_error(tmp_path: Path, target: str) -> No
 def test_bad_split_section_is_a_config_error(tmp_path: Path) -> None:
     from workers.split.job import load_split_job
 
-    for bad in ({"in_flight": 0}, {"head_cluster": "s", "tail_cluster": "s"}, {"lr": "fast"}):
+    for bad in ({"in_flight": 0}, {"stripes": 0}, {"lr": "fast"}):
         with pytest.raises(ConfigError):
             load_split_job(Settings(job=JobSettings(id="x", scenario="split"), split=bad))
 
