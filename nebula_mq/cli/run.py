@@ -12,13 +12,15 @@ its own is restarted with its group (``--restarts``, ``nebula_mq.launch.supervis
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nebula_mq.cli.options import add_stack_option, default_stack
+
+if TYPE_CHECKING:
+    from nebula_mq.launch import JobProcesses
 
 DEFAULT_RESTARTS = 5
 
@@ -96,103 +98,20 @@ def print_evaluation(settings: Any, since: float) -> None:
     print(summary_text(body, sources))
 
 
-# Exit codes of a worker stopped by a signal someone sent (not restarted).
-ASKED_TO_STOP = (130, 143, -signal.SIGINT, -signal.SIGTERM)
-# How long workers get to finish their micro-batch and checkpoint after a stop request.
-STOP_GRACE_S = 120.0
+def _supervise(job: JobProcesses, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
+    """Supervise the started job (``nebula_mq.launch.supervisor.supervise``), then print each
+    worker's exit and how the run ended; returns the run's exit code."""
+    from nebula_mq.launch.supervisor import supervise
 
-
-def _supervise(job: Any, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
-    from nebula_mq.launch.supervisor import RestartPolicy
-    from nebula_mq.runtime.progress import progress
-    from nebula_mq.runtime.signals import StopFlag
-
-    # The handler only records the signal (see nebula_mq.runtime.signals); this loop
-    # forwards it. A second Ctrl-C kills the workers: each one's last checkpoint
-    # stands and the broker redelivers what came after it when the job is run again.
-    received = StopFlag()
-
-    def _on_signal(signum: int, _frame: Any) -> None:
-        received.signals.append(signum)
-        received.set()
-
-    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    reasons: list[str] = []  # why the job was stopped, besides failed workers
-    stopping = killed = False
-    stop_since = 0.0
-    policy = RestartPolicy(max(0, restarts), say=lambda line: print(line, file=sys.stderr),
-                           faults_log=job.run_dir / "faults.jsonl")
-    try:
-        with progress(job.settings.job.steps, "training (slowest worker)") as bar:
-            done = 0
-            while job.running():
-                if received.is_set() and not stopping:
-                    stopping = True
-                    print("stopping: workers finish their micro-batch and checkpoint "
-                          "(Ctrl-C again to kill them now)", file=sys.stderr)
-                    job.signal_all(signal.SIGTERM)
-                stop_since = stop_since or (time.monotonic() if stopping else 0.0)
-                if received.signals.count(signal.SIGINT) >= 2 and not killed:
-                    killed = True
-                    print("second interrupt: killing the workers", file=sys.stderr)
-                    job.signal_all(signal.SIGKILL)
-                elif stop_since and time.monotonic() - stop_since > STOP_GRACE_S and not killed:
-                    # A rank blocked in a collective whose peer died never sees SIGTERM.
-                    killed = True
-                    print(f"workers still running {STOP_GRACE_S:.0f} s after the stop request: "
-                          f"killing them ({', '.join(w for w, c in job.children.items() if c.poll() is None)})",
-                          file=sys.stderr)
-                    reasons.append("stop grace exceeded")
-                    job.signal_all(signal.SIGKILL)
-                time.sleep(0.2)
-                statuses = job.statuses()  # one read of the status files per tick
-                policy.poll(job.steps(statuses))
-                slowest = job.slowest_step(statuses)
-                loss = job.loss(statuses)
-                if loss is not None:
-                    bar.set_postfix(loss=loss)
-                bar.set_phase(job.phase(statuses))
-                bar.update(max(0, slowest - done))
-                done = max(done, slowest)
-                # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches
-                # the workers too, sometimes before this loop has seen it.
-                for worker in job.failed() if not (stopping or received.is_set()) else ():
-                    code = job.children[worker].poll()
-                    if code is None:
-                        continue  # restarted already, with another member of its group
-                    if code in ASKED_TO_STOP or not policy.restart(job, worker, code):
-                        stopping = True
-                        job.signal_all(signal.SIGTERM)
-                        break
-                if deadline is not None and time.monotonic() > deadline and not stopping:
-                    print(f"timeout after {timeout:.0f} s: stopping workers", file=sys.stderr)
-                    reasons.append("timeout")
-                    stopping = True
-                    job.signal_all(signal.SIGTERM)
-    finally:
-        policy.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    interrupted = received.is_set()
-    # Workers a second Ctrl-C stopped at once (130, or killed by it) did what was asked.
-    forced = (130, -signal.SIGINT, -signal.SIGKILL)
-    failed = reasons + [w for w in job.failed() if not (interrupted and job.children[w].returncode in forced)]
+    outcome = supervise(job, timeout, restarts, say=lambda line: print(line, file=sys.stderr))
     for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
-    if failed:
-        print(f"failed: {sorted(set(failed))}; logs in {job.logs}", file=sys.stderr)
-        return 1
-    if interrupted:
+    if outcome.failed:
+        print(f"failed: {sorted(set(outcome.failed))}; logs in {job.logs}", file=sys.stderr)
+    elif outcome.interrupted:
         print(f"stopped at step {job.slowest_step()} of {job.settings.job.steps}; "
               f"run the same command to resume", file=sys.stderr)
-    return interrupted_exit_code(received.signals) if interrupted else 0
-
-
-def interrupted_exit_code(signals: list[int]) -> int:
-    """The shell's convention for a run ended by a signal: 128 + the first one received
-    (130 after Ctrl-C, 143 after SIGTERM)."""
-    return 128 + int(signals[0] if signals else signal.SIGINT)
+    return outcome.exit_code
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -17,18 +17,34 @@ came after them (nothing lost, nothing applied twice). The policy:
 Every restart is written to the job's ``faults.jsonl`` (kind ``restart``, the
 worker, and how long after the restart its group made its next step), where
 the report shows it beside injected faults.
+
+:func:`supervise` is the loop around the running job: it shows the slowest
+worker's step, forwards Ctrl-C or SIGTERM to the workers as SIGTERM (a second
+Ctrl-C, or :data:`STOP_GRACE_S` without an exit, kills them), applies the
+restart policy to workers that die on their own and stops the job at its
+timeout. Its :class:`Outcome` says how the run ended and with which exit code.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from nebula_mq.launch.processes import JobProcesses
 
 MAX_PAUSE_S = 30.0
+# Exit codes of a worker stopped by a signal someone sent (not restarted).
+ASKED_TO_STOP = (130, 143, -signal.SIGINT, -signal.SIGTERM)
+# Exit codes of workers a second Ctrl-C stopped at once: they did what was asked.
+FORCED = (130, -signal.SIGINT, -signal.SIGKILL)
+# How long workers get to finish their micro-batch and checkpoint after a stop request.
+STOP_GRACE_S = 120.0
 
 
 class Restartable(Protocol):
@@ -99,3 +115,102 @@ class RestartPolicy:
         with self.faults_log.open("a") as fh:
             fh.write(json.dumps({"time": at, "ended": at, "kind": "restart", "target": worker, "duration_s": 0.0,
                                  "recovered_after_s": recovered_after_s}, sort_keys=True) + "\n")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a supervised run ended: whether a signal stopped it, the signals received, in
+    order, and what failed (workers, and reasons such as ``timeout`` or ``stop grace exceeded``)."""
+
+    interrupted: bool
+    signals: tuple[int, ...]
+    failed: tuple[str, ...]
+
+    @property
+    def exit_code(self) -> int:
+        """1 when something failed; after a signal, :func:`interrupted_exit_code`; else 0."""
+        if self.failed:
+            return 1
+        return interrupted_exit_code(list(self.signals)) if self.interrupted else 0
+
+
+def interrupted_exit_code(signals: list[int]) -> int:
+    """The shell's convention for a run ended by a signal: 128 + the first one received
+    (130 after Ctrl-C, 143 after SIGTERM)."""
+    return 128 + int(signals[0] if signals else signal.SIGINT)
+
+
+def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Callable[[str], None]) -> Outcome:
+    """Watch ``job``'s started workers until none runs (see the module docstring); ``say``
+    gets each line about stopping and restarting. SIGINT and SIGTERM handlers are this
+    loop's while it runs."""
+    from nebula_mq.runtime.progress import progress
+    from nebula_mq.runtime.signals import StopFlag
+
+    # The handler only records the signal (see nebula_mq.runtime.signals); this loop
+    # forwards it. A second Ctrl-C kills the workers: each one's last checkpoint
+    # stands and the broker redelivers what came after it when the job is run again.
+    received = StopFlag()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        received.signals.append(signum)
+        received.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    reasons: list[str] = []  # why the job was stopped, besides failed workers
+    stopping = killed = False
+    stop_since = 0.0
+    policy = RestartPolicy(max(0, restarts), say=say, faults_log=job.run_dir / "faults.jsonl")
+    try:
+        with progress(job.settings.job.steps, "training (slowest worker)") as bar:
+            done = 0
+            while job.running():
+                if received.is_set() and not stopping:
+                    stopping = True
+                    say("stopping: workers finish their micro-batch and checkpoint (Ctrl-C again to kill them now)")
+                    job.signal_all(signal.SIGTERM)
+                stop_since = stop_since or (time.monotonic() if stopping else 0.0)
+                if received.signals.count(signal.SIGINT) >= 2 and not killed:
+                    killed = True
+                    say("second interrupt: killing the workers")
+                    job.signal_all(signal.SIGKILL)
+                elif stop_since and time.monotonic() - stop_since > STOP_GRACE_S and not killed:
+                    # A rank blocked in a collective whose peer died never sees SIGTERM.
+                    killed = True
+                    say(f"workers still running {STOP_GRACE_S:.0f} s after the stop request: "
+                        f"killing them ({', '.join(w for w, c in job.children.items() if c.poll() is None)})")
+                    reasons.append("stop grace exceeded")
+                    job.signal_all(signal.SIGKILL)
+                time.sleep(0.2)
+                statuses = job.statuses()  # one read of the status files per tick
+                policy.poll(job.steps(statuses))
+                slowest = job.slowest_step(statuses)
+                loss = job.loss(statuses)
+                if loss is not None:
+                    bar.set_postfix(loss=loss)
+                bar.set_phase(job.phase(statuses))
+                bar.update(max(0, slowest - done))
+                done = max(done, slowest)
+                # Not while stopping, nor for a worker a signal stopped: a terminal's Ctrl-C reaches
+                # the workers too, sometimes before this loop has seen it.
+                for worker in job.failed() if not (stopping or received.is_set()) else ():
+                    code = job.children[worker].poll()
+                    if code is None:
+                        continue  # restarted already, with another member of its group
+                    if code in ASKED_TO_STOP or not policy.restart(job, worker, code):
+                        stopping = True
+                        job.signal_all(signal.SIGTERM)
+                        break
+                if deadline is not None and time.monotonic() > deadline and not stopping:
+                    say(f"timeout after {timeout:.0f} s: stopping workers")
+                    reasons.append("timeout")
+                    stopping = True
+                    job.signal_all(signal.SIGTERM)
+    finally:
+        policy.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    interrupted = received.is_set()
+    failed = reasons + [w for w in job.failed() if not (interrupted and job.children[w].returncode in FORCED)]
+    return Outcome(interrupted, tuple(received.signals), tuple(failed))
