@@ -14,6 +14,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench transport": ("nebula-mq bench transport --quick",),
     "bench scenario1": ("nebula-mq bench scenario1 --n 1,2 --delay-ms 20",),
     "bench compute": ("nebula-mq bench compute config/demo.toml",),
+    "bench wan": ("nebula-mq bench wan config/demo.toml --steps 120 --rates 10,60 --delay-ms 20,100",),
     "bench scaling": ("nebula-mq bench scaling config/demo.toml --steps 40",),
     "certs init": ("nebula-mq certs init run/certs --clusters cluster-a,cluster-b",),
     "certs issue": ("nebula-mq certs issue run/certs cluster-a demo.enc-0",

@@ -1,0 +1,144 @@
+"""``nebula-mq bench wan JOB.toml``: the same split or ABNet job inside one cluster and across the WAN.
+
+The number a user cares about: how much of the in-cluster speed a job keeps when its
+two halves sit in two data centres. One run trains the job's model (its codecs,
+``in_flight``, batch and data) for ``--steps`` steps once per row, on the local stack,
+as real worker processes:
+
+* **in-cluster**: both sides on the head's cluster (``tail_cluster = head_cluster``):
+  every flow is local to one broker, no federation, no WAN;
+* **WAN rate/delay**: the job's own two clusters, the stack's WAN links shaped to that
+  rate (Mbit/s each way) and one-way delay, federation over mutual TLS.
+
+Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
+ratio to the in-cluster row of the same run, the median step time, each side's share
+of its time spent computing (the rest is waiting for the wire), the wire rate and the
+final loss. The links' shape is put back as it was when the run ends. Worker processes
+import the frameworks; this module does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.bench.scaling import measure, run_row
+
+DEFAULT_RATES = "10,60"
+DEFAULT_DELAYS = "20,100"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="job TOML file of a split or abnet job (its model, codecs and in_flight)")
+    parser.add_argument("--steps", type=int, default=120, help="steps per row")
+    parser.add_argument("--warmup", type=int, default=20, help="steps left out of the rate")
+    parser.add_argument("--rates", default=DEFAULT_RATES, help="WAN rates in Mbit/s each way, comma separated")
+    parser.add_argument("--delay-ms", default=DEFAULT_DELAYS, help="one-way WAN delays in ms, comma separated")
+    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
+                        default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
+                        help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
+
+
+def numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
+    """``10,60`` as numbers; anything else is a one-line ConfigError naming ``flag``."""
+    from nebula_mq.errors import ConfigError
+
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("<command line>", flag, "numbers separated by commas, like 10,60", text) from None
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        raise ConfigError("<command line>", flag, "positive numbers separated by commas, like 10,60", text)
+    return values
+
+
+def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> dict[str, str]:
+    """``NEBULA__`` overrides that make the job file one row: its own id and run_dir, the steps,
+    and for the in-cluster row the tail on the head's cluster."""
+    section = settings.job.scenario.upper()
+    given = settings.scenario_section()
+    env = {"NEBULA__JOB__ID": f"{settings.job.id}-wan-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),
+           "NEBULA__JOB__STEPS": str(steps)}
+    if local:
+        head = given.get("src_cluster", given.get("head_cluster", "cluster-a"))
+        key = "TGT_CLUSTER" if "tgt_cluster" in given else "TAIL_CLUSTER"
+        env[f"NEBULA__{section}__{key}"] = str(head)
+    return env
+
+
+def shares(run_dir: Path) -> dict[str, float]:
+    """Each worker's share of its time spent computing (compute over compute + wait)."""
+    from nebula_mq.runtime.metrics import read_metrics
+
+    out = {}
+    for prom in sorted((run_dir / "metrics").glob("*.prom")):
+        m = read_metrics(prom)
+        busy, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
+        out[prom.stem] = busy / (busy + wait) if busy + wait else 0.0
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from nebula_mq.errors import ConfigError
+    from nebula_mq.settings import load_settings
+    from nebula_mq.stack import Stack
+
+    settings = load_settings(args.config)
+    if settings.job.scenario not in ("abnet", "split"):
+        raise ConfigError(args.config, "job.scenario", "abnet or split (a job with a head and a tail)",
+                          settings.job.scenario)
+    rates = numbers("10" if args.quick else args.rates, "--rates")
+    delays = numbers("20" if args.quick else args.delay_ms, "--delay-ms", allow_zero=True)
+    steps = 30 if args.quick else args.steps
+    warmup = min(args.warmup, steps // 3)
+    root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
+    rows: list[dict[str, Any]] = []
+    shaped: Any = None
+    before: dict[str, Any] = {}
+    try:
+        plan = [("in-cluster", None, None)] + [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
+        for name, rate, delay in plan:
+            if rate is not None:
+                if shaped is None:
+                    shaped = Stack.open(args.stack)
+                    before = {n: s.get("shape", {}) for n, s in shaped.wan_status().items()}
+                shaped.shape(None, rate_mbit=rate, delay_ms=delay, cut=False)
+            job = run_row(args.config, args.stack, row_env(settings, name, steps, root, rate is None), args.timeout)
+            head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
+            row = {"row": name, "rate_mbit": rate, "delay_ms": delay, **measure(job.run_dir, head, warmup),
+                   "compute_share": shares(job.run_dir)}
+            rows.append(row)
+            print(f"{name}: {row['samples_per_s']:.1f} samples/s", flush=True)
+    finally:
+        for link, shape in before.items():  # each link towards its cluster, as it was
+            shaped.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
+                         delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)))
+        if not os.environ.get("NEBULA_KEEP_BENCH"):
+            shutil.rmtree(root, ignore_errors=True)
+    print(report(settings, rows, steps, warmup))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "rows": rows}, indent=2))
+    return 0
+
+
+def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int) -> str:
+    """The table: every row beside the in-cluster row of the same run."""
+    base = rows[0]["samples_per_s"]
+    batch = rows[0]["samples"] / steps
+    lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
+             f"codecs {settings.codec.forward} / {settings.codec.backward}",
+             f"{'row':<16} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
+             f"{'compute share by worker':<34} {'final loss':>10}"]
+    for r in rows:
+        compute = ", ".join(f"{w} {s:.0%}" for w, s in r["compute_share"].items())
+        lines.append(f"{r['row']:<16} {r['samples_per_s']:>10.1f} {r['samples_per_s'] / base:>13.2f}x "
+                     f"{r['step_s_median']:>16.3f} {compute:<34} {r['final_loss']:>10.4f}")
+    lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
+                 "relay shapes each direction)")
+    return "\n".join(lines)
