@@ -100,7 +100,7 @@ class Checker:
             stop_at: int | None = None) -> Run:
         print(f"-- run {name}: {steps} steps on {device}" + (f", stopping at {stop_at}" if stop_at else ""),
               flush=True)
-        run = run_pair(self.size, settings(self.work / name, device, steps), broker or MemoryBroker(),
+        run = run_pair(self.size, settings(self.work / name, device, steps, self.size.lr()), broker or MemoryBroker(),
                        stop_at, self.timeout)
         print(f"   {run.seconds:.1f} s, {fmt_rate(run.steps_per_s)}", flush=True)
         return run
@@ -179,7 +179,8 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     try:
         checker.add("mode", mode, INFO)
-        checker.add("model", f"{size.describe()}, {steps} steps, fp16 / int8 codecs, in_flight 2", INFO)
+        checker.add("model", f"{size.describe()}, {steps} steps, fp16 / int8 codecs, in_flight 2, "
+                    f"Adam lr {size.lr():.2g}", INFO)
         checker.attempt("clean run", checker.clean_run)
         if "a" in checker.runs:
             if gpu:
