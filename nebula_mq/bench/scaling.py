@@ -109,14 +109,21 @@ def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) ->
     return job
 
 
-def run(args: argparse.Namespace) -> int:
+def split_job(config: str) -> Any:
+    """The settings of a split or ABNet job file (a job with a head and a tail); another
+    scenario is a one-line ConfigError."""
     from nebula_mq.errors import ConfigError
     from nebula_mq.settings import load_settings
 
-    settings = load_settings(args.config)
+    settings = load_settings(config)
     if settings.job.scenario not in ("abnet", "split"):
-        raise ConfigError(args.config, "job.scenario", "abnet or split (a job with head and tail ranks)",
+        raise ConfigError(config, "job.scenario", "abnet or split (a job with a head and a tail)",
                           settings.job.scenario)
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = split_job(args.config)
     rows = parse_ranks(args.ranks)
     steps = 24 if args.quick else args.steps
     warmup = min(args.warmup, steps // 3)

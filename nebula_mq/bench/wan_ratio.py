@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import measure, run_row
+from nebula_mq.bench.scaling import measure, run_row, split_job
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -85,14 +85,9 @@ def shares(run_dir: Path) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.errors import ConfigError
-    from nebula_mq.settings import load_settings
     from nebula_mq.stack import Stack
 
-    settings = load_settings(args.config)
-    if settings.job.scenario not in ("abnet", "split"):
-        raise ConfigError(args.config, "job.scenario", "abnet or split (a job with a head and a tail)",
-                          settings.job.scenario)
+    settings = split_job(args.config)
     rates = numbers("10" if args.quick else args.rates, "--rates")
     delays = numbers("20" if args.quick else args.delay_ms, "--delay-ms", allow_zero=True)
     steps = 30 if args.quick else args.steps

@@ -101,3 +101,20 @@ class ManagementClient:
 
 def _count(value: object) -> int | None:
     return int(value) if isinstance(value, (int, float)) else None
+
+
+class QueueSizes:
+    """Queues' sizes in bytes, read through a management client made at the first call (it
+    reads the password file); None when the broker settings name no management API."""
+
+    def __init__(self, broker: BrokerSettings) -> None:
+        self.broker = broker
+        self._client: ManagementClient | None = None
+
+    def ready_bytes(self, queue: str) -> int | None:
+        if not self.broker.management_port:
+            return None
+        if self._client is None:
+            self._client = ManagementClient(self.broker)
+        stats = self._client.queue(queue)
+        return None if stats is None else stats.message_bytes_ready

@@ -48,7 +48,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare
 from .connection import open_connection
-from .management import ManagementClient
+from .management import QueueSizes
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
 from .publisher import RabbitPublisher
@@ -73,7 +73,7 @@ class RabbitTransport(base.Transport):
         self._dead_letter_publisher: RabbitPublisher | None = None
         self._routes = Routes()  # queue -> exchange, learned once per queue for all children
         self._serial = 0
-        self._management: ManagementClient | None = None  # made on first use (reads the password file)
+        self._sizes = QueueSizes(self.broker)
 
     def _name(self, role: str) -> str:
         with self._lock:
@@ -142,12 +142,7 @@ class RabbitTransport(base.Transport):
         return self._with_channel(f"inspect queue {queue!r}", passive)
 
     def queue_bytes(self, queue: str) -> int | None:
-        if not self.broker.management_port:
-            return None
-        if self._management is None:
-            self._management = ManagementClient(self.broker)
-        stats = self._management.queue(queue)
-        return None if stats is None else stats.message_bytes_ready
+        return self._sizes.ready_bytes(queue)
 
     def queue_probe(self) -> RabbitQueueProbe:
         """One long-lived connection for a sampling thread, instead of ``queue_depth``'s

@@ -21,7 +21,7 @@ from nebula_mq.errors import ConnectionLost
 from nebula_mq.settings import BrokerSettings
 
 from .connection import open_connection
-from .management import ManagementClient
+from .management import QueueSizes
 from .pika_errors import PIKA_ERRORS, translate
 from .probe import QueueProbe
 
@@ -35,7 +35,7 @@ class RabbitQueueProbe(QueueProbe):
         self.name = name
         self._conn: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
-        self._management: ManagementClient | None = None  # made on first use (reads the password file)
+        self._sizes = QueueSizes(self.broker)
         self.connections = 0  # opened so far: one for a probe whose broker never failed
 
     def queue_depth(self, queue: str) -> int | None:
@@ -55,12 +55,7 @@ class RabbitQueueProbe(QueueProbe):
             raise translate(exc, what) from None
 
     def queue_bytes(self, queue: str) -> int | None:
-        if not self.broker.management_port:
-            return None
-        if self._management is None:
-            self._management = ManagementClient(self.broker)
-        stats = self._management.queue(queue)
-        return None if stats is None else stats.message_bytes_ready
+        return self._sizes.ready_bytes(queue)
 
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None

@@ -16,7 +16,6 @@ each side's weights in its framework's own format with a manifest.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from nebula_mq.data.corpus_io import sha256_file
 from nebula_mq.errors import CheckpointError, ConfigError
 from nebula_mq.models.frameworks import Framework, framework_of
 from nebula_mq.runtime.checkpoint import CheckpointStore
@@ -98,14 +98,6 @@ def predict(job: str | os.PathLike[str] | Settings, inputs: Sequence[np.ndarray]
         return tail.framework.numpy(out)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def export(job: str | os.PathLike[str] | Settings, out: str | os.PathLike[str]) -> dict[str, Any]:
     """Write each side's weights in its framework's format into ``out`` beside ``manifest.json``
     (job, step, codecs, per side: framework, file, sha256, checkpoint digest); the manifest."""
@@ -117,7 +109,7 @@ def export(job: str | os.PathLike[str] | Settings, out: str | os.PathLike[str]) 
     for side in ("head", "tail"):
         trained = load(settings, side, step)
         path = trained.framework.save_model(trained.model, out_dir / side)
-        sides[side] = {"framework": trained.framework.name, "file": path.name, "sha256": _sha256(path),
+        sides[side] = {"framework": trained.framework.name, "file": path.name, "sha256": sha256_file(path),
                        "checkpoint_digest": trained.checkpoint_digest,
                        "builder": getattr(load_split_job(settings), side)}
     manifest = {"job": settings.job.id, "scenario": settings.job.scenario, "step": step,
