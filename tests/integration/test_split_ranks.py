@@ -5,7 +5,6 @@ gloo group of two processes."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -13,42 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nebula_mq.chaos import ChaosRunner, format_report
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
-from tests.fixtures.jobs import ABNET_JOB, column, final_checkpoint, free_port_range
-from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, free_port_range, run_chaos,
+                                 split_job)
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
-
-SPLIT_JOB = """
-[job]
-id = "{job_id}"
-scenario = "split"
-seed = 7
-steps = {steps}
-run_dir = "{run_dir}"
-device = "cpu"
-
-[codec]
-forward = "none"
-backward = "none"
-
-[split]
-head = "{module}:build_head"
-tail = "{module}:build_tail"
-head_cluster = "cluster-a"
-tail_cluster = "cluster-b"
-in_flight = 1
-checkpoint_every = 5
-lr = 0.003
-head_ranks = {heads}
-tail_ranks = {tails}
-head_gloo_port = {head_port}
-tail_gloo_port = {tail_port}
-group_timeout_s = 60
-"""
-
 
 
 def run_to_end(config: Path, stack_dir: Path, timeout: float = 240, **env: str) -> JobProcesses:
@@ -91,16 +60,17 @@ def test_2x2_ranks_train_the_1x1_model_with_identical_ranks(  # type: ignore[no-
     """The same global batch, in_flight 1, no compression: 2 x 2 ranks end where one head and
     one tail end (to float tolerance), and the ranks of a side hold the same weights (paddle
     groups, or torch.distributed groups for the torch model)."""
-    for name in ("mlp.py", "mlp_torch.py", "mlp_data.py"):  # the user's model, next to their job file
-        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
+    copy_split_example(tmp_path)  # the user's model, next to their job file
     (tmp_path / "torch_exact.py").write_text(TORCH_EXACT)
     runs = {}
     for heads, tails in ((1, 1), (2, 2)):
         name = f"split{heads}x{tails}"
         config = tmp_path / f"{name}.toml"
         port = free_port_range(8)
-        config.write_text(SPLIT_JOB.format(job_id=f"ranks-{name}", steps=20, run_dir=tmp_path / name, heads=heads,
-                                           tails=tails, head_port=port, tail_port=port + 4, module=module))
+        ranks = (f"head_ranks = {heads}\ntail_ranks = {tails}\nhead_gloo_port = {port}\n"
+                 f"tail_gloo_port = {port + 4}\ngroup_timeout_s = 60")
+        config.write_text(split_job(f"ranks-{name}", tmp_path / name, steps=20, head=module, tail=module,
+                                    forward="none", backward="none", in_flight=1, checkpoint_every=5, extra=ranks))
         run_to_end(config, stack.run_dir)
         runs[(heads, tails)] = tmp_path / name
     one, four = runs[(1, 1)], runs[(2, 2)]
@@ -128,12 +98,7 @@ def test_2x2_abnet_under_chaos_ends_bit_identical_to_a_clean_2x2_run(stack, tmp_
                                        extra=ranks))
     schedule = [Fault(6, "cut", "", 2.0), Fault(14, "kill", "enc-0-r1", 0.5),
                 Fault(22, "restart", "cluster-b"), Fault(30, "kill", "dec-0", 0.5)]
-    logs: list[str] = []
-    try:
-        report = ChaosRunner(str(config), str(stack.run_dir), schedule, log=logs.append).run(420)
-    finally:
-        stack.clean_wan()
-    text = format_report(report) + "\n" + "\n".join(logs)
+    report, text, logs = run_chaos(stack, config, schedule, 420)
     assert set(report.digests) == {"enc-0", "enc-0-r1", "dec-0", "dec-0-r1"}, text
     assert report.complete and report.identical, text
     assert len(report.faults) == len(schedule), text

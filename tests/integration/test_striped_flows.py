@@ -3,42 +3,16 @@ the WAN over three queues (three federation links), under WAN cuts and a broker 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from nebula_mq.chaos import ChaosRunner, format_report
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
-from tests.fixtures.jobs import final_checkpoint
-from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.jobs import copy_split_example, final_checkpoint, run_chaos, split_job
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
 
-JOB = """
-[job]
-id = "{job_id}"
-scenario = "split"
-seed = 11
-steps = 200
-run_dir = "{run_dir}"
-device = "cpu"
-
-[codec]
-forward = "fp16"
-backward = "int8"
-
-[split]
-head = "mlp:build_head"
-tail = "mlp:build_tail"
-head_cluster = "cluster-a"
-tail_cluster = "cluster-b"
-in_flight = 2
-checkpoint_every = 10
-lr = 0.003
-stripes = {stripes}
-"""
 
 WORKERS = ("head-0", "tail-0")
 
@@ -48,23 +22,17 @@ def test_a_striped_job_under_wan_cuts_and_a_restart_ends_bit_identical_to_one_qu
     """Order is restored and exactly-once holds with the flow spread over three links: the
     striped run under faults, the striped clean run and a one-queue clean run end with the same
     checkpoints, bit for bit."""
-    for name in ("mlp.py", "mlp_data.py"):  # the user's model, next to their job file
-        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
+    copy_split_example(tmp_path)  # the user's model, next to their job file
     striped = tmp_path / "striped.toml"
-    striped.write_text(JOB.format(job_id="stripes", run_dir=tmp_path / "striped", stripes=3))
+    striped.write_text(split_job("stripes", tmp_path / "striped", seed=11, extra="stripes = 3"))
     # A step takes milliseconds: faults far apart, so each lands before the job outruns it.
     schedule = [Fault(20, "cut", "", 2.0), Fault(80, "restart", "cluster-b"), Fault(140, "cut", "", 1.5)]
-    logs: list[str] = []
-    try:
-        report = ChaosRunner(str(striped), str(stack.run_dir), schedule, log=logs.append).run(400)
-    finally:
-        stack.clean_wan()
-    text = format_report(report) + "\n" + "\n".join(logs)
+    report, text, _logs = run_chaos(stack, striped, schedule, 400)
     assert report.complete and report.identical, text
     assert len(report.faults) == len(schedule), text
 
     plain = tmp_path / "plain.toml"
-    plain.write_text(JOB.format(job_id="one-queue", run_dir=tmp_path / "plain", stripes=1))
+    plain.write_text(split_job("one-queue", tmp_path / "plain", seed=11))
     job = JobProcesses(str(plain), str(stack.run_dir))
     job.provision()
     job.start_all()

@@ -37,7 +37,7 @@ from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of
 from workers.split.side import SplitSide, peer_prefix
-from workers.split.job import HeadSpec, Placement, SplitJob, load_builder, load_split_job
+from workers.split.job import HeadSpec, Placement, SplitJob, load_spec, load_split_job
 
 log = get_logger(__name__)
 
@@ -194,9 +194,7 @@ class SplitHeadWorker(SplitHead):
         super().__init__(settings, self.job, rank, transport,
                          framework_of(spec.model, "split.head", self.job.head_framework))
         self.spec = spec
-        self.model = self.fw.to_device(spec.model)
-        build = spec.optimizer_fn or self.fw.default_optimizer
-        self.optimizer = build(self.fw.trainable(self.model), self.job.lr)
+        self.take_model(spec.model, spec.optimizer_fn)
 
     def forward(self, mb: int) -> Forward:
         parts = tuple(self.spec.inputs(mb))
@@ -216,11 +214,6 @@ class SplitHeadWorker(SplitHead):
 @role("split-head")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-head --index RANK``: the spec comes from ``[split] head``."""
-    spec = load_builder(settings, "head")(settings)
-    if not isinstance(spec, HeadSpec):
-        from nebula_mq.errors import ConfigError
-
-        raise ConfigError(settings.source, "split.head", "a function returning HeadSpec", type(spec).__name__)
-    worker = SplitHeadWorker(settings, spec, rank=worker_index)
+    worker = SplitHeadWorker(settings, load_spec(settings, "head"), rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -173,6 +173,21 @@ class TailSpec:
     loss: LossFn
     targets: TargetsFn
     optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
+
+
+@overload
+def load_spec(settings: Settings, side: Literal["head"]) -> HeadSpec: ...
+@overload
+def load_spec(settings: Settings, side: Literal["tail"]) -> TailSpec: ...
+def load_spec(settings: Settings, side: str) -> HeadSpec | TailSpec:
+    """The HeadSpec (``side`` "head") or TailSpec ("tail") the job's ``[split] <side>`` builder makes;
+    anything else is a one-line ConfigError."""
+    spec = load_builder(settings, side)(settings)
+    wanted = HeadSpec if side == "head" else TailSpec
+    if not isinstance(spec, wanted):
+        raise ConfigError(settings.source or "<settings>", f"split.{side}", f"a function returning {wanted.__name__}",
+                          type(spec).__name__)
+    return spec
 
 
 def load_builder(settings: Settings, key: str) -> Callable[[Settings], Any]:

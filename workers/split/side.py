@@ -77,6 +77,13 @@ class SplitSide(SteppedWorker, RoleWorker):
                                     f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
         self.group: Group | None = None
 
+    def take_model(self, model: Any, optimizer_fn: Any) -> None:
+        """A user's model on this side's device, and its optimizer: ``optimizer_fn(params, lr)``,
+        or Adam at ``[split] lr`` in the model's framework."""
+        self.model = self.fw.to_device(model)
+        build = optimizer_fn or self.fw.default_optimizer
+        self.optimizer = build(self.fw.trainable(self.model), self.placement.lr)
+
     @abstractmethod
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         """This rank's ends of the flows' compression, each with its checkpoint prefix."""

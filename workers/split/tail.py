@@ -32,7 +32,7 @@ from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of
 from workers.split.side import SplitSide, peer_prefix
-from workers.split.job import Placement, SplitJob, TailSpec, load_builder, load_split_job
+from workers.split.job import Placement, SplitJob, TailSpec, load_spec, load_split_job
 
 log = get_logger(__name__)
 
@@ -145,9 +145,7 @@ class SplitTailWorker(SplitTail):
         super().__init__(settings, self.job, rank, transport,
                          framework_of(spec.model, "split.tail", self.job.tail_framework))
         self.spec = spec
-        self.model = self.fw.to_device(spec.model)
-        build = spec.optimizer_fn or self.fw.default_optimizer
-        self.optimizer = build(self.fw.trainable(self.model), self.job.lr)
+        self.take_model(spec.model, spec.optimizer_fn)
 
     def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
                       ) -> tuple[float, np.ndarray]:
@@ -163,11 +161,6 @@ class SplitTailWorker(SplitTail):
 @role("split-tail")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-tail --index RANK``: the spec comes from ``[split] tail``."""
-    spec = load_builder(settings, "tail")(settings)
-    if not isinstance(spec, TailSpec):
-        from nebula_mq.errors import ConfigError
-
-        raise ConfigError(settings.source, "split.tail", "a function returning TailSpec", type(spec).__name__)
-    worker = SplitTailWorker(settings, spec, rank=worker_index)
+    worker = SplitTailWorker(settings, load_spec(settings, "tail"), rank=worker_index)
     worker.install_signal_handlers()
     return worker.main()

@@ -30,7 +30,7 @@ from nebula_mq.errors import CheckpointError, ConfigError
 from nebula_mq.models.frameworks import Framework, framework_of
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings, load_settings
-from workers.split.job import HeadSpec, TailSpec, load_builder, load_split_job
+from workers.split.job import HeadSpec, TailSpec, load_spec, load_split_job
 
 Side = Literal["head", "tail"]
 MANIFEST = "manifest.json"
@@ -75,11 +75,7 @@ def load(job: str | os.PathLike[str] | Settings, side: Side, step: int | None = 
     step = shared_step(settings) if step is None else step
     worker = (split.head_ids() if side == "head" else split.tail_ids())[0]
     ck = CheckpointStore(settings.run_dir / "checkpoints" / worker).load(step)
-    spec = load_builder(settings, side)(settings)
-    if not isinstance(spec, HeadSpec if side == "head" else TailSpec):
-        raise ConfigError(settings.source or "<settings>", f"split.{side}",
-                          f"a function returning {'HeadSpec' if side == 'head' else 'TailSpec'}",
-                          type(spec).__name__)
+    spec = load_spec(settings, side)
     fw = framework_of(spec.model, f"split.{side}", getattr(split, f"{side}_framework"))
     fw.load_weights(side, spec.model, ck.arrays)
     spec.model.eval()
