@@ -36,7 +36,7 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of
-from workers.split.side import SplitSide, peer_prefix
+from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
 from workers.split.job import HeadSpec, Placement, SplitJob, load_spec, load_split_job
 
 log = get_logger(__name__)
@@ -149,7 +149,8 @@ class SplitHead(SplitSide):
         for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
             rows = self.routing.piece(len(fwd.sample_ids), j)
             piece = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
-            encoded, meta = outgoing.encode(mb, self.message(mb, piece, activation[rows]), self.samples(piece))
+            with named_tensor_errors(f"{self.worker_id}: the activation of micro-batch {mb}"):
+                encoded, meta = outgoing.encode(mb, self.message(mb, piece, activation[rows]), self.samples(piece))
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
 
     def admit(self, received: Received) -> None:

@@ -22,11 +22,14 @@ from the lowest step all its ranks hold).
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
 
 from nebula_mq.codecs.flow import FlowCompression
+from nebula_mq.errors import NonFiniteTensor, ShapeMismatch
 from nebula_mq.models.frameworks import Framework, Group, framework_named
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.agreement import Agreement
@@ -35,6 +38,16 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import RoleWorker
 from workers.split.job import Placement, micro_batch_seed
+
+
+@contextmanager
+def named_tensor_errors(what: str) -> Iterator[None]:
+    """A tensor the codec refuses (NaN or Inf, a wrong shape) is named: which worker, which
+    tensor, which micro-batch; raised before anything of that message is sent."""
+    try:
+        yield
+    except (NonFiniteTensor, ShapeMismatch) as exc:
+        raise type(exc)(f"{what}: {exc}") from None
 
 
 def peer_prefix(prefix: str, peer: int) -> str:

@@ -31,7 +31,7 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of
-from workers.split.side import SplitSide, peer_prefix
+from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
 from workers.split.job import Placement, SplitJob, TailSpec, load_spec, load_split_job
 
 log = get_logger(__name__)
@@ -130,7 +130,8 @@ class SplitTail(SplitSide):
         for outbox, outgoing, p, piece in zip(self.outboxes, self.outgoing, parts, pieces):
             rows = slice(offset, offset + len(piece))
             offset += len(piece)
-            encoded, meta = outgoing.encode(mb, {"grad": grad[rows]}, self.samples(p.tensors))
+            with named_tensor_errors(f"{self.worker_id}: the gradient of micro-batch {mb}"):
+                encoded, meta = outgoing.encode(mb, {"grad": grad[rows]}, self.samples(p.tensors))
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
                         correlation_id=p.message_id)
         return {"loss": loss}

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nebula_mq.errors import ConfigError, DataError, NebulaError
+from nebula_mq.errors import ConfigError, DataError, NonFiniteTensor
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -135,7 +135,7 @@ class _NaNHead(torch.nn.Module):  # type: ignore[misc]
 
 @pytest.mark.parametrize("model,error,match", [
     (_IntHead(), DataError, r"head-0: the head model must return one floating-point torch tensor, got torch\.int64"),
-    (_NaNHead(), NebulaError, r"(?i)non-finite|nan"),
+    (_NaNHead(), NonFiniteTensor, r"^head-0: the activation of micro-batch 0: .*NaN or Inf"),
 ])
 def test_a_head_that_returns_no_float_or_a_nan_activation_fails_before_sending(
         tmp_path: Path, model: Any, error: type[Exception], match: str) -> None:
