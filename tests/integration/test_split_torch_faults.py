@@ -1,6 +1,6 @@
 """PyTorch halves of a split model on the real TLS stack, across federation: a torch job and a
 Paddle-head/PyTorch-tail job under a WAN cut, a broker restart and a SIGKILL of each side end
-bit-identical to their clean runs."""
+bit-identical to their clean runs, and what each run trained exports and predicts the same."""
 
 from __future__ import annotations
 
@@ -31,3 +31,28 @@ def test_a_torch_split_job_under_faults_ends_bit_identical_to_its_clean_run(  # 
     assert len(report.faults) == len(schedule), text
     # The killed workers really resumed from a checkpoint and were replayed to.
     assert report.counters["nebula_redeliveries_total"] + report.counters["nebula_duplicates_total"] > 0, text
+
+    # What the faulted run trained is usable: exported in each side's format, and predict runs
+    # head then tail to the outputs the clean run's halves give (the weights are bit-identical).
+    import dataclasses
+    import sys
+
+    import numpy as np
+
+    from nebula_mq.settings import load_settings
+    from workers.split import export, predict
+
+    sys.path.insert(0, str(tmp_path))  # the job's model modules, as the builders import them
+    import mlp_data
+
+    x, _ = mlp_data.dataset()
+    inputs = [x[mlp_data.batch_ids(7)]]
+    outputs = {}
+    for run in ("clean", "chaos"):
+        base = load_settings(config)
+        settings = dataclasses.replace(base, job=dataclasses.replace(base.job, run_dir=str(tmp_path / "run" / run)))
+        manifest = export(settings, tmp_path / "export" / run)
+        assert manifest["step"] == 200 and manifest["sides"]["tail"]["file"] == "tail.pt", manifest
+        assert manifest["sides"]["head"]["checkpoint_digest"] == report.digests["head-0"][0 if run == "clean" else 1]
+        outputs[run] = predict(settings, inputs)
+    np.testing.assert_array_equal(outputs["clean"], outputs["chaos"])
