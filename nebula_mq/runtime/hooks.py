@@ -51,7 +51,8 @@ class Hook:
 
     def on_queue_depth(self, queue: str, messages: int, message_bytes: int | None = None) -> None:
         """Ready messages in a queue the worker reads, and their bytes when the broker says
-        (sampled every few seconds)."""
+        (sampled every few seconds). Called on the queue sampler's thread
+        (``runtime.sampler``), not the training loop's: a hook that keeps state here guards it."""
 
     def close(self) -> None:
         """The worker is exiting: flush and release what the hook holds."""

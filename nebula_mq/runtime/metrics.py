@@ -54,7 +54,7 @@ class MetricsHook(Hook):
         self.dead_letters = counter("nebula_dead_letters", "Messages dead-lettered", ("flow", "reason"))
         self.compute_s = counter("nebula_compute_seconds", "Time spent computing")
         self.wait_s = counter("nebula_wait_seconds", "Time spent waiting on the queues")
-        # Sampled by the worker from its local broker every few seconds (Worker.sample_queues).
+        # Sampled from the local broker every few seconds on the sampler's thread (runtime.sampler).
         self.queue_messages = gauge("nebula_queue_messages", "Ready messages in a queue this worker reads",
                                     ("queue",))
         # From the broker's management API, when the worker's broker settings name one.
