@@ -177,8 +177,12 @@ class TailSpec:
 
 @overload
 def load_spec(settings: Settings, side: Literal["head"]) -> HeadSpec: ...
+
+
 @overload
 def load_spec(settings: Settings, side: Literal["tail"]) -> TailSpec: ...
+
+
 def load_spec(settings: Settings, side: str) -> HeadSpec | TailSpec:
     """The HeadSpec (``side`` "head") or TailSpec ("tail") the job's ``[split] <side>`` builder makes;
     anything else is a one-line ConfigError."""

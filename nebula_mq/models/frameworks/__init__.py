@@ -24,13 +24,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from nebula_mq.errors import ConfigError
+from nebula_mq.runtime.agreement import Collective
 
 FRAMEWORKS = ("paddle", "torch")
 
 
-class Group(Protocol):
-    """A side's data-parallel group: every collective either completes or ends the process
-    within the group's timeout (``models.data_parallel``)."""
+class Group(Collective, Protocol):
+    """A side's data-parallel group: the agreement's collectives (``runtime.agreement``) and the
+    gradients' all-reduce; every collective either completes or ends the process within the
+    group's timeout (``models.collectives``)."""
 
     rank: int
     world_size: int
@@ -39,12 +41,6 @@ class Group(Protocol):
                             extra: Sequence[float] = ()) -> np.ndarray:
         """Sum (or mean) every parameter's gradient over the group; ``extra`` values are summed
         in the same collective and returned."""
-
-    def min_int(self, value: int) -> int:
-        """The smallest ``value`` over the ranks."""
-
-    def barrier(self) -> None:
-        """Wait until every rank is here."""
 
 
 class Framework(Protocol):
