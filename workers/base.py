@@ -1,4 +1,4 @@
-"""The roles' common base: a runtime worker given the job's message authentication.
+"""What every role is given: a runtime worker with the job's message authentication.
 
 The runtime (``nebula_mq.runtime``) signs, verifies and seals with whatever it is
 given and never reads key files; this is where the roles give it the job's key
@@ -29,12 +29,10 @@ class DeadLetterAudit(Hook):
                           message_id=event.message_id, consumer=self.consumer)
 
 
-class RoleWorker(Worker):
-    """A :class:`Worker` authenticated with the job's key (``<run_dir>/keys/job.key``), whose
-    dead letters are audited (:class:`DeadLetterAudit`)."""
-
-    def __init__(self, settings: Settings, cluster: str, worker_id: str, transport: Transport | None = None,
-                 hooks: Sequence[Hook] = (), checkpoint_every: int = 10) -> None:
-        audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), worker_id)
-        super().__init__(settings, cluster, worker_id, transport, (audit, *hooks), checkpoint_every,
-                         auth=load_message_auth(settings, worker_id))
+def role_worker(settings: Settings, cluster: str, worker_id: str, role: str, transport: Transport | None = None,
+                hooks: Sequence[Hook] = (), checkpoint_every: int = 10) -> Worker:
+    """A :class:`Worker` for ``role`` authenticated with the job's key (``<run_dir>/keys/job.key``),
+    whose dead letters are audited (:class:`DeadLetterAudit`)."""
+    audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), worker_id)
+    return Worker(settings, cluster, worker_id, transport, (audit, *hooks), checkpoint_every,
+                  auth=load_message_auth(settings, worker_id), role=role)

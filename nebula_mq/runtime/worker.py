@@ -1,15 +1,18 @@
-"""The part of every worker daemon that is not about its role.
+"""The part of every worker daemon that is not about its role: what a role is given.
 
 A worker owns: its transport to the local broker, a checkpoint store, hooks
 (metrics, logs), a status file, and the list of deliveries whose effect is
 applied in memory but not yet checkpointed. :meth:`Worker.commit` writes the
 checkpoint and only then acks those deliveries: the queue-level replay
-contract (see ``nebula_mq.transport.rabbit``).
+contract (see ``nebula_mq.transport.consumer``).
 
-SIGTERM and SIGINT set a stop flag; a role's loop checks it between
-micro-batches, finishes what is in flight, commits, and exits 0. A restart
-resumes from the last checkpoint: safe at any moment, since anything not in a
-checkpoint is still unacked on the broker.
+Nobody subclasses it: the loop is the driver's (``runtime.driver``), which runs a
+role (a plain object) with a worker inside :meth:`Worker.lifecycle`.
+
+SIGTERM and SIGINT set a stop flag; the driver checks it between micro-batches,
+finishes what is in flight, commits, and exits 0. A restart resumes from the last
+checkpoint: safe at any moment, since anything not in a checkpoint is still unacked
+on the broker.
 """
 
 from __future__ import annotations
@@ -17,10 +20,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
@@ -62,10 +64,10 @@ def status_dir(settings: Settings) -> Path:
     return settings.run_dir / "status"
 
 
-class Worker(ABC):
-    """Base of the role workers in the top-level ``workers`` package."""
-
-    role: str = "worker"
+@final
+class Worker:
+    """One worker process's identity, transport, checkpoints, acks and reports; the roles
+    in the top-level ``workers`` package are given one (``workers.base.role_worker``)."""
 
     def __init__(
         self,
@@ -77,9 +79,12 @@ class Worker(ABC):
         checkpoint_every: int = 10,
         *,
         auth: EnvelopeAuth,
+        role: str = "worker",
     ) -> None:
         """``auth`` signs, verifies and seals this worker's envelopes (the roles build it
-        from the job's key: ``nebula_mq.security.auth.load_message_auth``)."""
+        from the job's key: ``nebula_mq.security.auth.load_message_auth``); ``role`` names
+        the role in status, metrics and logs."""
+        self.role = role
         self.settings = settings
         self.cluster = cluster
         # Unique within the job; names the checkpoint dir, status and metrics files.
@@ -122,14 +127,14 @@ class Worker(ABC):
         A second SIGINT (a second Ctrl-C) exits at once (see ``runtime.signals``)."""
         install_stop_handlers(self.stop_requested)
 
-    def main(self) -> int:
-        """Run the role to completion (or to a stop request) with the transport open, its
-        queues sampled on the sampler's thread (``runtime.sampler``) meanwhile."""
+    def lifecycle(self, body: Callable[[], int]) -> int:
+        """Run ``body`` (a driver's loop) to completion or to a stop request with the transport
+        open, its queues sampled on the sampler's thread (``runtime.sampler``) meanwhile."""
         self.write_status("starting")
         with self.transport:
             self.sampler.start()
             try:
-                code = self.run()
+                code = body()
                 self.sampler.stop(final=True)  # after one last sample: the queues as the worker leaves them
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
@@ -142,10 +147,6 @@ class Worker(ABC):
         self.write_status("finished" if code == 0 and not self.stop_requested.is_set()
                           else "stopped")
         return code
-
-    @abstractmethod
-    def run(self) -> int:
-        """The role's loop. Returns the process exit code."""
 
     # ------------------------------------------------------------------ replay contract
 

@@ -104,22 +104,23 @@ class MemoryLink(Link):
         broker = MemoryBroker()
         transport = TransportSettings(publish_patience_s=60.0)
         s = side.settings(spec, {})
-        workers = {k: side.make_worker(k, s, MemoryTransport(broker, transport, spec.job_id, c))
+        drivers = {k: side.make_driver(k, s, MemoryTransport(broker, transport, spec.job_id, c))
                    for k, c in (("enc", spec.src), ("dec", spec.tgt))}
+        workers = {k: d.worker for k, d in drivers.items()}
         counters = {k: side.TrafficCounter(w, spec.steps) for k, w in workers.items()}
         for k, w in workers.items():
             w.hooks.add(counters[k])
         errors: list[BaseException] = []
 
-        def go(worker: Any) -> None:
+        def go(driver: Any) -> None:
             try:
-                worker.main()
+                driver.main()
             except BaseException as exc:  # noqa: BLE001 - re-raised below
                 errors.append(exc)
                 for w in workers.values():
                     w.stop_requested.set()
 
-        threads = [threading.Thread(target=go, args=(w,), name=w.worker_id) for w in workers.values()]
+        threads = [threading.Thread(target=go, args=(d,), name=d.worker_id) for d in drivers.values()]
         for t in threads:
             t.start()
         for t in threads:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq import topology
+from nebula_mq.runtime.driver import Driver
 from nebula_mq.runtime.hooks import Hook, MessageEvent
 from nebula_mq.settings import ClusterSettings, CodecSettings, JobSettings, Settings, TransportSettings
 
@@ -95,14 +96,13 @@ def settings(spec: RowSpec, clusters: Mapping[str, ClusterSettings]) -> Settings
     )
 
 
-def make_worker(side: str, s: Settings, transport: Any = None) -> Any:
-    if side == "enc":
-        from workers.abnet.encoder import AbnetEncoderWorker
+def make_driver(side: str, s: Settings, transport: Any = None) -> Driver:
+    """The runtime's driver of the ABNet encoder (``enc``) or decoder (``dec``) role."""
+    from workers.abnet.decoder import AbnetDecoder
+    from workers.abnet.encoder import AbnetEncoder
 
-        return AbnetEncoderWorker(s, transport)
-    from workers.abnet.decoder import AbnetDecoderWorker
-
-    return AbnetDecoderWorker(s, transport)
+    role = AbnetEncoder(s, transport) if side == "enc" else AbnetDecoder(s, transport)
+    return Driver(role.worker, role)
 
 
 def counters_path(spec_path: Path, side: str) -> Path:
@@ -125,12 +125,12 @@ def main(argv: list[str]) -> int:
     if spec.stack_dir is None:
         print("the spec names no stack: side processes need real brokers", file=sys.stderr)
         return 2
-    worker = make_worker(side, settings(spec, stack_clusters(Stack.open(spec.stack_dir), spec.src, spec.tgt,
+    driver = make_driver(side, settings(spec, stack_clusters(Stack.open(spec.stack_dir), spec.src, spec.tgt,
                                                              spec.vhost)))
-    counter = TrafficCounter(worker, spec.steps)
-    worker.hooks.add(counter)
-    worker.install_signal_handlers()
-    code = int(worker.main())
+    counter = TrafficCounter(driver.worker, spec.steps)
+    driver.worker.hooks.add(counter)
+    driver.install_signal_handlers()
+    code = int(driver.main())
     counters_path(spec_path, side).write_text(json.dumps(counter.to_json()))
     return code
 

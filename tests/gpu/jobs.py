@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.runtime.driver import Driver
 from nebula_mq.runtime.hooks import Hook
 from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -88,8 +89,8 @@ class Run:
 def run_pair(size: Size, settings_: Settings, broker: MemoryBroker, stop_at: int | None = None,
              timeout: float = 300.0) -> Run:
     """Run the head and the tail to the end (or to ``stop_at``, as SIGTERM would)."""
-    from workers.split.head import SplitHeadWorker
-    from workers.split.tail import SplitTailWorker
+    from workers.split.head import SpecHead
+    from workers.split.tail import SpecTail
 
     cuda = torch.cuda.is_available()
     if cuda:
@@ -97,14 +98,14 @@ def run_pair(size: Size, settings_: Settings, broker: MemoryBroker, stop_at: int
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     job = settings_.job.id
-    tail = SplitTailWorker(settings_, tail_spec(size), MemoryTransport(broker, settings_.transport, job, "t"))
-    head = SplitHeadWorker(settings_, head_spec(size), MemoryTransport(broker, settings_.transport, job, "s"))
+    tail = SpecTail(settings_, tail_spec(size), MemoryTransport(broker, settings_.transport, job, "t"))
+    head = SpecHead(settings_, head_spec(size), MemoryTransport(broker, settings_.transport, job, "s"))
     clock = Clock()
-    tail.hooks.add(clock)
-    run_workers((tail, head), stop_at, timeout=timeout)
+    tail.worker.hooks.add(clock)
+    run_workers([Driver(tail.worker, tail), Driver(head.worker, head)], stop_at, timeout=timeout)
     devices = (str(next(head.model.parameters()).device), str(next(tail.model.parameters()).device))
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else math.nan
-    return Run(Path(settings_.job.run_dir), devices, (head.step, tail.step), clock.losses,
+    return Run(Path(settings_.job.run_dir), devices, (head.worker.step, tail.worker.step), clock.losses,
                clock.steps_per_s(), peak, time.perf_counter() - t0)
 
 

@@ -32,7 +32,8 @@ from nebula_mq.codecs import parse_codec
 from nebula_mq.runtime import metrics as metrics_module
 from nebula_mq.runtime import worker as worker_module
 from nebula_mq.runtime.channel import Inbox, Outbox
-from workers.base import RoleWorker
+from nebula_mq.runtime.worker import Worker
+from workers.base import role_worker
 from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -55,21 +56,6 @@ class VirtualClock:
         return self.now
 
 
-class Role(RoleWorker):
-    """A role whose loop the test drives step by step (both sides in one thread)."""
-
-    def run(self) -> int:  # pragma: no cover - the test drives the steps itself
-        return 0
-
-
-class Encoder(Role):
-    role = "abnet-encoder"
-
-
-class Decoder(Role):
-    role = "abnet-decoder"
-
-
 def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     settings = Settings(job=JobSettings(id="report-demo", scenario="abnet", steps=STEPS, run_dir=str(run_dir)))
     act, reply = topology.abnet_flows("s", "t", ("enc-s0",))
@@ -77,17 +63,18 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     rng = np.random.default_rng(7)
     fp16, int8 = parse_codec("fp16"), parse_codec("int8")
 
-    def encoder() -> tuple[Encoder, Outbox, Inbox]:
-        enc = Encoder(settings, "s", "enc-s0", MemoryTransport(broker, settings.transport, "report-demo", "s"),
-                      checkpoint_every=EVERY)
+    # Workers whose steps the test drives itself (both sides in one thread).
+    def encoder() -> tuple[Worker, Outbox, Inbox]:
+        enc = role_worker(settings, "s", "enc-s0", "abnet-encoder",
+                          MemoryTransport(broker, settings.transport, "report-demo", "s"), checkpoint_every=EVERY)
         enc.transport.declare_dead_letter_queue()
         enc.transport.declare_flow(act, "producer")
         enc.transport.declare_flow(reply, "consumer")
         return enc, Outbox(enc, act, "enc-s0"), Inbox(enc, reply, Deduplicator(), held=EVERY + 1)
 
     enc, enc_out, enc_in = encoder()
-    dec = Decoder(settings, "t", "dec-t0", MemoryTransport(broker, settings.transport, "report-demo", "t"),
-                  checkpoint_every=EVERY)
+    dec = role_worker(settings, "t", "dec-t0", "abnet-decoder",
+                      MemoryTransport(broker, settings.transport, "report-demo", "t"), checkpoint_every=EVERY)
     dec.transport.declare_dead_letter_queue()
     dec.transport.declare_flow(act, "consumer")
     reply_queue = dec.transport.declare_flow(reply, "producer")

@@ -25,6 +25,7 @@ from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.driver import drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -37,7 +38,7 @@ from workers.split.tail import SplitTail
 log = get_logger(__name__)
 
 
-class AbnetDecoderWorker(SplitTail):
+class AbnetDecoder(SplitTail):
     """The split tail (loop, ordering, checkpoints in ``workers.split.tail``) specialised
     to the ABNet decoder: targets, AQ-SGD mirror, error feedback and evaluation."""
 
@@ -80,7 +81,7 @@ class AbnetDecoderWorker(SplitTail):
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         total = int(received.meta.get("batches", 0))
-        self.write_status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
+        self.worker.write_status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
         try:
             self.evaluation.on_batch(self.model, received.micro_batch, total,
                                      t["enc_out"], t["src_mask"], t["sample_ids"])
@@ -99,6 +100,5 @@ class AbnetDecoderWorker(SplitTail):
 @role("abnet-decoder")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the decoder rank (``[abnet] decoder_ranks``)."""
-    worker = AbnetDecoderWorker(settings, rank=worker_index)
-    worker.install_signal_handlers()
-    return worker.main()
+    decoder = AbnetDecoder(settings, rank=worker_index)
+    return drive(decoder.worker, decoder)

@@ -29,6 +29,7 @@ from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import TrainingDiverged
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.driver import drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -44,7 +45,7 @@ log = get_logger(__name__)
 COLLAPSED_SPREAD = 1e-3
 
 
-class AbnetEncoderWorker(SplitHead):
+class AbnetEncoder(SplitHead):
     """The split head (loop, window, recompute, checkpoints in ``workers.split.head``)
     specialised to the ABNet encoder: its data, AQ-SGD deltas and evaluation."""
 
@@ -98,10 +99,10 @@ class AbnetEncoderWorker(SplitHead):
         if spread < COLLAPSED_SPREAD and not self._collapse_reported:
             self._collapse_reported = True
             hint = "every token now has the same vector: lower [abnet] lr, or raise warmup_steps or grad_clip"
-            log.error("encoder_collapsed", token_spread=spread, step=self.step, hint=hint)
+            log.error("encoder_collapsed", token_spread=spread, step=self.worker.step, hint=hint)
             if self.job.on_collapse == "stop":
                 # Stop before the next checkpoint overwrites the last good one.
-                raise TrainingDiverged(f"the encoder collapsed at step {self.step} "
+                raise TrainingDiverged(f"the encoder collapsed at step {self.worker.step} "
                                        f"(token spread {spread:.2g}): {hint}")
         return values
 
@@ -124,8 +125,8 @@ class AbnetEncoderWorker(SplitHead):
         size = self.job.batch_size
         batches = -(-n // size)
         codec = self.outgoing[0].schedule.codec_for(self.total)
-        outbox = Outbox(self, self.act_flows[0], eval_producer(self.worker_id))
-        self.write_status("running", phase=f"evaluating {n} sentences: encoding and sending them")
+        outbox = Outbox(self.worker, self.act_flows[0], eval_producer(self.worker_id))
+        self.worker.write_status("running", phase=f"evaluating {n} sentences: encoding and sending them")
         self.model.eval()
         try:
             for k in range(batches):
@@ -146,6 +147,5 @@ class AbnetEncoderWorker(SplitHead):
 @role("abnet-encoder")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the encoder rank (``[abnet] encoder_ranks``)."""
-    worker = AbnetEncoderWorker(settings, rank=worker_index)
-    worker.install_signal_handlers()
-    return worker.main()
+    encoder = AbnetEncoder(settings, rank=worker_index)
+    return drive(encoder.worker, encoder)

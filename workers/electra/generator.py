@@ -1,11 +1,11 @@
-"""ELECTRA generator worker (cluster A): mask, sample, publish; never ahead by more than max_lead.
+"""ELECTRA generator (cluster A): mask, sample, publish; never ahead by more than max_lead.
 
 A process hosts every generator of the job (worker ``gen``, flows
 ``gen-results`` / ``sync``) or, in the M3 layout with a cluster per generator,
 generator ``k`` alone (worker ``gen-<k>``, flows ``gen-results-<k>`` /
 ``sync-<k>``; see ``workers.electra.flows``). The protocol is the same.
 
-Each step every hosted generator ``k`` makes ``n_sub`` micro-batches, one per
+Each training step every hosted generator ``k`` makes ``n_sub`` micro-batches, one per
 discriminator rank, and publishes each (confirmed) on its results flow as
 producer ``gen-k`` with ``micro_batch = step * n_sub + share``; then it applies
 its optimiser step. Masking and sampling are seeded by (seed, generator, step,
@@ -14,31 +14,44 @@ byte-identical micro-batches with the same ids: the root discards the repeats.
 
 Sync protocol (paper §3.3): after each discriminator step the root sends a sync
 token ``(step = steps done, micro_batch = step index)`` on each sync flow. The
-generator starts step ``s`` only when ``s - synced <= max_lead`` (``max_lead = 0``
-is the paper's strict lockstep; 1-2 hide the WAN latency), and finishes only
-when ``synced == steps``: both sides end at the same step. Tokens are applied in
-order on one counter, ``synced`` (a repeat is below it), and acked with the
-checkpoint that records it (replay contract).
+generator is a role of the runtime's driver (``nebula_mq.runtime.driver``) whose
+steps are the sync tokens: token ``i`` is step ``i``, applied in order on the
+worker's step counter (the synced steps; a repeat is below it) and acked with the
+checkpoint that records it (replay contract). Before each wait the generator
+trains (:meth:`ElectraGenerator.produce`) while ``trained - synced <= max_lead``
+(``max_lead = 0`` is the paper's strict lockstep; 1-2 hide the WAN latency), so it
+never trains past the last step, and both sides end at the same step once the last
+token is applied.
+
+The checkpoint at synced step ``s`` holds the trainers after ``trained >= s``
+steps and ``trained`` in its metadata: every micro-batch of those steps is
+confirmed on the broker, so a restarted generator trains on from ``trained``.
+The history has a row per synced step: the generator's values of that step (kept
+until its token comes, in the checkpoint too), the synced count when it was
+trained, and the discriminator's values the token brings.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from nebula_mq import topology
 from nebula_mq.codecs import LZ4
-from nebula_mq.models.electra_trainers import GeneratorTrainer
+from nebula_mq.errors import WorkerError
 from nebula_mq.models.device import use_device
-from nebula_mq.runtime.channel import Outbox
-from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.models.electra_trainers import GeneratorTrainer
+from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.loop import LoopWorker
+from nebula_mq.runtime.ordered import OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from nebula_mq import topology
-from nebula_mq.errors import WorkerError
-from workers.base import RoleWorker
+from workers.base import role_worker
 from workers.electra.common import PADDLE_TURN, generator_id, generator_worker_id
 from workers.electra.data import load_streams
 from workers.electra.flows import flow_named, flows
@@ -48,10 +61,12 @@ from workers.registry import role
 log = get_logger(__name__)
 
 ROLE = "electra-generator"
+# Of the discriminator's values a sync token brings, those the generator's history records.
+DISC_VALUES = ("rtd_loss", "rtd_acc")
 
 
-class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
-    role = ROLE
+class ElectraGenerator:
+    """The generator process's role: trains ahead of the sync tokens, applies the tokens."""
 
     def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:
         """``index``: the generator this process hosts in the process-per-generator layout
@@ -60,8 +75,8 @@ class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
         slot = index if self.job.process_per_generator else None
         if slot is not None and not 0 <= slot < len(self.job.generator_clusters):
             raise WorkerError(f"generator {index} outside 0..{len(self.job.generator_clusters) - 1}")
-        super().__init__(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
-                         transport, checkpoint_every=self.job.checkpoint_every)
+        self.worker = role_worker(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
+                                  ROLE, transport, checkpoint_every=self.job.checkpoint_every)
         use_device(settings.job.device, slot or 0)
         self.cfg, self.streams = load_streams(settings, self.job)
         # The generators this process hosts (indices into cfg.generators).
@@ -72,96 +87,100 @@ class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
         self.results_flow = flow_named(all_flows, topology.electra_results_flow(slot))
         self.sync_flow = flow_named(all_flows, topology.electra_sync_flow(slot))
         self.n = self.job.n
-        self.synced = 0  # discriminator steps done, from the newest sync token
-        self.disc_values: dict[str, float] = {}
         self.total = settings.job.steps
+        # One sync token a step: the root runs up to max_lead steps (and the one in flight, and
+        # the last) ahead of the synced step; the driver adds what this process produced after
+        # its last checkpoint before a crash (the root trained on it and sent its tokens).
+        self.in_flight = self.job.max_lead + 2
+        self.trained = 0  # training steps done; every micro-batch of them is published
+        # The values of each trained step whose token has not come yet (by step index).
+        self.unsynced: dict[int, dict[str, float]] = {}
+        self.hot_start = False  # restored from another job's checkpoint (resume_store)
+        self.outboxes: dict[int, Outbox] = {}
 
     # ------------------------------------------------------------------ checkpoint
 
-    def restore(self) -> None:
-        ck, hot = self.store.latest(), False
-        if ck is None and self.job.init_from:
-            # A generator of its own may hot-start from a job whose one process hosted them all
-            # (its arrays are prefixed by generator index either way).
-            for source in dict.fromkeys((self.worker_id, "gen")):
-                ck, hot = CheckpointStore(Path(self.job.init_from) / "checkpoints" / source).latest(), True
-                if ck is not None:
-                    break
-        if ck is None:
-            return
-        self.load(ck)
-        if hot:  # a new job: fresh queues, its sync tokens start at this step
-            self.synced = self.step
-        log.info("resumed", step=self.step, synced=self.synced, hot_start=hot)
+    def resume_store(self) -> CheckpointStore:
+        """This process's store, or with none of its checkpoints and ``init_from`` set, that
+        job's: a generator of its own may hot-start from a job whose one process hosted them
+        all (its arrays are prefixed by generator index either way)."""
+        worker = self.worker
+        if worker.store.steps() or not self.job.init_from:
+            return worker.store
+        for source in dict.fromkeys((worker.worker_id, "gen")):
+            store = CheckpointStore(Path(self.job.init_from) / "checkpoints" / source)
+            if store.steps():
+                self.hot_start = True
+                log.info("hot_start", source=str(store.root))
+                return store
+        return worker.store
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        with PADDLE_TURN:
+            arrays = {f"g{k}/{n}": v for k, t in zip(self.hosted, self.trainers) for n, v in t.state_arrays().items()}
+        return arrays, {"trained": self.trained, "unsynced": {str(s): v for s, v in self.unsynced.items()}}
 
     def load(self, ck: Checkpoint) -> None:
+        """The trainers and the trained count of ``ck``; a hot start (a new job: fresh queues)
+        takes its sync tokens from the step trained on."""
         for k, trainer in zip(self.hosted, self.trainers):
             prefix = f"g{k}/"
             with PADDLE_TURN:
                 trainer.load_state_arrays({a[len(prefix):]: v for a, v in ck.arrays.items() if a.startswith(prefix)})
-        self.step = ck.step
-        self.synced = int(ck.meta["synced"])
+        self.trained = int(ck.meta.get("trained", ck.step))
+        self.unsynced = {int(s): dict(v) for s, v in ck.meta.get("unsynced", {}).items()}
+        if self.hot_start:
+            self.worker.step, self.unsynced = self.trained, {}
 
-    def checkpoint(self) -> None:
-        with PADDLE_TURN:
-            arrays = {f"g{k}/{n}": v for k, t in zip(self.hosted, self.trainers) for n, v in t.state_arrays().items()}
-        self.commit(arrays, {"synced": self.synced})
-        self.write_history()
+    def unsaved(self) -> bool:
+        return self.trained > 0  # published micro-batches are confirmed: remember them
 
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ the role (runtime.driver)
+
+    def inputs(self) -> StepInputs:
+        return StepInputs((self.sync_flow,))
 
     def open(self) -> None:
-        self.transport.declare_flow(self.results_flow, "producer")
-        self.transport.declare_flow(self.sync_flow, "consumer")
-        self.outboxes = {k: Outbox(self, self.results_flow, generator_id(k)) for k in self.hosted}
+        transport = self.worker.transport
+        transport.declare_flow(self.results_flow, "producer")
+        transport.declare_flow(self.sync_flow, "consumer")
+        self.outboxes = {k: Outbox(self.worker, self.results_flow, generator_id(k)) for k in self.hosted}
 
     def close(self) -> None:
         for outbox in self.outboxes.values():
             outbox.close()
 
-    def open_inbox(self) -> OrderedInbox:
-        # One sync token a step: the root runs up to max_lead steps (and the one in flight, and
-        # the last) ahead of ``synced``, plus what this process produced after its last
-        # checkpoint before a crash (the root trained on it and sent its tokens).
-        window = FlowWindow(ahead=self.job.max_lead + 2 + self.checkpoint_every, unacked=self.checkpoint_every)
-        # Token i (micro_batch i) says step i + 1 is done: the next one to apply is ``synced``.
-        return OrderedInbox(self, self.sync_flow, self.synced, window)
+    def produce(self, stopping: StopCheck) -> None:
+        """Train while the discriminator is at most ``max_lead`` steps behind."""
+        while (self.trained < self.total and self.trained - self.worker.step <= self.job.max_lead
+               and not stopping()):
+            self.train_step()
 
-    def advance(self, inbox: OrderedInbox) -> bool:
-        """One step, once the discriminator is at most ``max_lead`` steps behind."""
-        while self.step - self.synced > self.job.max_lead and not self.stop_requested.is_set():
-            self.poll_sync(inbox, 0.5)
-        if self.stop_requested.is_set():
-            return False
-        self.train_step(self.outboxes)
-        while self.poll_sync(inbox, 0):
-            pass
-        if self.step % self.checkpoint_every == 0:
-            self.checkpoint()
-        return True
+    def admit(self, received: Received) -> None:
+        """Every token is accepted as ordered (token ``i`` is step ``i``)."""
 
-    def finish(self, inbox: OrderedInbox) -> None:
-        """Both sides end at the same step: wait for the last sync token."""
-        while self.synced < self.step and not self.stop_requested.is_set():
-            self.poll_sync(inbox, 0.5)
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+        return False
 
-    def needs_final_checkpoint(self) -> bool:
-        return (self.step > 0 and not self.has_checkpoint_at_step()) or bool(self._pending_acks)
+    def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
+        """The sync token of step ``worker.step``: the values of that training step and the
+        discriminator's values the token brings."""
+        token, = parts
+        disc = {f"disc_{k}": float(v) for k, v in token.meta.items() if k in DISC_VALUES and isinstance(v, (int, float))}
+        return {**self.unsynced.pop(self.worker.step, {}), **disc}
 
-    def poll_sync(self, inbox: OrderedInbox, timeout: float) -> bool:
-        """Apply the sync tokens whose turn has come; False when nothing came within ``timeout``."""
-        received = inbox.next(timeout)
-        if received is None:
-            return False
-        for token in inbox.take(received):
-            self.synced = int(token.envelope.step)
-            self.disc_values = {k: float(v) for k, v in token.meta.items() if isinstance(v, (int, float))}
-            inbox.applied(token)
-        return True
+    def more_to_do(self) -> bool:
+        return False
 
-    def train_step(self, outboxes: dict[int, Outbox]) -> None:
-        s = self.step
+    def after_training(self) -> None:
+        """Nothing: the evaluation reads the checkpoints (``workers.electra.root.evaluate``)."""
+
+    def train_step(self) -> None:
+        """Training step ``trained`` of every hosted generator: its n_sub micro-batches each,
+        published, then the optimiser steps."""
+        s = self.trained
         bind_context(step=s)
+        hooks = self.worker.hooks
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
         for share in range(self.n):
@@ -171,24 +190,22 @@ class ElectraGeneratorWorker(LoopWorker[OrderedInbox], RoleWorker):
                 with PADDLE_TURN:
                     batch, metrics = trainer.make_micro_batch(ids)
                 for name, value in metrics.items():
-                    sums[name] = sums.get(name, 0.0) + value
-                self.hooks.on_compute(time.perf_counter() - t0)
-                outboxes[k].send(step=s, micro_batch=mb, tensors={n: (a, LZ4()) for n, a in batch.items()},
-                                 meta={"generator": k, "share": share})
+                    sums[name] = sums.get(name, 0.0) + float(value)
+                hooks.on_compute(time.perf_counter() - t0)
+                self.outboxes[k].send(step=s, micro_batch=mb, tensors={n: (a, LZ4()) for n, a in batch.items()},
+                                      meta={"generator": k, "share": share})
                 t0 = time.perf_counter()
         for trainer in self.trainers:
             with PADDLE_TURN:
                 trainer.apply_update()
-        self.hooks.on_compute(time.perf_counter() - t0)
-        self.step = self.trainers[0].step
+        hooks.on_compute(time.perf_counter() - t0)
+        self.trained = self.trainers[0].step
         count = float(self.n * len(self.trainers))
-        self.record_step({**{k: v / count for k, v in sums.items()}, "synced": float(self.synced),
-                          **{f"disc_{k}": v for k, v in self.disc_values.items() if k in ("rtd_loss", "rtd_acc")}})
+        self.unsynced[s] = {**{k: v / count for k, v in sums.items()}, "synced": float(self.worker.step)}
 
 
 @role("electra-generator")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the generator, when each has a process of its own (else unused)."""
-    worker = ElectraGeneratorWorker(settings, index=worker_index)
-    worker.install_signal_handlers()
-    return worker.main()
+    gen = ElectraGenerator(settings, index=worker_index)
+    return drive(gen.worker, gen)

@@ -1,17 +1,21 @@
 """ELECTRA root discriminator (cluster B, rank 0): scatter, train its share, sync with G.
 
 From ``gen-results`` (or, with a process per generator, from every
-``gen-results-<k>``, one inbox each) it takes each generator's micro-batches in
-order (the runtime's :class:`OrderedStreams`, one counter per generator). Share 0 of a step is its own;
-share ``r`` is forwarded to ``sub-disc-r`` as ``micro_batch = step * K + k``,
-keeping its content. A forwarded delivery is recorded and acked with the step
-it belongs to (not when forwarded): after a group restart from step ``c``,
-everything of later steps is still on ``gen-results`` and is re-scattered with
-the same ids, so a rank that lost its copy gets it again and one that holds it
-drops the repeat.
+``gen-results-<k>``, one inbox each) a step is the ``n_sub`` micro-batches of the
+step from each generator, in order: one stream per generator producer, each on its
+own counter (``micro_batch = step * n_sub + share``; the runtime's driver orders
+them). Share 0 of each generator is the root's own; share ``r`` is forwarded to
+``sub-disc-r`` as ``micro_batch = step * K + k``, keeping its content, when the
+step is applied, before the root enters the step's all-reduce (a sub waiting for a
+share the root still holds would deadlock it). Every micro-batch of a step is acked
+with the checkpoint that holds the step, forwarded or not: after a group restart
+from step ``c``, everything of later steps is still on ``gen-results`` and is
+re-scattered with the same ids, so a rank that lost its copy gets it again and one
+that holds it drops the repeat.
 
 After every step (all ranks done, see ``workers.electra.sub``) the root sends the sync
-token ``step = steps done, micro_batch = step index`` to every generator process.
+token ``step = steps done, micro_batch = step index`` to every generator process,
+before the checkpoint that holds the step.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from nebula_mq import topology
 from nebula_mq.codecs import LZ4
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.driver import StepInputs, drive
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.runtime.ordered import OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
+from workers.electra.common import generator_id
 from workers.electra.flows import flow_named, results_flows, sync_flows
 from workers.electra.sub import DiscriminatorRank
 from workers.registry import role
@@ -35,96 +40,72 @@ log = get_logger(__name__)
 ROLE = "electra-root"
 
 
-class ElectraRootWorker(DiscriminatorRank):
-    role = ROLE
+class ElectraRoot(DiscriminatorRank):
+    """Rank 0: reads every generator's stream, scatters the other ranks' shares, trains on
+    its own and sends the sync tokens."""
 
     def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
-        super().__init__(settings, 0, transport)
+        super().__init__(settings, 0, ROLE, transport)
         self.results_flows = [flow_named(self.flows, name) for name in results_flows(self.job)]
         self.sync_flows = [flow_named(self.flows, name) for name in sync_flows(self.job)]
         self.sub_flows = [flow_named(self.flows, topology.sub_discriminator_flow(r)) for r in range(1, self.world)]
-        self.own: dict[int, dict[int, Received]] = {}  # step -> generator -> its share-0 message
+        self.sync_out: list[Outbox] = []
+        self.sub_out: list[Outbox] = []
+
+    def inputs(self) -> StepInputs:
+        # A stream per generator (its producer id), n_sub micro-batches of it a step.
+        return StepInputs(self.results_flows, tuple(generator_id(k) for k in range(self.k_gen)), self.world)
 
     def declare(self) -> None:
+        transport = self.worker.transport
         for flow in self.results_flows:
-            self.transport.declare_flow(flow, "consumer")
-        for flow in self.sync_flows:
-            self.transport.declare_flow(flow, "producer")
-        for flow in self.sub_flows:
-            self.transport.declare_flow(flow, "producer")
-
-    def open_inbox(self) -> OrderedStreams:
-        # One message per rank and step, per generator: micro_batch = step * n_sub + share.
-        n, window = self.world, self.window(self.world)
-        per_flow = self.k_gen // len(self.results_flows)  # generators publishing on each
-        return OrderedStreams(self, self.results_flows, self.k_gen, self.step * n, window,
-                              held=window.held * per_flow)
-
-    def open(self) -> None:
-        super().open()
-        self.sync_out = [Outbox(self, f, self.worker_id) for f in self.sync_flows]
-        self.sub_out = [Outbox(self, f, self.worker_id) for f in self.sub_flows]
+            transport.declare_flow(flow, "consumer")
+        for flow in (*self.sync_flows, *self.sub_flows):
+            transport.declare_flow(flow, "producer")
+        self.sync_out = [Outbox(self.worker, f, self.worker.worker_id) for f in self.sync_flows]
+        self.sub_out = [Outbox(self.worker, f, self.worker.worker_id) for f in self.sub_flows]
 
     def close(self) -> None:
         for outbox in (*self.sync_out, *self.sub_out):
             outbox.close()
 
-    def _generator_of(self, received: Received) -> int:
+    def admit(self, received: Received) -> None:
+        """A micro-batch says who made it and which share of which step it is, consistently
+        with its producer and index; a generator publishes on its own flow only."""
         k = received.meta.get("generator")
         step, share = divmod(received.micro_batch, self.world)
-        if not isinstance(k, int) or not 0 <= k < self.k_gen or received.envelope.step != step \
-                or received.meta.get("share") != share:
-            raise MalformedMessage(f"generator {k!r}, step {received.envelope.step}, share "
-                                   f"{received.meta.get('share')!r} do not fit micro-batch {received.micro_batch}")
+        if not isinstance(k, int) or not 0 <= k < self.k_gen or received.envelope.producer != generator_id(k) \
+                or received.envelope.step != step or received.meta.get("share") != share:
+            raise MalformedMessage(f"generator {k!r} (producer {received.envelope.producer!r}), step "
+                                   f"{received.envelope.step}, share {received.meta.get('share')!r} do not fit "
+                                   f"micro-batch {received.micro_batch}")
         own = self.results_flows[k if len(self.results_flows) > 1 else 0].name
         if received.envelope.flow != own:  # a process per generator: k publishes on its own flow only
             raise MalformedMessage(f"generator {k}'s micro-batch on flow {received.envelope.flow!r}, not {own!r}")
-        return k
 
-    def _scattered(self, step: int) -> bool:
-        """Every share of ``step`` is here or forwarded: only then may this rank enter the
-        step's all-reduce (a sub waiting for a share the root still holds would deadlock it)."""
-        return (len(self.own.get(step, {})) == self.k_gen
-                and len(self.riders.get(step, [])) == (self.world - 1) * self.k_gen)
-
-    def next_shares(self, inbox: OrderedStreams) -> list[Received] | None:
-        while not self._scattered(self.step):
-            received = inbox.next(0.5)
-            if received is None:
-                if self.stop_requested.is_set() and self.agreement.alone:
-                    return None
-                continue
-            try:
-                k = self._generator_of(received)
-            except MalformedMessage as exc:
-                inbox.reject(received, exc)
-                continue
-            for ready in inbox.take_from(k, received):
-                self.route(k, ready)
-        own = self.own.pop(self.step)
-        return [own[k] for k in range(self.k_gen)]
-
-    def route(self, k: int, received: Received) -> None:
-        step, share = divmod(received.micro_batch, self.world)
-        if share == 0:
-            self.own.setdefault(step, {})[k] = received
-            return
-        self.sub_out[share - 1].send(step=step, micro_batch=step * self.k_gen + k,
-                                     tensors={n: (a, LZ4()) for n, a in received.tensors.items()},
-                                     meta=dict(received.meta))
-        self.riders.setdefault(step, []).append(received)
-
-    def after_step(self, metrics: dict[str, float]) -> None:
-        for outbox in self.sync_out:
-            outbox.send(step=self.step, micro_batch=self.step - 1,
-                        tensors={}, meta=metrics)  # the token is its step (envelope) and the metrics
+    def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
+        """Step ``worker.step``: ``parts`` holds each generator's n_sub shares in order. Forward
+        shares 1.. to their ranks, train on share 0 of every generator, send the sync token."""
+        n, step = self.world, self.worker.step
+        own = []
+        for k in range(self.k_gen):
+            mine = parts[k * n:(k + 1) * n]
+            own.append(mine[0])
+            for outbox, received in zip(self.sub_out, mine[1:]):
+                outbox.send(step=step, micro_batch=step * self.k_gen + k,
+                            tensors={name: (a, LZ4()) for name, a in received.tensors.items()},
+                            meta=dict(received.meta))
+        values = self.train(own)
+        metrics = {k: v for k, v in values.items() if k != "lr"}
+        for outbox in self.sync_out:  # the token is its step (envelope) and the metrics
+            outbox.send(step=step + 1, micro_batch=step, tensors={}, meta=metrics)
+        return values
 
 
 @role("electra-root")
 def main(settings: Settings, worker_index: int = 0) -> int:
-    worker = ElectraRootWorker(settings)
-    worker.install_signal_handlers()
-    return worker.main()
+    root = ElectraRoot(settings)
+    return drive(root.worker, root)
 
 
 def evaluate(settings: Settings) -> dict[str, float]:

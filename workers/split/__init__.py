@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.base import Transport
 from workers.split.job import HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
 from workers.split.trained import export, load, predict
+
+if TYPE_CHECKING:
+    from workers.split.side import SplitSide
 
 __all__ = ["HeadSpec", "TailSpec", "export", "load", "predict", "run_head", "run_tail"]
 
@@ -40,13 +44,9 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
     ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index and
     return the whole micro-batch: rank ``rank`` of ``[split] head_ranks`` takes its share.
     ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
-    from workers.split.head import SplitHeadWorker
+    from workers.split.head import SpecHead
 
-    worker = SplitHeadWorker(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport,
-                             rank=rank)
-    if threading.current_thread() is threading.main_thread():
-        worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
-    return worker.main()
+    return _run(SpecHead(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport, rank=rank))
 
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
@@ -54,10 +54,16 @@ def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: Los
              rank: int = 0) -> int:
     """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code.
     ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model."""
-    from workers.split.tail import SplitTailWorker
+    from workers.split.tail import SpecTail
 
-    worker = SplitTailWorker(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport,
-                             rank=rank)
+    return _run(SpecTail(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport, rank=rank))
+
+
+def _run(side: SplitSide) -> int:
+    """Drive ``side`` to its end; on the main thread SIGTERM finishes, checkpoints and exits 0."""
+    from nebula_mq.runtime.driver import Driver
+
+    driver = Driver(side.worker, side)
     if threading.current_thread() is threading.main_thread():
-        worker.install_signal_handlers()  # SIGTERM: finish, checkpoint, exit 0
-    return worker.main()
+        driver.install_signal_handlers()
+    return driver.main()

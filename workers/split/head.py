@@ -8,10 +8,10 @@ and the received gradient is back-propagated through it. So a checkpoint at
 step ``c`` is all a restarted head needs, and with ``in_flight = 1`` the split
 run is exactly the joint model's training.
 
-:class:`SplitHead` is the step (the loop is the runtime's:
-``nebula_mq.runtime.stepped``); a subclass says what a micro-batch is
+:class:`SplitHead` is the step, a plain role (the loop is the runtime's driver:
+``nebula_mq.runtime.driver``); a subclass says what a micro-batch is
 (:meth:`SplitHead.forward`) and may add message fields, state (:meth:`state`) and
-an after-training step: :class:`SplitHeadWorker` runs a user's :class:`HeadSpec`,
+an after-training step: :class:`SpecHead` runs a user's :class:`HeadSpec`,
 ``workers.abnet.encoder`` the ABNet encoder with AQ-SGD deltas and evaluation.
 """
 
@@ -32,6 +32,7 @@ from nebula_mq.errors import DataError, MalformedMessage, ShapeMismatch
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.checkpoint import Checkpoint
+from nebula_mq.runtime.driver import StopCheck, StepInputs, drive
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
@@ -65,8 +66,7 @@ class SplitHead(SplitSide):
                  framework: Framework | None = None) -> None:
         super().__init__(settings, job, rank, transport, framework)
         self.reply_flow = self.reply_flows[rank]
-        self.steps_flow = self.reply_flow  # step s applies the gradient of micro-batch s
-        # One gradient per tail rank makes a step (workers.split.routing).
+        # Step s applies the gradient of micro-batch s, one from each tail rank (workers.split.routing).
         self.sources = job.tail_ids() if job.tail_ranks > 1 else ()
         # Schedule, rsvd warm start, AQ-SGD reference, tensor roles: all of the activation
         # flow's compression state, one per tail rank, checkpointed with the head.
@@ -75,6 +75,9 @@ class SplitHead(SplitSide):
             main=self.activation_name, role="activation", delta=self.delta_compression(),
             allow_non_finite=settings.codec.allow_non_finite) for _ in self.act_flows]
         self.next_fwd = 0  # next micro-batch to send; all below it are confirmed on the broker
+
+    def inputs(self) -> StepInputs:
+        return StepInputs((self.reply_flow,), self.sources)
 
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         return tuple((peer_prefix(self.state_prefix, j), c) for j, c in enumerate(self.outgoing))
@@ -108,7 +111,7 @@ class SplitHead(SplitSide):
                                 f"{tuple(activation.shape)}")
         self.fw.backward(activation, grad)
 
-    # ------------------------------------------------------------------ the step (runtime.stepped)
+    # ------------------------------------------------------------------ the step (runtime.driver)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, meta = super().state()
@@ -119,33 +122,29 @@ class SplitHead(SplitSide):
         self.next_fwd = int(ck.meta["next_fwd"])
 
     def unsaved(self) -> bool:
-        return self.step > 0 or self.next_fwd > 0  # sent activations are confirmed: remember them
+        return self.next_fwd > 0  # sent activations are confirmed: remember them
 
-    def produce(self) -> None:
+    def produce(self, stopping: StopCheck) -> None:
         """Keep ``in_flight`` micro-batches waiting for their gradient."""
-        while self.next_fwd < min(self.total, self.step + self.in_flight) and not self.stopping():
+        while self.next_fwd < min(self.total, self.worker.step + self.in_flight) and not stopping():
             self.send_activation(self.next_fwd)
             self.next_fwd += 1
 
     def open(self) -> None:
         for flow in self.act_flows:
-            self.transport.declare_flow(flow, "producer")
-        self.reply_queue = self.transport.declare_flow(self.reply_flow, "consumer")
-        self.outboxes = [Outbox(self, flow, self.worker_id) for flow in self.act_flows]
+            self.worker.transport.declare_flow(flow, "producer")
+        self.reply_queue = self.worker.transport.declare_flow(self.reply_flow, "consumer")
+        self.outboxes = [Outbox(self.worker, flow, self.worker_id) for flow in self.act_flows]
         super().open()
-
-    def close(self) -> None:
-        for outbox in self.outboxes:
-            outbox.close()
 
     def send_activation(self, mb: int) -> None:
         """This rank's shard of ``mb``, one piece to each tail rank."""
-        bind_context(step=self.step, micro_batch=mb)
+        bind_context(step=self.worker.step, micro_batch=mb)
         t0 = time.perf_counter()
         with self.fw.no_grad():
             fwd = self.forward(mb)
         activation = self.fw.numpy(fwd.activation)
-        self.hooks.on_compute(time.perf_counter() - t0)
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
         for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
             rows = self.routing.piece(len(fwd.sample_ids), j)
             piece = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
@@ -160,23 +159,23 @@ class SplitHead(SplitSide):
         """A reply answers one request: its correlation id is the id of the activation of
         the same micro-batch this rank sent to the replying tail rank (aio-pika's RPC
         pattern); anything else is not ours to apply."""
-        flow = topology.stripe_of(self.act_flows[self.stream_of(received)], received.micro_batch)
+        flow = topology.stripe_of(self.act_flows[self.peer_of(received)], received.micro_batch)
         asked = topology.message_id(self.settings.job.id, flow.name, self.worker_id, received.micro_batch)
         if received.delivery.correlation_id != asked:
             raise MalformedMessage(f"reply for micro-batch {received.micro_batch} correlates with "
                                    f"{received.delivery.correlation_id!r}, not {asked!r}")
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
-        """Step ``self.step``: the gradient of micro-batch ``self.step`` (one piece from each tail
+        """The worker's step ``s``: the gradient of micro-batch ``s`` (one piece from each tail
         rank), through its recomputed forward."""
         mb = parts[0].micro_batch
-        bind_context(step=self.step, micro_batch=mb)
+        bind_context(step=self.worker.step, micro_batch=mb)
         t0 = time.perf_counter()
         fwd = self.forward(mb)  # recompute (module docstring)
         grad = parts[0].tensors["grad"] if len(parts) == 1 else np.concatenate([p.tensors["grad"] for p in parts])
         self.backward(fwd.activation, grad)
         self.step_optimizer()
-        self.hooks.on_compute(time.perf_counter() - t0)
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
         return self.step_values(parts, fwd)
 
     def step_values(self, parts: tuple[Received, ...], fwd: Forward) -> dict[str, float]:
@@ -186,7 +185,7 @@ class SplitHead(SplitSide):
                 "samples": float(len(fwd.sample_ids) * self.world)}  # the global batch
 
 
-class SplitHeadWorker(SplitHead):
+class SpecHead(SplitHead):
     """The head of a user's model: a :class:`HeadSpec`, configured by ``[split]``."""
 
     def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None,
@@ -215,6 +214,5 @@ class SplitHeadWorker(SplitHead):
 @role("split-head")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-head --index RANK``: the spec comes from ``[split] head``."""
-    worker = SplitHeadWorker(settings, load_spec(settings, "head"), rank=worker_index)
-    worker.install_signal_handlers()
-    return worker.main()
+    head = SpecHead(settings, load_spec(settings, "head"), rank=worker_index)
+    return drive(head.worker, head)

@@ -1,10 +1,11 @@
 """What both sides of a split model share: flows, model, optimizer, their checkpoint, and the
 data-parallel group of the side's ranks.
 
-The loop, the ordering, the acks and the checkpoint schedule belong to the runtime
-(:class:`~nebula_mq.runtime.stepped.SteppedWorker`); the head and the tail
-(``workers.split.head``, ``workers.split.tail``) say what one step does. This is
-the state they both keep: the model's trainable weights and the optimizer, the
+The loop, the ordering, the acks and the checkpoint schedule belong to the runtime's
+driver (:class:`~nebula_mq.runtime.driver.Driver`); the head and the tail
+(``workers.split.head``, ``workers.split.tail``) are plain roles that say what one
+step does, each given its :class:`~nebula_mq.runtime.worker.Worker`. This is the
+state they both keep: the model's trainable weights and the optimizer, the
 learning-rate schedule, and each flow's compression state
 (:class:`~nebula_mq.codecs.flow.FlowCompression`, one per peer rank), saved and
 restored together.
@@ -21,8 +22,8 @@ from the lowest step all its ranks hold).
 
 from __future__ import annotations
 
-from abc import abstractmethod
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -31,12 +32,14 @@ import numpy as np
 from nebula_mq.codecs.flow import FlowCompression
 from nebula_mq.errors import NonFiniteTensor, ShapeMismatch
 from nebula_mq.models.frameworks import Framework, Group, framework_named
-from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.agreement import Agreement
-from nebula_mq.runtime.stepped import SteppedWorker
+from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.checkpoint import Checkpoint
+from nebula_mq.runtime.driver import StepInputs, StopCheck
+from nebula_mq.runtime.ordered import OrderedStreams
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
-from workers.base import RoleWorker
+from workers.base import role_worker
 from workers.split.job import Placement, micro_batch_seed
 
 
@@ -56,15 +59,19 @@ def peer_prefix(prefix: str, peer: int) -> str:
     return prefix if peer == 0 else f"{prefix}/peer{peer}"
 
 
-class SplitSide(SteppedWorker, RoleWorker):
-    """One rank of one side of a split: the activation flows (head -> tail) and the replies."""
+class SplitSide(ABC):
+    """One rank of one side of a split: the activation flows (head -> tail) and the replies.
+    A role of the runtime's driver (``runtime.driver.StepRole``), given its worker."""
 
+    role: str  # names the role in status, metrics and logs
     side: Literal["head", "tail"]
     state_prefix: str  # names this side's arrays in the checkpoint
     activation_name = "activation"  # tensor name of the activation in the message
     # How the side's ranks combine their gradients (workers.split.routing): the head's ranks
     # each hold a part of the global gradient (sum), the tail's a mean over equal shares.
     gradient_op: Literal["sum", "mean"]
+    sources: tuple[str, ...]  # the peer ranks whose messages make a step (empty: one peer)
+    outboxes: list[Outbox]  # opened by open(): to the peer ranks
     model: Any  # a paddle.nn.Layer or a torch.nn.Module: self.fw says which
     optimizer: Any
 
@@ -76,8 +83,9 @@ class SplitSide(SteppedWorker, RoleWorker):
             from nebula_mq.errors import WorkerError
 
             raise WorkerError(f"{self.side} rank {rank} outside 0..{len(ids) - 1} ({self.side}_ranks = {len(ids)})")
-        super().__init__(settings, job.head_cluster if head else job.tail_cluster, ids[rank], transport,
-                         checkpoint_every=job.checkpoint_every)
+        self.settings, self.worker_id = settings, ids[rank]
+        self.worker = role_worker(settings, job.head_cluster if head else job.tail_cluster, ids[rank], self.role,
+                                  transport, checkpoint_every=job.checkpoint_every)
         self.placement, self.rank, self.world = job, rank, len(ids)
         self.routing = job.ranks
         self.in_flight = job.in_flight
@@ -98,6 +106,18 @@ class SplitSide(SteppedWorker, RoleWorker):
         self.optimizer = build(self.fw.trainable(self.model), self.placement.lr)
 
     @abstractmethod
+    def produce(self, stopping: StopCheck) -> None:
+        """Send what may be sent before the next wait (``runtime.driver.StepRole``)."""
+
+    @abstractmethod
+    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
+        """One step's messages, one from each peer rank; the step's values."""
+
+    @abstractmethod
+    def inputs(self) -> StepInputs:
+        """The flow whose messages are this side's steps, one stream per peer rank."""
+
+    @abstractmethod
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         """This rank's ends of the flows' compression, each with its checkpoint prefix."""
 
@@ -114,7 +134,33 @@ class SplitSide(SteppedWorker, RoleWorker):
         job = self.placement
         base = job.head_gloo_port if self.side == "head" else job.tail_gloo_port
         self.group = self.fw.join_group(self.rank, self.world, job.gloo_host, base, job.group_timeout_s)
-        self.agreement = Agreement(self.stop_requested, self.group)
+        self.worker.agreement = Agreement(self.worker.stop_requested, self.group)
+
+    def close(self) -> None:
+        """Close the outboxes the side opened (``open``), waiting for their confirms."""
+        for outbox in self.outboxes:
+            outbox.close()
+
+    # ------------------------------------------------------------------ the driver's defaults
+
+    def admit(self, received: Received) -> None:
+        """Nothing refused before ordering (the head and tail check correlation ids)."""
+
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+        return False
+
+    def more_to_do(self) -> bool:
+        return False
+
+    def peer_of(self, received: Received) -> int:
+        """The peer rank that sent ``received`` (the driver has checked it is one of ``sources``)."""
+        return self.sources.index(received.envelope.producer) if self.sources else 0
+
+    def unsaved(self) -> bool:
+        return False
+
+    def after_training(self) -> None:
+        """Nothing after the last step unless a role says so."""
 
     # ------------------------------------------------------------------ optimizer
 
@@ -126,10 +172,11 @@ class SplitSide(SteppedWorker, RoleWorker):
 
     def step_optimizer(self) -> None:
         if self.group is not None:
+            agreement = self.worker.agreement
             votes = self.group.allreduce_gradients(self.fw.trainable(self.model), self.gradient_op,
-                                                   extra=[self.agreement.vote()])
-            self.agreement.count(float(votes[0]))
-        self.fw.step(self.optimizer, self.learning_rate(self.step))
+                                                   extra=[agreement.vote()])
+            agreement.count(float(votes[0]))
+        self.fw.step(self.optimizer, self.learning_rate(self.worker.step))
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -8,8 +8,8 @@ is confirmed before the activation is acked, the ack waits for the checkpoint
 holding the step, and dropout is seeded per micro-batch, so a restarted tail
 re-sends the same replies bit for bit and the head drops them as duplicates.
 
-:class:`SplitTail` is the step (the loop is the runtime's: ``nebula_mq.runtime.stepped``);
-:class:`SplitTailWorker` runs a user's
+:class:`SplitTail` is the step, a plain role (the loop is the runtime's driver:
+``nebula_mq.runtime.driver``); :class:`SpecTail` runs a user's
 :class:`TailSpec`, ``workers.abnet.decoder`` the ABNet decoder (AQ-SGD mirror,
 error feedback, beam-search evaluation).
 """
@@ -26,6 +26,7 @@ from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.driver import StopCheck, StepInputs, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -50,8 +51,8 @@ class SplitTail(SplitSide):
                  framework: Framework | None = None) -> None:
         super().__init__(settings, job, rank, transport, framework)
         self.act_flow = self.act_flows[rank]
-        self.steps_flow = self.act_flow  # step s trains on the activation of micro-batch s
-        # One piece per head rank makes a step (workers.split.routing).
+        # Step s trains on the activation of micro-batch s, one piece from each head rank
+        # (workers.split.routing).
         self.sources = job.head_ids() if job.head_ranks > 1 else ()
         # Per head rank: the activation flow's receiving end (the AQ-SGD mirror, when the head
         # sends deltas) and the gradient flow's sending end (schedule, rsvd warm start, error
@@ -62,6 +63,9 @@ class SplitTail(SplitSide):
             CompressionSchedule.parse(settings.codec.backward, settings.codec.compress_from_step),
             main="grad", role="gradient", feedback=self.error_feedback(),
             allow_non_finite=settings.codec.allow_non_finite) for _ in self.reply_flows]
+
+    def inputs(self) -> StepInputs:
+        return StepInputs((self.act_flow,), self.sources)
 
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         return tuple((peer_prefix(self.state_prefix, i), c)
@@ -84,34 +88,34 @@ class SplitTail(SplitSide):
         """Which samples a message holds, with their lengths (delta, error feedback)."""
         return None
 
-    # ------------------------------------------------------------------ the step (runtime.stepped)
+    # ------------------------------------------------------------------ the step (runtime.driver)
 
     def open(self) -> None:
-        self.transport.declare_flow(self.act_flow, "consumer")
-        self.reply_queues = [self.transport.declare_flow(flow, "producer") for flow in self.reply_flows]
-        self.outboxes = [Outbox(self, flow, self.worker_id) for flow in self.reply_flows]
+        transport = self.worker.transport
+        transport.declare_flow(self.act_flow, "consumer")
+        self.reply_queues = [transport.declare_flow(flow, "producer") for flow in self.reply_flows]
+        self.outboxes = [Outbox(self.worker, flow, self.worker_id) for flow in self.reply_flows]
         super().open()
 
-    def close(self) -> None:
-        for outbox in self.outboxes:
-            outbox.close()
+    def produce(self, stopping: StopCheck) -> None:
+        """Nothing: the tail only replies, from :meth:`apply`."""
 
     def admit(self, received: Received) -> None:
         self.check_reply_to(received)
 
     def check_reply_to(self, received: Received) -> None:
         """An activation must ask for its reply on its head rank's reply queue (no reply elsewhere)."""
-        expected = self.reply_queues[self.stream_of(received)]
+        expected = self.reply_queues[self.peer_of(received)]
         if received.delivery.reply_to != expected:
             raise MalformedMessage(f"reply_to {received.delivery.reply_to!r} is not "
                                    f"this job's reply queue {expected!r}")
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
-        """Step ``self.step``: train on micro-batch ``self.step`` (one piece from each head rank)
+        """The worker's step ``s``: train on micro-batch ``s`` (one piece from each head rank)
         and reply to each head rank with the gradient of its piece. The replies are confirmed
         before the activations are acked (with the next checkpoint)."""
         mb = parts[0].micro_batch
-        bind_context(step=self.step, micro_batch=mb)
+        bind_context(step=self.worker.step, micro_batch=mb)
         t0 = time.perf_counter()
         pieces = [incoming.decode(p.tensors, p.meta, self.samples(p.tensors))  # AQ-SGD: deltas rebuilt
                   for incoming, p in zip(self.incoming, parts)]
@@ -123,7 +127,7 @@ class SplitTail(SplitSide):
                        for k in parts[0].tensors if k != self.activation_name}
         loss, grad = self.loss_and_grad(mb, activation, tensors)
         self.step_optimizer()
-        self.hooks.on_compute(time.perf_counter() - t0)
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
         if self.world > 1:
             grad = grad / np.float32(self.world)  # d(global mean loss) / d activation (routing)
         offset = 0
@@ -137,7 +141,7 @@ class SplitTail(SplitSide):
         return {"loss": loss}
 
 
-class SplitTailWorker(SplitTail):
+class SpecTail(SplitTail):
     """The tail of a user's model: a :class:`TailSpec`, configured by ``[split]``."""
 
     def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None,
@@ -162,6 +166,5 @@ class SplitTailWorker(SplitTail):
 @role("split-tail")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-tail --index RANK``: the spec comes from ``[split] tail``."""
-    worker = SplitTailWorker(settings, load_spec(settings, "tail"), rank=worker_index)
-    worker.install_signal_handlers()
-    return worker.main()
+    tail = SpecTail(settings, load_spec(settings, "tail"), rank=worker_index)
+    return drive(tail.worker, tail)

@@ -15,6 +15,7 @@ import pytest
 from nebula_mq.errors import DataError
 from nebula_mq.settings import Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.pairs import drivers
 from tests.fixtures.threads import history, run_workers
 
 torch = pytest.importorskip("torch")
@@ -116,16 +117,16 @@ lr = 0.003
 
 def run_pair(settings: Settings) -> None:
     """The job's head and tail, each in its own thread over one in-memory broker."""
-    from workers.split.head import SplitHeadWorker
-    from workers.split.tail import SplitTailWorker
+    from workers.split.head import SpecHead
+    from workers.split.tail import SpecTail
 
     def transport(cluster: str) -> MemoryTransport:
         return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
 
     broker = MemoryBroker()
-    tail = SplitTailWorker(settings, langid_model.build_tail(settings), transport("t"))
-    head = SplitHeadWorker(settings, langid_model.build_head(settings), transport("s"))
-    run_workers((tail, head))  # the tail declares its queues first
+    tail = SpecTail(settings, langid_model.build_tail(settings), transport("t"))
+    head = SpecHead(settings, langid_model.build_head(settings), transport("s"))
+    run_workers(drivers(tail, head))  # the tail declares its queues first
 
 
 def test_a_pair_trains_compressed_and_evaluate_scores_its_checkpoints(

@@ -15,10 +15,11 @@ from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.channels import FLOW, Bare, connected, dead_letters, make
+from nebula_mq.runtime.worker import Worker
+from tests.fixtures.channels import FLOW, bare, connected, dead_letters, make
 from nebula_mq.wire import Envelope, encode_envelope, pack_tensors
 
-def raw_publish(sender: Bare, body: bytes, mid: str) -> None:
+def raw_publish(sender: Worker, body: bytes, mid: str) -> None:
     pub = sender.transport.publisher()
     pub.publish(sender.transport.queue_for(FLOW), body, mid)
     pub.close()
@@ -30,7 +31,7 @@ def envelope(job: str = "chan", mb: int = 0, tensor: np.ndarray | None = None) -
                     allow_non_finite=True))
 
 
-def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     sender, receiver, _ = pair
     sign = sender.auth.signer
     good = encode_envelope(envelope(mb=0), signer=sign())
@@ -112,7 +113,7 @@ def test_every_channel_follows_the_jobs_allow_non_finite(tmp_path: Path, allow: 
 
 
 def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the_impossible(
-        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+        pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     """Early arrivals wait for their turn, repeats are never handed out again, an index the peer
     could not have sent yet and a message the role refuses are dead-lettered with their reasons."""
     from nebula_mq.errors import MalformedMessage
@@ -146,7 +147,7 @@ def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the
     assert sorted(dead_letters(receiver)) == sorted([OutOfWindow.reason, MalformedMessage.reason])
 
 
-def test_outbox_measures_compression(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+def test_outbox_measures_compression(pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     sender, _, _ = pair
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     Outbox(sender, FLOW, "enc-0").send(step=0, micro_batch=0, tensors={"x": (x, FP16())})
@@ -164,7 +165,7 @@ def test_worker_serves_prometheus_metrics_over_http(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp_path), metrics_port=port))
-    worker = Bare(settings, "s", "enc-0", MemoryTransport(MemoryBroker(), settings.transport, "chan", "s"))
+    worker = bare(settings, "s", "enc-0", MemoryTransport(MemoryBroker(), settings.transport, "chan", "s"))
     worker.step = 3
     worker.record_step({"loss": 1.5})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -183,7 +184,7 @@ def test_the_decoded_bytes_cap_comes_from_the_job_and_dead_letters_what_would_pa
     sender = make(tmp_path, broker, "s", "enc-0")
     settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp_path)),
                         transport=TransportSettings(publish_patience_s=5.0, max_decoded_bytes=4096))
-    receiver = Bare(settings, "t", "dec-0", MemoryTransport(broker, settings.transport, "chan", "t"))
+    receiver = bare(settings, "t", "dec-0", MemoryTransport(broker, settings.transport, "chan", "t"))
     sender.transport.declare_flow(FLOW, "producer")
     receiver.transport.declare_flow(FLOW, "consumer")
     receiver.transport.declare_dead_letter_queue()

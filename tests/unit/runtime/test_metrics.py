@@ -13,11 +13,12 @@ from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker
-from tests.fixtures.channels import FLOW, Bare
+from nebula_mq.runtime.worker import Worker
+from tests.fixtures.channels import FLOW
 
 
 def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
-        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+        pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     sender, receiver, _ = pair
     outbox = Outbox(sender, FLOW, "enc-0")
     for mb in range(3):
@@ -40,7 +41,7 @@ def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
     assert {r["queue"]: r["bytes"] for r in rows}[queue] == size[queue]
 
 
-def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare, MemoryBroker],
+def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Worker, Worker, MemoryBroker],
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
 
@@ -60,7 +61,7 @@ def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Bare, Bare,
 
 
 def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
-        pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+        pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     import dataclasses
 
     from nebula_mq.cli.status import dead_letter_alarms
@@ -106,7 +107,7 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def test_each_workers_values_are_tensorboard_scalars(pair: tuple[Bare, Bare, MemoryBroker]) -> None:
+def test_each_workers_values_are_tensorboard_scalars(pair: tuple[Worker, Worker, MemoryBroker]) -> None:
     _, receiver, _ = pair
     for step in (1, 2, 3):
         receiver.step = step

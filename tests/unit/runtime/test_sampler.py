@@ -16,7 +16,8 @@ from nebula_mq.runtime import sampler
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from nebula_mq.transport.probe import ReadThroughProbe
-from tests.fixtures.channels import FLOW, Bare
+from nebula_mq.runtime.worker import Worker
+from tests.fixtures.channels import FLOW, bare
 
 STEPS = 20
 
@@ -55,26 +56,16 @@ class ProbedTransport(MemoryTransport):
         return self.probe
 
 
-class Stepping(Bare):
-    """Runs ``body`` as its loop."""
-
-    body: Callable[[Stepping], int]
-
-    def run(self) -> int:
-        return self.body(self)
-
-
-def probe(w: Stepping) -> ScriptedProbe:
+def probe(w: Worker) -> ScriptedProbe:
     assert isinstance(w.sampler.probe, ScriptedProbe)
     return w.sampler.probe
 
 
-def worker(tmp: Path, script: dict[int, Callable[[], None]], body: Callable[[Stepping], int]) -> Stepping:
+def worker(tmp: Path, script: dict[int, Callable[[], None]]) -> Worker:
     """A worker on cluster t that reads FLOW's queue, which holds three 100-byte messages."""
     settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp)), transport=TransportSettings(publish_patience_s=5.0))
     transport = ProbedTransport(MemoryBroker(), settings.transport, script)
-    w = Stepping(settings, "t", "dec-0", transport)
-    w.body = body
+    w = bare(settings, "t", "dec-0", transport)
     queue = transport.declare_flow(FLOW, "consumer")
     transport.declare_dead_letter_queue()
     with transport.publisher() as pub:
@@ -84,7 +75,7 @@ def worker(tmp: Path, script: dict[int, Callable[[], None]], body: Callable[[Ste
     return w
 
 
-def record_steps(w: Stepping) -> float:
+def record_steps(w: Worker) -> float:
     """Seconds that recording STEPS steps took."""
     started = time.monotonic()
     for step in range(1, STEPS + 1):
@@ -93,7 +84,7 @@ def record_steps(w: Stepping) -> float:
     return time.monotonic() - started
 
 
-def rows(w: Stepping) -> list[dict[str, float]]:
+def rows(w: Worker) -> list[dict[str, float]]:
     path = w.settings.run_dir / "queues" / "dec-0.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -104,16 +95,16 @@ def test_a_slow_broker_delays_no_step_and_the_sampler_writes_its_rows_afterwards
     took: list[float] = []
     overlapped: list[bool] = []
 
-    def body(w: Stepping) -> int:
+    def body(w: Worker) -> int:
         w.record_step({"loss": 1.0})  # the sampler's first sample comes at the first step
         assert probe(w).entered.wait(5), "the sampler never sampled"
         took.append(record_steps(w))
         overlapped.append(probe(w).answering.is_set())
         return 0
 
-    w = worker(tmp_path, {1: lambda: time.sleep(2.0)}, body)  # the broker takes 2 s to answer once
+    w = worker(tmp_path, {1: lambda: time.sleep(2.0)})  # the broker takes 2 s to answer once
     with capture_logs() as logs:
-        assert w.main() == 0
+        assert w.lifecycle(lambda: body(w)) == 0
     assert took[0] < 0.5 and overlapped == [True]  # the steps ran while the sampler waited
     assert not [e for e in logs if e["log_level"] == "warning"]  # and no thread broke the probe's rule
     assert w.sampler.thread is not None and not w.sampler.thread.is_alive()  # joined as main left
@@ -131,16 +122,16 @@ def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(
     monkeypatch.setattr(sampler, "STOP_WAIT_S", 0.3)
     release = threading.Event()
 
-    def body(w: Stepping) -> int:
+    def body(w: Worker) -> int:
         w.record_step({"loss": 1.0})
         assert probe(w).entered.wait(5)
         return 0
 
-    w = worker(tmp_path, {1: lambda: release.wait(30)}, body)  # a broker that never answers
+    w = worker(tmp_path, {1: lambda: release.wait(30)})  # a broker that never answers
     try:
         started = time.monotonic()
         with capture_logs() as logs:
-            assert w.main() == 0
+            assert w.lifecycle(lambda: body(w)) == 0
         assert time.monotonic() - started < 2.0
         assert [e for e in logs if e["event"] == "queue_sampler_stuck"]
         assert json.loads((tmp_path / "status" / "dec-0.json").read_text())["state"] == "finished"
@@ -161,16 +152,16 @@ def test_failed_samples_are_logged_and_never_reach_training(tmp_path: Path, monk
     def bug() -> None:
         raise RuntimeError("a bug in the probe")
 
-    def body(w: Stepping) -> int:
+    def body(w: Worker) -> int:
         deadline = time.monotonic() + 10
         while probe(w).calls < 6:
             assert time.monotonic() < deadline, "the sampler stopped sampling after a failure"
             record_steps(w)
         return 0
 
-    w = worker(tmp_path, {1: broker_error, 2: bug}, body)
+    w = worker(tmp_path, {1: broker_error, 2: bug})
     with capture_logs() as logs:
-        assert w.main() == 0
+        assert w.lifecycle(lambda: body(w)) == 0
     failed = [e for e in logs if e["event"] == "queue_sample_failed"]
     assert [e["error"] for e in failed] == ["inspect queue: connection lost", "RuntimeError: a bug in the probe"]
     assert rows(w)  # and sampling went on
@@ -180,7 +171,7 @@ def test_a_worker_stepped_without_main_samples_on_its_own_thread_and_survives_fa
     def broker_error() -> None:
         raise TransportError("management API: HTTP 503")
 
-    w = worker(tmp_path, {1: broker_error}, lambda _: 0)
+    w = worker(tmp_path, {1: broker_error})
     with capture_logs() as logs:
         record_steps(w)  # the first step's sample fails; the next is due QUEUE_SAMPLE_S later
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["queue_sample_failed"]

@@ -91,7 +91,7 @@ def test_the_scenario_i_discriminator_becomes_the_encoder_and_the_adapters_train
 
 @pytest.mark.parametrize("case", ["empty folder", "abnet job file"])
 def test_an_encoder_init_that_names_no_discriminator_is_a_config_error(tmp_path: Path, case: str) -> None:
-    from workers.abnet.encoder import AbnetEncoderWorker
+    from workers.abnet.encoder import AbnetEncoder
 
     if case == "empty folder":
         init = tmp_path / "nothing"
@@ -100,4 +100,4 @@ def test_an_encoder_init_that_names_no_discriminator_is_a_config_error(tmp_path:
         init = Path(__file__).resolve().parents[3] / "config" / "demo.toml"
     settings = with_init(abnet_settings(tmp_path / "abnet", steps=4), str(init))
     with pytest.raises(ConfigError, match="abnet.encoder_init"):
-        AbnetEncoderWorker(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+        AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))

@@ -29,7 +29,7 @@ def losses(run_dir: Path, worker: str) -> list[float]:
 def test_pipeline_trains_and_both_sides_reach_the_same_step(tmp_path: Path) -> None:
     settings = tiny_settings(tmp_path, steps=40)
     enc, dec = run_pair(settings, MemoryBroker())
-    assert enc.step == dec.step == 40  # type: ignore[attr-defined]
+    assert enc.worker.step == dec.worker.step == 40  # type: ignore[attr-defined]
     curve = losses(tmp_path, "dec-0")
     assert len(curve) == 40
     assert np.mean(curve[-8:]) < np.mean(curve[:8]) - 0.3
@@ -64,7 +64,7 @@ def test_a_resumed_rsvd_chain_ends_bit_identical(tmp_path: Path) -> None:
     c = tiny_settings(tmp_path / "c", steps=12, forward="fp16(rsvd(0.6))")
     broker = MemoryBroker()
     enc, dec = run_pair(c, broker, stop_at=6)
-    assert enc.step == dec.step == 6
+    assert enc.worker.step == dec.worker.step == 6
     resumed = CheckpointStore(tmp_path / "c" / "checkpoints" / "enc-0").latest()
     assert resumed is not None and "encoder/lowrank/enc_out" in resumed.arrays
     run_pair(c, broker)
@@ -133,12 +133,12 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
     import paddle
 
     from nebula_mq.errors import TrainingDiverged
-    from workers.abnet.encoder import AbnetEncoderWorker
+    from workers.abnet.encoder import AbnetEncoder
     from workers.split.head import Forward
 
     base = tiny_settings(tmp_path, steps=4)
     settings = dataclasses.replace(base, abnet={**base.abnet, "on_collapse": on_collapse})
-    enc = AbnetEncoderWorker(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+    enc = AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
     mask = np.ones((2, 5), dtype=np.float32)
     reply = (types.SimpleNamespace(meta={"loss": 2.5}),)  # the step's one reply
     healthy = Forward(np.arange(2), paddle.randn([2, 5, 8]), {"src_mask": mask})

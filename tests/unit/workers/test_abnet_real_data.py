@@ -26,7 +26,7 @@ pytest.importorskip("paddle")
 
 from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
-from tests.fixtures.pairs import CLUSTERS_ST  # noqa: E402
+from tests.fixtures.pairs import drivers, CLUSTERS_ST  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
 
 pytestmark = pytest.mark.paddle
@@ -125,14 +125,14 @@ def split_settings(real_corpus: Path, run_dir: Path, steps: int) -> Settings:
 @pytest.fixture(scope="module")
 def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Settings:
     """Six steps of the real split job (encoder and decoder workers, in-memory broker)."""
-    from workers.abnet.decoder import AbnetDecoderWorker
-    from workers.abnet.encoder import AbnetEncoderWorker
+    from workers.abnet.decoder import AbnetDecoder
+    from workers.abnet.encoder import AbnetEncoder
 
     settings = split_settings(real_corpus, tmp_path_factory.mktemp("split-real"), steps=6)
     broker = MemoryBroker()
-    enc = AbnetEncoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "s"))
-    dec = AbnetDecoderWorker(settings, MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    run_workers((dec, enc), timeout=300)
+    enc = AbnetEncoder(settings, MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    dec = AbnetDecoder(settings, MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+    run_workers(drivers(dec, enc), timeout=300)
     return settings
 
 

@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.worker import Worker
 from nebula_mq.security.roles import permissions
 from nebula_mq.settings import Settings
 from nebula_mq.topology import flow_exchange, queue_name
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.threads import history, run_workers
-from tests.fixtures.pairs import TWO_GENERATORS
+from tests.fixtures.pairs import TWO_GENERATORS, drivers
 from tests.fixtures.pairs import electra_settings as settings_for
 from workers.electra.job import load_job
 
@@ -35,20 +34,20 @@ def m3_settings(run_dir: Path, steps: int, **electra: Any) -> Settings:
     return settings_for(run_dir, steps, **{**M3, **electra})
 
 
-def run_m3(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> list[Worker]:
-    """Root, gen-0 and gen-1, each with a transport on its own cluster."""
-    from workers.electra.generator import ElectraGeneratorWorker
-    from workers.electra.root import ElectraRootWorker
+def run_m3(settings: Settings, broker: MemoryBroker, stop_at: int | None = None) -> list[Any]:
+    """The roles root, gen-0 and gen-1, each with a transport on its own cluster."""
+    from workers.electra.generator import ElectraGenerator
+    from workers.electra.root import ElectraRoot
 
     job = load_job(settings)
 
     def transport(cluster: str) -> MemoryTransport:
         return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
 
-    workers: list[Worker] = [ElectraRootWorker(settings, transport(job.disc_cluster))]
-    workers += [ElectraGeneratorWorker(settings, transport(job.cluster_of(k)), index=k) for k in (0, 1)]
-    run_workers(workers, stop_at)
-    return workers
+    roles: list[Any] = [ElectraRoot(settings, transport(job.disc_cluster))]
+    roles += [ElectraGenerator(settings, transport(job.cluster_of(k)), index=k) for k in (0, 1)]
+    run_workers(drivers(*roles), stop_at)
+    return roles
 
 
 def model_arrays(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
@@ -59,9 +58,10 @@ def model_arrays(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
 
 def test_generators_in_their_own_processes_on_their_own_clusters_feed_one_discriminator(tmp_path: Path) -> None:
     root, gen0, gen1 = run_m3(m3_settings(tmp_path, steps=20), MemoryBroker())
-    assert (gen0.worker_id, gen0.cluster, gen1.worker_id, gen1.cluster) == ("gen-0", "cluster-a", "gen-1", "cluster-c")
-    assert root.step == gen0.step == gen1.step == 20
-    assert [t.task.task_id for t in gen0.trainers + gen1.trainers] == ["mlm", "trtd"]  # type: ignore[attr-defined]
+    assert ((gen0.worker.worker_id, gen0.worker.cluster, gen1.worker.worker_id, gen1.worker.cluster)
+            == ("gen-0", "cluster-a", "gen-1", "cluster-c"))
+    assert root.worker.step == gen0.worker.step == gen1.worker.step == 20
+    assert [t.task.task_id for t in gen0.trainers + gen1.trainers] == ["mlm", "trtd"]
     rtd = history(tmp_path, "disc-root", "rtd_loss")
     assert len(rtd) == 20 and np.mean(rtd[-5:]) < np.mean(rtd[:5]) - 0.05, rtd
     for worker in ("gen-0", "gen-1"):
@@ -103,7 +103,7 @@ def test_stop_and_resume_of_every_process_ends_bit_identical(tmp_path: Path) -> 
     run_m3(m3_settings(tmp_path / "clean", steps=12), MemoryBroker())
     broker, resumed = MemoryBroker(), m3_settings(tmp_path / "resumed", steps=12)
     stopped = run_m3(resumed, broker, stop_at=6)
-    assert all(6 <= w.step < 12 for w in stopped)
+    assert all(6 <= r.worker.step < 12 for r in stopped)
     run_m3(resumed, broker)  # same broker: unacked micro-batches and sync tokens are still queued
     for worker in ("gen-0", "gen-1", "disc-root"):
         clean = CheckpointStore(tmp_path / "clean" / "checkpoints" / worker).latest()
@@ -119,8 +119,8 @@ def test_hot_start_from_one_generator_process_into_a_process_per_generator(tmp_p
 
     run_pair(settings_for(tmp_path / "inside", steps=6, model=M3["model"], generator_clusters=["cluster-b"]),
              MemoryBroker())
-    workers = run_m3(m3_settings(tmp_path / "across", steps=10, init_from=str(tmp_path / "inside")), MemoryBroker())
-    assert [w.step for w in workers] == [10, 10, 10]
+    roles = run_m3(m3_settings(tmp_path / "across", steps=10, init_from=str(tmp_path / "inside")), MemoryBroker())
+    assert [r.worker.step for r in roles] == [10, 10, 10]
     assert len(history(tmp_path / "across", "gen-1", "mlm_loss")) == 4  # only the new steps
 
 

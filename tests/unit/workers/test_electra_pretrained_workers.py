@@ -21,6 +21,7 @@ from nebula_mq.models.pretrained import load_e5_small  # noqa: E402
 from nebula_mq.runtime.checkpoint import CheckpointStore  # noqa: E402
 from nebula_mq.settings import JobSettings, Settings, TransportSettings  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
+from tests.fixtures.pairs import drivers  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
 from workers.electra.data import load_data  # noqa: E402
 from workers.electra.job import load_job  # noqa: E402
@@ -64,8 +65,8 @@ def encoder_arrays(worker: Any) -> dict[str, np.ndarray]:
 
 
 def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabulary(tmp_path: Path) -> None:
-    from workers.electra.root import ElectraRootWorker
-    from workers.electra.sub import ElectraSubWorker
+    from workers.electra.root import ElectraRoot
+    from workers.electra.sub import ElectraSub
 
     settings = settings_for(tmp_path, steps=2, n_sub=2)
     data = load_data(settings, load_job(settings))
@@ -73,8 +74,8 @@ def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabu
     assert data.kept[data.cfg.mask_id] == XLMR_SPECIALS["mask"] and data.kept[data.cfg.pad_id] == XLMR_SPECIALS["pad"]
     reference = load_e5_small(layers=2, keep_ids=data.kept).tensors
     broker = MemoryBroker()
-    root = ElectraRootWorker(settings, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
-    sub = ElectraSubWorker(settings, 1, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
+    root = ElectraRoot(settings, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
+    sub = ElectraSub(settings, 1, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
     ours = encoder_arrays(root)
     np.testing.assert_array_equal(ours["embeddings.word.weight"], reference["embeddings.word"])
     np.testing.assert_array_equal(ours["layers.1.attention.query.weight"], reference["layers.1.attention.query.weight"])
@@ -85,19 +86,19 @@ def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabu
 
 
 def test_a_pretrained_job_trains_checkpoints_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
-    from workers.electra.generator import ElectraGeneratorWorker
-    from workers.electra.root import ElectraRootWorker
+    from workers.electra.generator import ElectraGenerator
+    from workers.electra.root import ElectraRoot
 
     def run(steps: int) -> list[Any]:
         s = settings_for(tmp_path, steps)
-        workers = [ElectraRootWorker(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-b")),
-                   ElectraGeneratorWorker(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-a"))]
-        run_workers(workers, timeout=300)
-        return workers
+        roles = [ElectraRoot(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-b")),
+                 ElectraGenerator(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-a"))]
+        run_workers(drivers(*roles), timeout=300)
+        return roles
 
     broker = MemoryBroker()
     root, gen = run(2)
-    assert root.step == gen.step == 2
+    assert root.worker.step == gen.worker.step == 2
     assert all(np.isfinite(history(tmp_path / "run", "disc-root", "total_loss")))
     settings = settings_for(tmp_path, 2)
     start = load_e5_small(layers=2, keep_ids=load_data(settings, load_job(settings)).kept)
@@ -105,7 +106,7 @@ def test_a_pretrained_job_trains_checkpoints_and_resumes_from_its_checkpoint(tmp
     assert not np.array_equal(trained["model/encoder.embeddings.word.weight"], start.tensors["embeddings.word"])
     # A third step resumes from the step-2 checkpoint, not from e5 again.
     root, gen = run(3)
-    assert root.step == gen.step == 3 and len(history(tmp_path / "run", "disc-root", "rtd_loss")) == 3
+    assert root.worker.step == gen.worker.step == 3 and len(history(tmp_path / "run", "disc-root", "rtd_loss")) == 3
 
 
 def test_pretrained_needs_corpus_data_and_max_vocab_caps_the_kept_pieces(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.paddle
 
 def test_generator_and_discriminator_train_and_end_at_the_same_step(tmp_path: Path) -> None:
     gen, root = run_pair(settings_for(tmp_path, steps=40), MemoryBroker())
-    assert gen.step == root.step == 40
+    assert gen.worker.step == root.worker.step == 40
     rtd = history(tmp_path, "disc-root", "rtd_loss")
     mlm = history(tmp_path, "gen", "mlm_loss")
     assert len(rtd) == len(mlm) == 40
@@ -57,7 +57,7 @@ def test_stop_and_resume_ends_bit_identical_to_a_clean_run(tmp_path: Path) -> No
     broker = MemoryBroker()
     c = settings_for(tmp_path / "c", steps=12)
     gen, root = run_pair(c, broker, stop_at=6)
-    assert 6 <= gen.step < 12 and 6 <= root.step < 12
+    assert 6 <= gen.worker.step < 12 and 6 <= root.worker.step < 12
     run_pair(c, broker)
     for worker in ("gen", "disc-root"):
         clean = CheckpointStore(tmp_path / "a" / "checkpoints" / worker).latest()
@@ -69,10 +69,10 @@ def test_stop_and_resume_ends_bit_identical_to_a_clean_run(tmp_path: Path) -> No
 def test_m3_two_generators_with_their_own_tasks_feed_one_discriminator(tmp_path: Path) -> None:
     gen, root = run_pair(settings_for(tmp_path, steps=20, model={"preset": "tiny", **TWO_GENERATORS}),
                          MemoryBroker())
-    assert gen.step == root.step == 20
-    assert [t.task.task_id for t in gen.trainers] == ["mlm", "trtd"]  # type: ignore[attr-defined]
+    assert gen.worker.step == root.worker.step == 20
+    assert [t.task.task_id for t in gen.trainers] == ["mlm", "trtd"]
     # Both generators' micro-batches reached the discriminator: it saw 2 per step.
-    assert root.trainer.step == 20  # type: ignore[attr-defined]
+    assert root.trainer.step == 20
     rtd = history(tmp_path, "disc-root", "rtd_loss")
     assert np.mean(rtd[-5:]) < np.mean(rtd[:5])
 
@@ -82,7 +82,7 @@ def test_hot_start_continues_from_another_jobs_checkpoints(tmp_path: Path) -> No
     run_pair(first, MemoryBroker())
     second = settings_for(tmp_path / "across", steps=16, init_from=str(tmp_path / "inside"))
     gen, root = run_pair(second, MemoryBroker())
-    assert gen.step == root.step == 16
+    assert gen.worker.step == root.worker.step == 16
     # Only the 6 new steps were trained in the second job.
     assert history(tmp_path / "across", "disc-root", "lr") and len(history(tmp_path / "across", "gen", "mlm_loss")) == 6
 

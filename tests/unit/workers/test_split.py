@@ -16,7 +16,7 @@ from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import SPLIT_EXAMPLE as EXAMPLE
+from tests.fixtures.pairs import drivers, SPLIT_EXAMPLE as EXAMPLE
 from tests.fixtures.pairs import assert_resume_matches_clean
 from tests.fixtures.pairs import run_split_pair as run_pair
 from tests.fixtures.pairs import split_settings as settings_for
@@ -33,7 +33,7 @@ def losses(run_dir: Path, worker: str) -> list[float]:
 
 def test_example_trains_compressed_with_two_in_flight(tmp_path: Path) -> None:
     head, tail = run_pair(settings_for(tmp_path, steps=60), MemoryBroker())
-    assert head.step == tail.step == 60
+    assert head.worker.step == tail.worker.step == 60
     curve = losses(tmp_path, "tail-0")
     assert len(curve) == 60
     assert np.mean(curve[-10:]) < 0.5 * np.mean(curve[:10])
@@ -85,8 +85,8 @@ def test_striped_flows_spread_the_micro_batches_and_train_bit_identically_to_one
 def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_path: Path) -> None:
     """The in-cluster baseline (head_cluster == tail_cluster: every flow local to one broker)
     trains the same model as the cross-cluster job, bit for bit."""
-    from workers.split.head import SplitHeadWorker
-    from workers.split.tail import SplitTailWorker
+    from workers.split.head import SpecHead
+    from workers.split.tail import SpecTail
 
     import mlp
 
@@ -95,10 +95,10 @@ def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_pat
     one = Settings(job=one.job, codec=one.codec, transport=one.transport,
                    split={**one.split, "tail_cluster": "s"})
     broker = MemoryBroker()
-    tail = SplitTailWorker(one, mlp.build_tail(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
-    head = SplitHeadWorker(one, mlp.build_head(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
+    tail = SpecTail(one, mlp.build_tail(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
+    head = SpecHead(one, mlp.build_head(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
     assert not any(f.crosses_clusters for f in (*head.act_flows, *head.reply_flows))
-    run_workers((tail, head))
+    run_workers(drivers(tail, head))
     for worker in ("head-0", "tail-0"):
         a, b = (CheckpointStore(d / "checkpoints" / worker).latest() for d in (tmp_path / "two", tmp_path / "one"))
         assert a is not None and b is not None and a.step == b.step == 12 and a.digest == b.digest, worker
@@ -178,8 +178,8 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
     """Its peer would otherwise wait for ever for the next activation (issue 13, finding 1)."""
     import mlp
 
-    from workers.split.head import SplitHeadWorker
-    from workers.split.tail import SplitTailWorker
+    from workers.split.head import SpecHead
+    from workers.split.tail import SpecTail
     from workers.split.job import HeadSpec
 
     settings = settings_for(tmp_path, steps=50)
@@ -192,14 +192,14 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
         ids = mlp.batch_ids(mb)
         return ids, x[ids]
 
-    tail = SplitTailWorker(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
+    tail = SpecTail(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
                            MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    head = SplitHeadWorker(settings, HeadSpec(model=mlp.bottom(), inputs=inputs),
+    head = SpecHead(settings, HeadSpec(model=mlp.bottom(), inputs=inputs),
                            MemoryTransport(broker, settings.transport, settings.job.id, "s"))
     before = set(threading.enumerate())
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="head-0 failed.*micro-batch 4"):
-        run_workers((tail, head), timeout=60)
+        run_workers(drivers(tail, head), timeout=60)
     assert time.monotonic() - t0 < 20
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
 
@@ -216,10 +216,10 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
     from nebula_mq.runtime.channel import Received
     from nebula_mq.transport.memory import MemoryTransport
     from nebula_mq.wire import Envelope
-    from workers.split.head import SplitHeadWorker
+    from workers.split.head import SpecHead
 
     settings = settings_for(tmp_path, steps=4)
-    head = SplitHeadWorker(settings, mlp.build_head(settings),  # type: ignore[arg-type]
+    head = SpecHead(settings, mlp.build_head(settings),  # type: ignore[arg-type]
                            MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
 
     def reply(mb: int, correlation_id: str | None) -> Received:

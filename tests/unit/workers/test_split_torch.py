@@ -35,7 +35,7 @@ TORCH_HEAD_PADDLE_TAIL = split_pair(torch_mlp.build_head, mlp.build_tail)
 
 def test_a_torch_pair_trains_compressed_and_checkpoints_both_sides(tmp_path: Path) -> None:
     head, tail = TORCH(settings_for(tmp_path, steps=60), MemoryBroker())
-    assert head.fw.name == tail.fw.name == "torch" and head.step == tail.step == 60
+    assert head.fw.name == tail.fw.name == "torch" and head.worker.step == tail.worker.step == 60
     curve = history(tmp_path, "tail-0", "loss")
     assert len(curve) == 60 and np.mean(curve[-10:]) < 0.5 * np.mean(curve[:10])
     ck = CheckpointStore(tmp_path / "checkpoints" / "head-0").latest()
@@ -85,13 +85,13 @@ def test_a_paddle_head_trains_with_a_torch_tail(tmp_path: Path) -> None:
 
 
 def _head(tmp_path: Path, spec: Any, **split: Any) -> Any:
-    from workers.split.head import SplitHeadWorker
+    from workers.split.head import SpecHead
 
     settings = settings_for(tmp_path, steps=4)
     if split:
         settings = Settings(job=settings.job, codec=settings.codec, transport=settings.transport,
                             split={**settings.split, **split})
-    return SplitHeadWorker(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+    return SpecHead(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
 
 
 def test_a_model_of_neither_framework_is_a_config_error_naming_the_side(tmp_path: Path) -> None:
@@ -143,19 +143,19 @@ def test_a_head_that_returns_no_float_or_a_nan_activation_fails_before_sending(
 
     x = np.ones((4, 16), np.float32)
     head = _head(tmp_path, HeadSpec(model=model, inputs=lambda mb: (np.arange(4), x)))
-    head.transport.declare_dead_letter_queue()
+    head.worker.transport.declare_dead_letter_queue()
     head.open()
     with pytest.raises(error, match=match):
         head.send_activation(0)
-    assert head.transport.queue_depth(head.transport.declare_flow(head.act_flows[0], "producer")) == 0
+    assert head.worker.transport.queue_depth(head.worker.transport.declare_flow(head.act_flows[0], "producer")) == 0
 
 
 def test_a_tail_loss_that_is_not_a_scalar_is_a_data_error_naming_the_worker(tmp_path: Path) -> None:
     from workers.split.job import TailSpec
-    from workers.split.tail import SplitTailWorker
+    from workers.split.tail import SpecTail
 
     settings = settings_for(tmp_path, steps=4)
     spec = TailSpec(model=torch_mlp.top(), loss=lambda out, y: (out - y) ** 2, targets=lambda ids: np.zeros((len(ids), 1), np.float32))
-    tail = SplitTailWorker(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t"))
+    tail = SpecTail(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t"))
     with pytest.raises(DataError, match=r"tail-0: the loss must be a scalar torch tensor, got \[4, 1\]"):
         tail.loss_and_grad(0, np.ones((4, 32), np.float32), {"sample_ids": np.arange(4)})

@@ -1,5 +1,6 @@
-"""The runtime owns the loop (``nebula_mq.runtime.stepped``): a role only says what a step does
-and what its state is; ordering, dedupe, checkpoints, acks and stopping are the runtime's."""
+"""The runtime owns the loop (``nebula_mq.runtime.driver``): a role is a plain object that only
+says what a step does and what its state is; ordering, dedupe, checkpoints, acks and stopping
+are the driver's."""
 
 from __future__ import annotations
 
@@ -13,27 +14,27 @@ import pytest
 from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.stepped import SteppedWorker
+from nebula_mq.runtime.driver import Driver, StepInputs, StopCheck
+from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.channels import FLOW, Bare, dead_letters, make
-from workers.base import RoleWorker
+from tests.fixtures.channels import FLOW, dead_letters, make
+from workers.base import role_worker
 
 STEPS = 6
 
 
-class Summing(SteppedWorker, RoleWorker):
+class Summing:
     """A role whose step adds the message's value to a running sum."""
-
-    role = "test-sum"
 
     def __init__(self, tmp: Path, broker: MemoryBroker, *, stop_after: int = -1, crash_at: int = -1,
                  sources: tuple[str, ...] = ()) -> None:
         settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp), steps=STEPS),
                             transport=TransportSettings(publish_patience_s=5.0))
-        super().__init__(settings, "t", "dec-0", MemoryTransport(broker, settings.transport, "chan", "t"),
-                         checkpoint_every=4)
-        self.steps_flow, self.total, self.in_flight, self.sources = FLOW, STEPS, 2, sources
+        self.worker = role_worker(settings, "t", "dec-0", "test-sum",
+                                  MemoryTransport(broker, settings.transport, "chan", "t"), checkpoint_every=4)
+        self.total, self.in_flight, self.sources = STEPS, 2, sources
         self.sum = 0.0
         self.applied: list[int] = []
         self.stop_after, self.crash_at = stop_after, crash_at
@@ -43,13 +44,40 @@ class Summing(SteppedWorker, RoleWorker):
         if mb == self.crash_at:
             raise RuntimeError("crash")
         # The runtime hands out step s's messages at step s, one per source, in source order.
-        assert [p.micro_batch for p in parts] == [self.step] * max(1, len(self.sources))
+        assert [p.micro_batch for p in parts] == [self.worker.step] * max(1, len(self.sources))
         assert [p.envelope.producer for p in parts] == list(self.sources or [parts[0].envelope.producer])
         self.applied.append(mb)
         self.sum += sum(float(p.tensors["x"][0]) for p in parts)
         if mb == self.stop_after:
-            self.stop_requested.set()  # as SIGTERM's handler does
+            self.worker.stop_requested.set()  # as SIGTERM's handler does
         return {"sum": self.sum}
+
+    def inputs(self) -> StepInputs:
+        return StepInputs((FLOW,), self.sources)
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def produce(self, stopping: StopCheck) -> None: ...
+
+    def admit(self, received: Received) -> None: ...
+
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+        return False
+
+    def unsaved(self) -> bool:
+        return False
+
+    def more_to_do(self) -> bool:
+        return False
+
+    def after_training(self) -> None: ...
+
+    def run(self) -> int:
+        """The driver's loop, with this role, on the open transport."""
+        with self.worker.transport:
+            return Driver(self.worker, self).run()
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return {"sum": np.array([self.sum])}, {}
@@ -58,14 +86,14 @@ class Summing(SteppedWorker, RoleWorker):
         self.sum = float(ck.arrays["sum"][0])
 
 
-def send(sender: Bare, order: list[int], producer: str = "enc-0", scale: float = 1.0) -> None:
+def send(sender: Worker, order: list[int], producer: str = "enc-0", scale: float = 1.0) -> None:
     outbox = Outbox(sender, FLOW, producer)
     for mb in order:
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.array([scale * 10.0 ** mb]), Identity())})
     outbox.close()
 
 
-def setup(tmp: Path) -> tuple[Bare, MemoryBroker]:
+def setup(tmp: Path) -> tuple[Worker, MemoryBroker]:
     broker = MemoryBroker()
     sender = make(tmp, broker, "s", "enc-0")
     sender.transport.declare_flow(FLOW, "producer")
@@ -76,27 +104,24 @@ def test_each_step_is_applied_once_in_order_and_everything_is_acked_after_its_ch
     sender, broker = setup(tmp_path)
     role = Summing(tmp_path, broker)
     send(sender, [2, 0, 1, 1, 3, 5, 0, 4])  # out of order, 0 and 1 twice
-    with role.transport:
-        assert role.run() == 0
+    assert role.run() == 0
     assert role.applied == list(range(STEPS)) and role.sum == 111111.0
-    assert role.store.steps() == [4, 6]  # every checkpoint_every steps and at the last
-    assert role.store.latest().arrays["sum"][0] == 111111.0  # type: ignore[union-attr]
+    assert role.worker.store.steps() == [4, 6]  # every checkpoint_every steps and at the last
+    assert role.worker.store.latest().arrays["sum"][0] == 111111.0  # type: ignore[union-attr]
     # Nothing came back to the queue when the consumer closed: repeats included, all were acked.
-    assert role.transport.queue_depth(role.transport.queue_for(FLOW)) == 0
-    assert dead_letters(role) == []
+    assert role.worker.transport.queue_depth(role.worker.transport.queue_for(FLOW)) == 0
+    assert dead_letters(role.worker) == []
 
 
 def test_a_stop_request_ends_the_step_checkpoints_it_and_a_restart_goes_on_from_there(tmp_path: Path) -> None:
     sender, broker = setup(tmp_path)
     send(sender, list(range(STEPS)))
     first = Summing(tmp_path, broker, stop_after=2)
-    with first.transport:
-        assert first.run() == 0
-    assert first.applied == [0, 1, 2] and first.store.steps() == [3]  # the stop's own checkpoint
+    assert first.run() == 0
+    assert first.applied == [0, 1, 2] and first.worker.store.steps() == [3]  # the stop's own checkpoint
     # What was not applied is still on the broker, unacked: the restart gets it.
     second = Summing(tmp_path, broker)
-    with second.transport:
-        assert second.run() == 0
+    assert second.run() == 0
     assert second.applied == [3, 4, 5] and second.sum == 111111.0
 
 
@@ -106,12 +131,11 @@ def test_a_crash_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None
     sender, broker = setup(tmp_path)
     send(sender, list(range(STEPS)))
     first = Summing(tmp_path, broker, crash_at=5)
-    with first.transport, pytest.raises(RuntimeError, match="crash"):
+    with pytest.raises(RuntimeError, match="crash"):
         first.run()
-    assert first.applied == [0, 1, 2, 3, 4] and first.store.steps() == [4]  # step 5 was never saved
+    assert first.applied == [0, 1, 2, 3, 4] and first.worker.store.steps() == [4]  # step 5 was never saved
     second = Summing(tmp_path, broker)
-    with second.transport:
-        assert second.run() == 0
+    assert second.run() == 0
     assert second.applied == [4, 5] and second.sum == 111111.0  # 4 again, from the step-4 state
 
 
@@ -123,10 +147,9 @@ def test_a_step_of_several_sources_waits_for_each_and_a_stranger_is_dead_lettere
     send(sender, [0, 1, 1, 2, 4, 3], producer="enc-0-r1", scale=2.0)  # out of order, 1 twice
     role = Summing(tmp_path, broker, sources=("enc-0", "enc-0-r1"))
     role.total = 5  # enc-0 sent step 5 too: a step needs both
-    with role.transport:
-        assert role.run() == 0
+    assert role.run() == 0
     assert role.applied == [0, 1, 2, 3, 4] and role.sum == 3 * 11111.0
-    reasons = dead_letters(role)
+    reasons = dead_letters(role.worker)
     assert reasons == ["malformed"]  # the stranger, and nothing else
 
 
@@ -139,9 +162,9 @@ class Producing(Summing):
         self.sent_at: dict[int, int] = {}
         self.next_out = 0
 
-    def produce(self) -> None:
-        while self.next_out < min(self.total, self.step + self.in_flight):
-            self.sent_at[self.next_out] = self.step
+    def produce(self, stopping: StopCheck) -> None:
+        while self.next_out < min(self.total, self.worker.step + self.in_flight):
+            self.sent_at[self.next_out] = self.worker.step
             self.next_out += 1
 
 
@@ -152,7 +175,6 @@ def test_what_a_role_sends_depends_on_its_step_not_on_how_many_steps_one_arrival
     sender, broker = setup(tmp_path)
     role = Producing(tmp_path, broker)
     send(sender, [5, 4, 3, 2, 1, 0])
-    with role.transport:
-        assert role.run() == 0
+    assert role.run() == 0
     assert role.applied == list(range(STEPS))
     assert role.sent_at == {mb: max(0, mb - role.in_flight + 1) for mb in range(STEPS)}

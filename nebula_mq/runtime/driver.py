@@ -1,0 +1,266 @@
+"""The runtime's loop: one final class that runs every role, as dramatiq's worker runs actors.
+
+A role is a plain object that answers :class:`StepRole`: what it reads
+(:meth:`~StepRole.inputs`), what it sends before it waits (:meth:`~StepRole.produce`),
+what one step's messages do (:meth:`~StepRole.apply`, which returns the step's values),
+and its state (:meth:`~StepRole.state`, :meth:`~StepRole.load`). It is given its
+:class:`~nebula_mq.runtime.worker.Worker` (transport, checkpoints, acks, reports) and
+its model, data and compressions; it never loops, orders, acks or checkpoints.
+
+The :class:`Driver` does the rest, here and nowhere else, in this order:
+
+1. open the role (queues, outboxes, its group);
+2. restore the checkpoint the group agrees on (``runtime.agreement``), from the worker's
+   store or the one a :class:`ResumesElsewhere` role names, then open the inbox
+   that continues from it: one cursor per stream, ``per_step`` messages of every stream
+   make a step, repeats dropped by the cursor, strangers dead-lettered
+   (``runtime.ordered``);
+3. while steps remain and no stop was agreed: let the role produce, wait for the next
+   message, apply every step it completes, count it, record its values, and checkpoint
+   every ``checkpoint_every`` steps and at the last (``Worker.commit``: checkpoint, the
+   group's barrier, then the acks it covers);
+4. checkpoint what was applied since the last checkpoint (a stop included);
+5. after a complete run (not a stop), :meth:`~StepRole.after_training`;
+6. close the role and the inbox, whatever happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, final, runtime_checkable
+
+import numpy as np
+
+from nebula_mq import topology
+from nebula_mq.errors import MalformedMessage
+from nebula_mq.runtime.channel import Received
+from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.ordered import FlowWindow, OrderedStreams
+from nebula_mq.runtime.worker import Worker
+
+log = get_logger(__name__)
+
+# How long one wait for the next message lasts before the loop looks at the stop flag.
+POLL_S = 0.5
+
+StopCheck = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What a role's steps read: ``flows`` (every stripe of them), one stream per producer in
+    ``sources`` (one stream from whoever publishes when empty), ``per_step`` consecutive
+    messages of each stream to a step."""
+
+    flows: Sequence[topology.Flow]
+    sources: tuple[str, ...] = ()
+    per_step: int = 1
+
+    @property
+    def streams(self) -> int:
+        return max(1, len(self.sources))
+
+
+class StepRole(Protocol):
+    """What the driver asks of a role. ``total``: the steps to train; ``in_flight``: messages a
+    peer may have sent ahead of the next step."""
+
+    total: int
+    in_flight: int
+
+    def inputs(self) -> StepInputs:
+        """The flows and streams a step reads."""
+
+    def open(self) -> None:
+        """Declare the queues, open the outboxes, join the group (before the restore)."""
+
+    def close(self) -> None:
+        """Close what :meth:`open` opened."""
+
+    def produce(self, stopping: StopCheck) -> None:
+        """Send what may be sent before the next wait (up to where ``stopping()`` says stop)."""
+
+    def admit(self, received: Received) -> None:
+        """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered."""
+
+    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+        """True when ``received`` is not a step's message and was settled or rejected here."""
+
+    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
+        """Apply one step's messages (``per_step`` of each stream, streams in ``sources``
+        order; the worker's ``step`` is the step's index); returns the step's values."""
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and metadata that resume the role at the worker's step."""
+
+    def load(self, ck: Checkpoint) -> None:
+        """Resume from ``ck`` (the worker's step is already ``ck.step``)."""
+
+    def unsaved(self) -> bool:
+        """Whether anything since the start needs a final checkpoint (beyond applied steps)."""
+
+    def more_to_do(self) -> bool:
+        """Keep going after the last step (e.g. evaluation batches)."""
+
+    def after_training(self) -> None:
+        """Once every step is done and checkpointed (not after a stop request)."""
+
+
+@runtime_checkable
+class ResumesElsewhere(Protocol):
+    """A role that may resume from checkpoints outside its worker's store (a hot start from
+    another job's run): the driver restores from the store :meth:`resume_store` names."""
+
+    def resume_store(self) -> CheckpointStore:
+        """The store to restore from: the worker's own, or another when the worker's holds none."""
+
+
+@final
+class Driver:
+    """Runs ``role`` with ``worker``: the loop, the inbox, the checkpoint schedule and stops."""
+
+    def __init__(self, worker: Worker, role: StepRole) -> None:
+        self.worker, self.role = worker, role
+        self.idle_polls = 0  # polls in a row that brought nothing to apply
+        self.waiting: list[list[Received]] = []
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker.worker_id
+
+    def install_signal_handlers(self) -> None:
+        self.worker.install_signal_handlers()
+
+    def main(self) -> int:
+        """Run the role to its end or to an agreed stop; the process exit code."""
+        return self.worker.lifecycle(self.run)
+
+    # ------------------------------------------------------------------ the loop
+
+    def stopping(self) -> bool:
+        """Whether to stop between steps now (a group stops where its ranks agreed to)."""
+        return self.worker.agreement.stopping(self.idle_polls)
+
+    def keep_going(self) -> bool:
+        w = self.worker
+        return (w.step < self.role.total or self.role.more_to_do()) and not self.stopping()
+
+    def run(self) -> int:
+        w, role = self.worker, self.role
+        w.transport.declare_dead_letter_queue()
+        role.open()
+        self.restore()
+        if w.step > 0:  # resumed: say so, at the restored step, until the next step is done
+            w.write_status("resuming")
+        inbox = self.open_inbox()
+        try:
+            while self.keep_going():
+                self.advance(inbox)
+            # Normal end or a stop request: what was applied is checkpointed and acked.
+            if (w.agreement.may_checkpoint() and (w.step > 0 or role.unsaved())
+                    and not w.has_checkpoint_at_step()):
+                self.checkpoint()
+            if w.step >= role.total and not w.stop_requested.is_set():
+                role.after_training()
+        finally:
+            role.close()
+            inbox.close()
+        return 0
+
+    def window(self) -> FlowWindow:
+        """The peer runs up to ``in_flight`` steps ahead, plus what it may send before our
+        checkpoint catches up; up to ``checkpoint_every`` applied steps wait for the next
+        checkpoint. Anything further cannot come from an honest peer."""
+        every, per_step = self.worker.checkpoint_every, self.role.inputs().per_step
+        return FlowWindow(ahead=(self.role.in_flight + every) * per_step, unacked=every * per_step)
+
+    def restore(self) -> None:
+        w = self.worker
+        store = self.role.resume_store() if isinstance(self.role, ResumesElsewhere) else w.store
+        start = w.agreement.start_step(store.steps(), w.worker_id)
+        if start is None:
+            return
+        ck = store.load(start)
+        w.step = ck.step
+        self.role.load(ck)
+        log.info("resumed", step=w.step)
+
+    def checkpoint(self) -> None:
+        arrays, meta = self.role.state()
+        self.worker.commit(arrays, meta)
+        self.worker.write_history()
+
+    def open_inbox(self) -> OrderedStreams:
+        inputs = self.role.inputs()
+        flows = [stripe for flow in inputs.flows for stripe in topology.stripe_flows(flow)]
+        window = self.window()
+        self.waiting = [[] for _ in range(inputs.streams)]
+        self.idle_polls = 0
+        first = self.worker.step * inputs.per_step
+        return OrderedStreams(self.worker, flows, inputs.streams, first, window,
+                              held=window.held * inputs.streams)
+
+    def stream_of(self, received: Received) -> int:
+        """Which source stream ``received`` belongs to; a stranger is malformed."""
+        sources = self.role.inputs().sources
+        if not sources:
+            return 0
+        try:
+            return sources.index(received.envelope.producer)
+        except ValueError:
+            raise MalformedMessage(f"producer {received.envelope.producer!r} is not one of this step's "
+                                   f"sources {list(sources)}") from None
+
+    def advance(self, inbox: OrderedStreams) -> None:
+        """Let the role send, wait for the next message, apply every step it completes."""
+        role = self.role
+        role.produce(self.stopping)
+        if self.stopping():
+            return
+        received = inbox.next(timeout=POLL_S)
+        if received is None:
+            self.idle_polls += 1
+            return
+        self.idle_polls = 0
+        if role.handle_other(inbox, received):
+            return
+        try:
+            stream = self.stream_of(received)
+        except MalformedMessage as exc:
+            inbox.reject(received, exc)
+            return
+        self.waiting[stream] += inbox.take_from(stream, received, admit=role.admit)
+        per_step = role.inputs().per_step
+        while all(len(queue) >= per_step for queue in self.waiting) and not self.stopping():
+            parts = tuple(r for queue in self.waiting for r in self._pop(queue, per_step))
+            self.finish_step(inbox, parts, role.apply(parts))
+            # What the role sends after this step goes out before the next step is applied,
+            # however many steps one arrival completes (out-of-order arrivals across stripes, a
+            # replay after a restart): what a role sends depends on its step, never on timing.
+            role.produce(self.stopping)
+
+    @staticmethod
+    def _pop(queue: list[Received], n: int) -> list[Received]:
+        taken = queue[:n]
+        del queue[:n]
+        return taken
+
+    def finish_step(self, inbox: OrderedStreams, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:
+        """Count the step, remember its messages (acked with the next checkpoint), record the
+        values, and checkpoint on schedule and at the last step."""
+        w = self.worker
+        w.step += 1
+        for received in parts:
+            inbox.applied(received)
+        w.record_step(values)
+        if w.step % w.checkpoint_every == 0 or w.step == self.role.total:
+            self.checkpoint()
+
+
+def drive(worker: Worker, role: StepRole) -> int:
+    """``Driver(worker, role)`` with SIGTERM/SIGINT handled, run to its end: a role's daemon."""
+    driver = Driver(worker, role)
+    driver.install_signal_handlers()
+    return driver.main()
