@@ -29,6 +29,7 @@ import numpy as np
 from nebula_mq import config, topology
 from nebula_mq.errors import ConfigError
 from nebula_mq.models.frameworks import FRAMEWORKS
+from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import DEVICE_PATTERN, Settings
 from workers.split.routing import Ranks, rank_id
 
@@ -67,11 +68,20 @@ class Placement:
     # Each side's device, overriding [job] device ("" = [job] device).
     head_device: str = ""
     tail_device: str = ""
-    # Rendezvous of each side's group: its master on <port>, rank r on <port> + 1 + r. Keep
-    # them below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections
-    # could take them first.
+    # The host of every rank of a side whose ranks all run on one host (when head_hosts /
+    # tail_hosts are not set).
     gloo_host: str = "127.0.0.1"
+    # The host of each head rank, in rank order, when the head side spans several hosts of its
+    # cluster: head rank r runs on head_hosts[r] (a name or address the other hosts reach), and
+    # the head group's rendezvous is on head_hosts[0]. Empty: every head rank on gloo_host.
+    head_hosts: tuple[str, ...] = ()
+    # The host of each tail rank, in rank order, as head_hosts is for the head.
+    tail_hosts: tuple[str, ...] = ()
+    # The head group's rendezvous port; head rank r listens on head_gloo_port + 1 + r. Keep
+    # the ports below the kernel's ephemeral range (Linux: 32768-60999), where outgoing
+    # connections could take them first.
     head_gloo_port: int = 29200
+    # The tail group's rendezvous port; tail rank r listens on tail_gloo_port + 1 + r.
     tail_gloo_port: int = 29300
     # A collective (or the rendezvous) that has not completed after this long means a rank
     # is gone: the rank exits, and the group restarts from its last common checkpoint.
@@ -88,6 +98,11 @@ class Placement:
             raise ValueError(f"stripes in 1..{topology.MAX_STRIPES}")
         if self.head_ranks < 1 or self.tail_ranks < 1:
             raise ValueError("head_ranks >= 1 and tail_ranks >= 1")
+        for side, hosts, ranks in (("head", self.head_hosts, self.head_ranks), ("tail", self.tail_hosts, self.tail_ranks)):
+            if hosts and len(hosts) != ranks:
+                raise ValueError(f"{side}_hosts: one host per rank ({side}_ranks = {ranks}), got {len(hosts)}")
+            if any(not h.strip() or ":" in h for h in hosts):
+                raise ValueError(f"{side}_hosts: host names or addresses, without ports")
         for device in (self.head_device, self.tail_device):
             if device and not DEVICE_PATTERN.match(device):
                 raise ValueError("head_device / tail_device: cpu, gpu, gpu:N, auto or empty")
@@ -104,6 +119,14 @@ class Placement:
     @property
     def ranks(self) -> Ranks:
         return Ranks(self.head_ranks, self.tail_ranks)
+
+    def group_address(self, side: str) -> GroupAddress:
+        """Where ``side``'s ranks meet (``models.group_address``): every rank of the side is given
+        the same one."""
+        head = side == "head"
+        ranks = self.head_ranks if head else self.tail_ranks
+        hosts = (self.head_hosts if head else self.tail_hosts) or (self.gloo_host,) * ranks
+        return GroupAddress.on_hosts(hosts, self.head_gloo_port if head else self.tail_gloo_port)
 
     def head_ids(self) -> tuple[str, ...]:
         return tuple(rank_id(self.head_id, r) for r in range(self.head_ranks))

@@ -97,6 +97,8 @@ class SplitSide(ABC):
         self.device = self.fw.place(override or settings.job.device, rank,
                                     f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
         self.group: Group | None = None
+        if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
+            job.group_address(self.side).bind_env(rank)
 
     def take_model(self, model: Any, optimizer_fn: Any) -> None:
         """A user's model on this side's device, and its optimizer: ``optimizer_fn(params, lr)``,
@@ -132,8 +134,7 @@ class SplitSide(ABC):
         if self.world == 1:
             return
         job = self.placement
-        base = job.head_gloo_port if self.side == "head" else job.tail_gloo_port
-        self.group = self.fw.join_group(self.rank, self.world, job.gloo_host, base, job.group_timeout_s)
+        self.group = self.fw.join_group(self.rank, job.group_address(self.side), job.group_timeout_s)
         self.worker.agreement = Agreement(self.worker.stop_requested, self.group)
 
     def close(self) -> None:

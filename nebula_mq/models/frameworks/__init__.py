@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from nebula_mq.errors import ConfigError
+from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.runtime.agreement import Collective
 
 FRAMEWORKS = ("paddle", "torch")
@@ -106,8 +107,8 @@ class Framework(Protocol):
         """The model's weights in the framework's own format (``stem`` plus its suffix: paddle's
         ``.pdparams``, torch's ``.pt``), loadable with ``paddle.load`` / ``torch.load``."""
 
-    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> Group:
-        """Join the side's group: its master on ``host:base_port``, rank r on ``base_port + 1 + r``."""
+    def join_group(self, rank: int, address: GroupAddress, timeout_s: float) -> Group:
+        """Join the side's group at ``address`` as ``rank`` (``models.group_address``)."""
 
 
 def _owner(model: object) -> str | None:

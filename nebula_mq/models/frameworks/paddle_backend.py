@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -14,6 +15,7 @@ import paddle
 from nebula_mq.errors import DataError
 from nebula_mq.models.data_parallel import DataParallelGroup, init_group
 from nebula_mq.models.device import use_device
+from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.models.state import load_params, load_state_arrays, state_arrays
 
 # Held while a side draws from the framework's process-global generator (seeded()).
@@ -89,6 +91,6 @@ class PaddleFramework:
         paddle.save(model.state_dict(), str(path))
         return path
 
-    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> DataParallelGroup:
-        endpoints = [f"{host}:{base_port + 1 + r}" for r in range(world)]
-        return init_group(rank, world, endpoints, master=f"{host}:{base_port}", timeout_s=timeout_s)
+    def join_group(self, rank: int, address: GroupAddress, timeout_s: float) -> DataParallelGroup:
+        os.environ.update(address.bind_env(rank))
+        return init_group(rank, address.world, address.endpoints, master=address.master, timeout_s=timeout_s)

@@ -15,8 +15,8 @@ last common checkpoint.
 
 from __future__ import annotations
 
-import threading
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
@@ -30,6 +30,7 @@ import torch.distributed as dist
 from nebula_mq.errors import CheckpointError, DataError, WorkerError
 from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
 from nebula_mq.models.device_spec import pick_device
+from nebula_mq.models.group_address import GroupAddress
 
 
 def resolve_device(spec: str, local_rank: int, where: str) -> str:
@@ -189,16 +190,18 @@ class TorchFramework:
         torch.save(model.state_dict(), path)
         return path
 
-    def join_group(self, rank: int, world: int, host: str, base_port: int, timeout_s: float) -> TorchGroup:
+    def join_group(self, rank: int, address: GroupAddress, timeout_s: float) -> TorchGroup:
+        world = address.world
         if world < 1 or not 0 <= rank < world:
             raise WorkerError(f"rank {rank} outside a group of {world}")
-        warn_ephemeral_ports([f"{host}:{base_port}"])
+        warn_ephemeral_ports([address.master])
+        os.environ.update(address.bind_env(rank))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         try:
             with deadline("group rendezvous", rank, timeout_s):
-                dist.init_process_group(backend, init_method=f"tcp://{host}:{base_port}", rank=rank,
+                dist.init_process_group(backend, init_method=f"tcp://{address.master}", rank=rank,
                                         world_size=world, timeout=timedelta(seconds=timeout_s))
         except (RuntimeError, OSError, ValueError) as exc:
             raise WorkerError(f"cannot join the {backend} group as rank {rank}/{world} via "
-                              f"{host}:{base_port}: {str(exc).strip().splitlines()[0]}") from None
+                              f"{address.master}: {str(exc).strip().splitlines()[0]}") from None
         return TorchGroup(rank, world, timeout_s)
