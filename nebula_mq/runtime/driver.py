@@ -37,7 +37,7 @@ from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.runtime.ordered import FlowWindow, OrderedStreams
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.worker import Worker
 
 log = get_logger(__name__)
@@ -85,7 +85,7 @@ class StepRole(Protocol):
     def admit(self, received: Received) -> None:
         """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered."""
 
-    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         """True when ``received`` is not a step's message and was settled or rejected here."""
 
     def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
@@ -192,14 +192,14 @@ class Driver:
         self.worker.commit(arrays, meta)
         self.worker.write_history()
 
-    def open_inbox(self) -> OrderedStreams:
+    def open_inbox(self) -> OrderedInbox:
         inputs = self.role.inputs()
         flows = [stripe for flow in inputs.flows for stripe in topology.stripe_flows(flow)]
         window = self.window()
         self.waiting = [[] for _ in range(inputs.streams)]
         self.idle_polls = 0
         first = self.worker.step * inputs.per_step
-        return OrderedStreams(self.worker, flows, inputs.streams, first, window,
+        return OrderedInbox(self.worker, flows, inputs.streams, first, window,
                               held=window.held * inputs.streams)
 
     def stream_of(self, received: Received) -> int:
@@ -213,7 +213,7 @@ class Driver:
             raise MalformedMessage(f"producer {received.envelope.producer!r} is not one of this step's "
                                    f"sources {list(sources)}") from None
 
-    def advance(self, inbox: OrderedStreams) -> None:
+    def advance(self, inbox: OrderedInbox) -> None:
         """Let the role send, wait for the next message, apply every step it completes."""
         role = self.role
         role.produce(self.stopping)
@@ -247,7 +247,7 @@ class Driver:
         del queue[:n]
         return taken
 
-    def finish_step(self, inbox: OrderedStreams, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:
+    def finish_step(self, inbox: OrderedInbox, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:
         """Count the step, remember its messages (acked with the next checkpoint), record the
         values, and checkpoint on schedule and at the last step."""
         w = self.worker

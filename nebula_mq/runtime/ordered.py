@@ -1,15 +1,17 @@
-"""One flow's messages, each applied once and strictly in order: the rules in one place.
+"""A role's messages, each applied once and strictly in order: the one inbox, its rules in one place.
 
-A role asks an :class:`OrderedInbox` for the messages whose turn has come and says
+The driver asks an :class:`OrderedInbox` for the messages whose turn has come and says
 when it has applied one; the inbox decides everything else:
 
-* **trust** (:class:`~nebula_mq.runtime.channel.Inbox`): checksum, signature,
-  schema, codec, NaN;
-* **progress, order and dedupe**, with one counter: the index of the next message
-  to apply (:class:`InOrderBuffer`; the worker's step restores it). Early arrivals
-  wait for their turn; anything below the counter, or a second copy of one that
-  waits, is a repeat, acked with the next checkpoint and never handed out again;
-  an index the peer could not have sent yet is dead-lettered;
+* **trust** (:class:`~nebula_mq.runtime.channel.Inbox`, one per queue it reads):
+  checksum, signature, schema, codec, NaN;
+* **progress, order and dedupe**, with one counter per stream: the index of the next
+  message to apply (:class:`InOrderBuffer`; the worker's step restores it). Early
+  arrivals wait for their turn; anything below the counter, or a second copy of one
+  that waits, is a repeat, acked with the next checkpoint and never handed out again;
+  an index the peer could not have sent yet is dead-lettered. The broker may redeliver
+  (after a crash or a WAN drop), federation may duplicate (ack-mode on-confirm), and a
+  redelivery may overtake newer messages: the counter turns all of it into one sequence;
 * **flow control**: the broker's prefetch covers what the role holds on purpose,
   or the broker would stop delivering while the role waits for the very message
   that lets it checkpoint (a deadlock);
@@ -23,18 +25,21 @@ a peer runs at most ``ahead`` messages ahead of the next one to apply, and up to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from nebula_mq import topology
-from nebula_mq.errors import NebulaError
+from nebula_mq.errors import NebulaError, OutOfWindow, ReplayedMessage
 from nebula_mq.runtime.channel import Inbox, Received
-from nebula_mq.runtime.inbox_group import InboxGroup
-from nebula_mq.runtime.ordering import InOrderBuffer
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
+
+T = TypeVar("T")
+
+# How long one queue is waited on before the next is looked at, when all are empty.
+POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -60,28 +65,96 @@ class FlowWindow:
         return self.ahead + self.unacked
 
 
-class OrderedStreams:
-    """Ordered streams read from one or more flows: stream ``k`` is applied in index order
-    from ``first``, on its own counter (the ELECTRA root: one stream per generator, whether
-    the generators share a flow or each has its own; a striped flow: one stream over its
-    stripes, ``topology.stripe_flows``). See the module docstring."""
+@dataclass(frozen=True)
+class Ready(Generic[T]):
+    index: int
+    item: T
+
+
+class InOrderBuffer(Generic[T]):
+    """One stream's counter: releases items strictly in index order, starting at ``next_index``."""
+
+    def __init__(self, next_index: int = 0, window: int = 64) -> None:
+        if window < 1:
+            raise ValueError("window >= 1")
+        self.next_index = next_index
+        self.window = window
+        self._held: dict[int, T] = {}
+
+    def push(self, index: int, item: T) -> None:
+        """Accept an arrival. Raises for indices already applied or outside the window.
+
+        A second copy of an index that is held but not yet released is ignored:
+        the first copy wins, and both are byte-identical by construction.
+        """
+        if index < self.next_index:
+            raise ReplayedMessage(f"index {index} already applied (next is {self.next_index})")
+        if index >= self.next_index + self.window:
+            raise OutOfWindow(
+                f"index {index} is beyond the window [{self.next_index}, "
+                f"{self.next_index + self.window})"
+            )
+        self._held.setdefault(index, item)
+
+    def is_duplicate(self, index: int) -> bool:
+        return index < self.next_index or index in self._held
+
+    def pop_ready(self) -> Iterator[Ready[T]]:
+        """Yield every item whose turn has come; ``next_index`` advances as they go."""
+        while self.next_index in self._held:
+            item = self._held.pop(self.next_index)
+            index = self.next_index
+            self.next_index += 1
+            yield Ready(index, item)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class OrderedInbox:
+    """The queues a role reads (every stripe of every flow), as ordered streams: stream ``k`` is
+    applied in index order from ``first`` on its own counter (a split side: one stream per peer
+    rank; the ELECTRA root: one per generator). See the module docstring."""
 
     def __init__(self, worker: Worker, flows: Sequence[topology.Flow], streams: int, first: int,
                  window: FlowWindow, held: int | None = None) -> None:
-        """``held``: deliveries held per flow (default ``window.held``: one stream a flow)."""
+        """``held``: deliveries held per queue (default ``window.held``: one stream)."""
+        if not flows:
+            raise ValueError("at least one flow")
         self.worker = worker
         reserve = window.held if held is None else held
-        self.inbox = InboxGroup([Inbox(worker, f, None, held=reserve) for f in flows])
+        self.inboxes = [Inbox(worker, f, None, held=reserve) for f in flows]
+        self._by_flow = {i.flow.name: i for i in self.inboxes}
+        self._next = 0  # round robin over the queues, so no stream starves another
         self.orders: list[InOrderBuffer[Received]] = [InOrderBuffer(first, window=window.window)
                                                        for _ in range(streams)]
 
     def next(self, timeout: float) -> Received | None:
-        """The next trusted, new delivery, not yet ordered (for a role that handles some
-        messages outside the ordered stream); the wait is reported to the worker's hooks."""
+        """The next trusted, new delivery of any queue, not yet ordered (for a role that handles
+        some messages outside the ordered streams); the wait is reported to the worker's hooks."""
         t0 = time.perf_counter()
-        received = self.inbox.get(timeout)
+        received = self._get(timeout)
         self.worker.hooks.on_wait(time.perf_counter() - t0)
         return received
+
+    def _get(self, timeout: float) -> Received | None:
+        if len(self.inboxes) == 1:
+            return self.inboxes[0].get(timeout)
+        deadline = time.monotonic() + timeout
+        wait = 0.0
+        while True:
+            for _ in self.inboxes:
+                inbox = self.inboxes[self._next]
+                self._next = (self._next + 1) % len(self.inboxes)
+                received = inbox.get(wait)
+                if received is not None:
+                    return received
+            if time.monotonic() >= deadline:
+                return None
+            wait = min(POLL_S, max(0.0, deadline - time.monotonic()))
+
+    def _of(self, received: Received) -> Inbox:
+        return self._by_flow[received.envelope.flow]  # the inbox checked the flow on admission
 
     def take_from(self, stream: int, received: Received,
                   admit: Callable[[Received], None] | None = None) -> list[Received]:
@@ -90,14 +163,14 @@ class OrderedStreams:
         so is a message ``admit`` refuses (by raising a :class:`NebulaError`)."""
         order = self.orders[stream]
         if order.is_duplicate(received.micro_batch):
-            self.inbox.discard_duplicate(received)
+            self._of(received).discard_duplicate(received)
             return []
         try:
             if admit is not None:
                 admit(received)
             order.push(received.micro_batch, received)
         except NebulaError as exc:  # refused by admit, or out of window
-            self.inbox.reject(received, exc)
+            self.reject(received, exc)
             return []
         return [r.item for r in order.pop_ready()]
 
@@ -108,24 +181,12 @@ class OrderedStreams:
 
     def reject(self, received: Received, exc: NebulaError) -> None:
         """Condemn a message the role finds unacceptable (dead-lettered with its reason)."""
-        self.inbox.reject(received, exc)
+        self._of(received).reject(received, exc)
 
     def applied(self, received: Received) -> None:
         """The role applied ``received``: acked with the next checkpoint."""
-        self.inbox.applied(received)
+        self._of(received).applied(received)
 
     def close(self) -> None:
-        self.inbox.close()
-
-
-class OrderedInbox(OrderedStreams):
-    """The messages of one flow, every stripe of it, in index order from ``first``; see the
-    module docstring."""
-
-    def __init__(self, worker: Worker, flow: topology.Flow, first: int, window: FlowWindow) -> None:
-        """``first``: the index of the next message to apply (what the last checkpoint holds)."""
-        super().__init__(worker, topology.stripe_flows(flow), 1, first, window)
-
-    def take(self, received: Received, admit: Callable[[Received], None] | None = None) -> list[Received]:
-        """Order one delivery from :meth:`next`; returns what became ready (see :meth:`take_from`)."""
-        return self.take_from(0, received, admit)
+        for inbox in self.inboxes:
+            inbox.close()

@@ -24,7 +24,7 @@ from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Received
-from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.driver import drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
@@ -71,13 +71,13 @@ class AbnetDecoder(SplitTail):
     def more_to_do(self) -> bool:
         return self.rank == 0 and not self.evaluation.done  # the encoder sends its evaluation to rank 0
 
-    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         if received.meta.get("kind") != EVAL_KIND:
             return False
         self.evaluate(inbox, received)
         return True
 
-    def evaluate(self, inbox: OrderedStreams, received: Received) -> None:
+    def evaluate(self, inbox: OrderedInbox, received: Received) -> None:
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         total = int(received.meta.get("batches", 0))

@@ -8,7 +8,7 @@ Two layouts, chosen by ``[electra] generator_clusters``:
   cluster, with its own task): generator ``k`` is the process ``gen-<k>`` on
   ``generator_clusters[k]``, publishing ``gen-results-<k>`` and consuming
   ``sync-<k>`` (``topology.electra_m3_flows``). The root consumes every
-  ``gen-results-<k>`` (one inbox each, read as one :class:`OrderedStreams`) and sends
+  ``gen-results-<k>`` (one inbox each, read as one :class:`OrderedInbox`) and sends
   each sync token to every ``sync-<k>``.
 
 The plan's processes carry exactly these flows, so each identity's broker

@@ -45,7 +45,7 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -144,7 +144,7 @@ class DiscriminatorRank:
     def admit(self, received: Received) -> None:
         """Every share is accepted as ordered."""
 
-    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         return False
 
     def unsaved(self) -> bool:

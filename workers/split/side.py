@@ -36,7 +36,7 @@ from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck
-from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -147,7 +147,7 @@ class SplitSide(ABC):
     def admit(self, received: Received) -> None:
         """Nothing refused before ordering (the head and tail check correlation ids)."""
 
-    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         return False
 
     def more_to_do(self) -> bool:

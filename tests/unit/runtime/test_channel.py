@@ -123,27 +123,27 @@ def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the
     window = FlowWindow(ahead=4, unacked=2)
     assert (window.window, window.held) == (4, 6)  # one formula for the window and the prefetch reserve
     outbox = Outbox(sender, FLOW, "enc-0")
-    inbox = OrderedInbox(receiver, FLOW, 0, window)  # counts progress itself: no Deduplicator
+    inbox = OrderedInbox(receiver, [FLOW], 1, 0, window)  # counts progress itself: no Deduplicator
     x = np.ones(2, np.float32)
     for mb in (2, 0, 9, 1, 0):  # 9 is beyond [0, 4); 0 comes twice
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (x, Identity())})
     got: list[int] = []
     for _ in range(50):
         received = inbox.next(0.05)
-        for ready in inbox.take(received) if received is not None else []:
+        for ready in inbox.take_from(0, received) if received is not None else []:
             got.append(ready.micro_batch)
             inbox.applied(ready)
         if len(got) == 3:
             break
     late = inbox.next(0.2)  # the second 0: a repeat, never handed out
-    assert got == [0, 1, 2] and (late is None or inbox.take(late) == [])
+    assert got == [0, 1, 2] and (late is None or inbox.take_from(0, late) == [])
 
     def refuse(received: object) -> None:
         raise MalformedMessage("not for this role")
 
     outbox.send(step=3, micro_batch=3, tensors={"x": (x, Identity())})
     received = inbox.next(5.0)
-    assert received is not None and inbox.take(received, admit=refuse) == []
+    assert received is not None and inbox.take_from(0, received, admit=refuse) == []
     assert sorted(dead_letters(receiver)) == sorted([OutOfWindow.reason, MalformedMessage.reason])
 
 

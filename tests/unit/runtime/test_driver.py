@@ -15,7 +15,7 @@ from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import Driver, StepInputs, StopCheck
-from nebula_mq.runtime.ordered import OrderedStreams
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -63,7 +63,7 @@ class Summing:
 
     def admit(self, received: Received) -> None: ...
 
-    def handle_other(self, inbox: OrderedStreams, received: Received) -> bool:
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         return False
 
     def unsaved(self) -> bool:

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nebula_mq.errors import OutOfWindow, ReplayedMessage
-from nebula_mq.runtime.ordering import InOrderBuffer
+from nebula_mq.runtime.ordered import InOrderBuffer
 
 
 @given(st.permutations(list(range(20))), st.lists(st.integers(0, 19), max_size=30))
