@@ -74,7 +74,7 @@ class Outbox:
         self.producer_id = producer_id
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.publisher = worker.transport.publisher()
-        worker.open_outboxes.append(self)  # its commit waits for our confirms (``Worker.commit``)
+        worker.ledger.outboxes.append(self)  # its commit waits for our confirms (``Ledger.commit``)
 
     def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]] | None = None,
              encoded: EncodedTensors | None = None, meta: Mapping[str, Any] | None = None,
@@ -110,8 +110,8 @@ class Outbox:
     def close(self) -> None:
         """Stop publishing; what is not confirmed yet is dropped here (call :meth:`flush` first
         to keep it): no checkpoint covers it, so a resumed worker sends it again."""
-        if self in self.worker.open_outboxes:
-            self.worker.open_outboxes.remove(self)
+        if self in self.worker.ledger.outboxes:
+            self.worker.ledger.outboxes.remove(self)
         self.publisher.close()
 
 
@@ -167,7 +167,7 @@ class Inbox:
                 # checkpoint. Acking now would lose the message if the first copy's
                 # connection died (after a broker restart this copy is the only one
                 # left on the broker) and the worker crashed before checkpointing.
-                self.worker.defer_ack(delivery)
+                self.worker.ledger.defer(delivery)
                 return None
             tensors = unpack_tensors(env, max_decoded_bytes=self.worker.settings.transport.decoded_bytes_cap)
             if not self.allow_non_finite:
@@ -196,14 +196,14 @@ class Inbox:
         """A repeat of something already applied or already held: ack it with the
         next checkpoint (see ``_admit``), never apply it."""
         self.worker.hooks.on_duplicate(_event(received.envelope, 0, len(received.delivery.body)))
-        self.worker.defer_ack(received.delivery)
+        self.worker.ledger.defer(received.delivery)
 
     def applied(self, received: Received) -> None:
         """The role applied the message's effect: remember it, ack with the next checkpoint."""
         env = received.envelope
         if self.dedupe is not None:
             self.dedupe.record(env.message_id, f"{env.flow}/{env.producer}", env.seq)
-        self.worker.defer_ack(received.delivery)
+        self.worker.ledger.defer(received.delivery)
 
     def close(self) -> None:
         self.consumer.close()

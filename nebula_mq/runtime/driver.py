@@ -153,14 +153,14 @@ class Driver:
         role.open()
         self.restore()
         if w.step > 0:  # resumed: say so, at the restored step, until the next step is done
-            w.write_status("resuming")
+            w.report.status("resuming")
         inbox = self.open_inbox()
         try:
             while self.keep_going():
                 self.advance(inbox)
             # Normal end or a stop request: what was applied is checkpointed and acked.
             if (w.agreement.may_checkpoint() and (w.step > 0 or role.unsaved())
-                    and not w.has_checkpoint_at_step()):
+                    and not w.ledger.holds(w.step)):
                 self.checkpoint()
             if w.step >= role.total and not w.stop_requested.is_set():
                 role.after_training()
@@ -190,7 +190,7 @@ class Driver:
     def checkpoint(self) -> None:
         arrays, meta = self.role.state()
         self.worker.commit(arrays, meta)
-        self.worker.write_history()
+        self.worker.report.write_history()
 
     def open_inbox(self) -> OrderedInbox:
         inputs = self.role.inputs()

@@ -10,7 +10,7 @@ and one HTTPS request per queue). Each sample
 * sets the queue gauges (``Hook.on_queue_depth``, called on the sampler thread);
 * appends a JSON line per queue to ``<run_dir>/queues/<worker>.jsonl``, for the report's
   backpressure plot (the gauges only hold the latest);
-* raises or lowers the dead-letter alarm (``Worker.check_dead_letters``).
+* raises or lowers the dead-letter alarm (``Reporter.dead_letters``).
 
 The training thread never waits for the broker on the sampler's account. A sample that fails,
 whatever the cause, logs ``queue_sample_failed`` and is skipped; sampling goes on.

@@ -30,7 +30,7 @@ import pytest
 from nebula_mq import topology
 from nebula_mq.codecs import parse_codec
 from nebula_mq.runtime import metrics as metrics_module
-from nebula_mq.runtime import worker as worker_module
+from nebula_mq.runtime import reporter as reporter_module
 from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.worker import Worker
 from workers.base import role_worker
@@ -81,11 +81,11 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     dec_out, dec_in = Outbox(dec, reply, "dec-t0"), Inbox(dec, act, Deduplicator(), held=EVERY + 1)
     weights = {"w": np.zeros(8, np.float32)}
     for w in (enc, dec):
-        w.write_status("running")
+        w.report.status("running")
     step = 0
     while step < STEPS:
         if step == RESTART_AT:  # SIGTERM: checkpoint, stop; a new process resumes there
-            enc.commit(weights, {}), enc.write_history(), enc.write_status("stopped")
+            enc.commit(weights, {}), enc.report.write_history(), enc.report.status("stopped")
             enc_in.close(), enc_out.close()
             clock.now += 20.0
             enc, enc_out, enc_in = encoder()
@@ -116,7 +116,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
             w.record_step(values)
             if step % EVERY == 0:
                 w.commit(weights, {})
-                w.write_history()
+                w.report.write_history()
         if step == 40:  # a lost ack: the activation is delivered again and must be dropped
             dec.transport.publisher().publish(dec.transport.queue_for(act), _last_body(enc_out, act, step - 1),
                                               "again")
@@ -124,7 +124,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
             dec.transport.publisher().publish(dec.transport.queue_for(act), b"\x00not an envelope", "junk")
     assert dec_in.get(timeout=0.1) is None  # drains the duplicate and the junk: both handled, none returned
     for w in (enc, dec):
-        w.commit(weights, {}), w.write_history(), w.metrics.flush(), w.write_status("finished")
+        w.commit(weights, {}), w.report.write_history(), w.report.metrics.flush(), w.report.status("finished")
     (run_dir / "faults.jsonl").write_text(json.dumps(
         {"time": _row_time(run_dir, "dec-t0", CUT_AT + 1) - CUT_S, "kind": "wan_cut", "target": "s<->t",
          "recovered_after_s": CUT_S}) + "\n")
@@ -167,7 +167,7 @@ def _row_time(run_dir: Path, worker: str, step: int) -> float:
 def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     clock = VirtualClock(1_760_000_000.0)
     fake_time = types.SimpleNamespace(time=clock.time, monotonic=clock.time)  # both clocks virtual
-    monkeypatch.setattr(worker_module, "time", fake_time)
+    monkeypatch.setattr(reporter_module, "time", fake_time)
     monkeypatch.setattr(metrics_module, "time", fake_time)
     root = tmp_path / "run"
     build_run_dir(root, clock)

@@ -81,7 +81,7 @@ class AbnetDecoder(SplitTail):
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         total = int(received.meta.get("batches", 0))
-        self.worker.write_status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
+        self.worker.report.status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
         try:
             self.evaluation.on_batch(self.model, received.micro_batch, total,
                                      t["enc_out"], t["src_mask"], t["sample_ids"])

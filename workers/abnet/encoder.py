@@ -126,7 +126,7 @@ class AbnetEncoder(SplitHead):
         batches = -(-n // size)
         codec = self.outgoing[0].schedule.codec_for(self.total)
         outbox = Outbox(self.worker, self.act_flows[0], eval_producer(self.worker_id))
-        self.worker.write_status("running", phase=f"evaluating {n} sentences: encoding and sending them")
+        self.worker.report.status("running", phase=f"evaluating {n} sentences: encoding and sending them")
         self.model.eval()
         try:
             for k in range(batches):

@@ -65,7 +65,7 @@ def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Wor
     dead_reasons = ["bad_checksum", "bad_tag", "unknown_job", "non_finite", "replayed", "replayed",
                     "unknown_codec", "bad_shape"]
     assert sorted(dead_letters(receiver)) == sorted(dead_reasons)
-    metrics = receiver.metrics
+    metrics = receiver.report.metrics
     assert metrics.of(metrics.dead_letters, "activations", "bad_tag")._value.get() == 1
     assert metrics.of(metrics.duplicates, "activations")._value.get() == 1
     audit = (Path(receiver.settings.run_dir) / "audit" / "audit.jsonl").read_text()
@@ -151,8 +151,8 @@ def test_outbox_measures_compression(pair: tuple[Worker, Worker, MemoryBroker]) 
     sender, _, _ = pair
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     Outbox(sender, FLOW, "enc-0").send(step=0, micro_batch=0, tensors={"x": (x, FP16())})
-    raw = sender.metrics.of(sender.metrics.raw_bytes, "activations", "out")._value.get()
-    wire = sender.metrics.of(sender.metrics.wire_bytes, "activations", "out")._value.get()
+    raw = sender.report.metrics.of(sender.report.metrics.raw_bytes, "activations", "out")._value.get()
+    wire = sender.report.metrics.of(sender.report.metrics.wire_bytes, "activations", "out")._value.get()
     assert raw == x.nbytes
     assert 0.5 < wire / raw < 0.7  # fp16 halves the payload; the envelope adds a little
 

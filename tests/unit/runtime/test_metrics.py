@@ -27,8 +27,8 @@ def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
     inbox = Inbox(receiver, FLOW, Deduplicator())  # the worker now reads this queue
     receiver.record_step({"loss": 1.5})  # samples the queues, writes the textfile
     inbox.close()
-    assert receiver.metrics.textfile is not None
-    samples = [s for f in text_string_to_metric_families(receiver.metrics.textfile.read_text()) for s in f.samples]
+    assert receiver.report.metrics.textfile is not None
+    samples = [s for f in text_string_to_metric_families(receiver.report.metrics.textfile.read_text()) for s in f.samples]
     assert samples and all({k: s.labels.get(k) for k in ("job", "worker", "role", "cluster")}
                            == {"job": "chan", "worker": "dec-0", "role": "test", "cluster": "t"} for s in samples)
     depth = {s.labels["queue"]: s.value for s in samples if s.name == "nebula_queue_messages"}
@@ -45,11 +45,11 @@ def test_a_worker_logs_a_progress_line_with_rate_and_eta(pair: tuple[Worker, Wor
                                                         monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
 
-    from nebula_mq.runtime import worker
+    from nebula_mq.runtime import reporter
     from nebula_mq.runtime.logs import configure_logging
 
     configure_logging("info", json=True)  # JSON lines on stderr, as in a worker process
-    monkeypatch.setattr(worker, "PROGRESS_LOG_S", 0.0)
+    monkeypatch.setattr(reporter, "PROGRESS_LOG_S", 0.0)
     _, receiver, _ = pair
     for step in (1, 2, 3):
         receiver.step = step
@@ -69,6 +69,7 @@ def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
     sender, receiver, _ = pair
     receiver.settings = dataclasses.replace(
         receiver.settings, transport=dataclasses.replace(receiver.settings.transport, dead_letter_alarm=2))
+    receiver.report.settings = receiver.settings
     pub = sender.transport.publisher()
     for i in range(3):
         pub.publish(sender.transport.queue_for(FLOW), b"not an envelope", f"junk-{i}")
@@ -77,10 +78,10 @@ def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
     assert inbox.get(timeout=0.3) is None  # all three dead-lettered
     inbox.close()
     receiver.record_step({"loss": 1.0})
-    alarm = receiver.metrics.of(receiver.metrics.dead_letter_alarm)._value.get()
+    alarm = receiver.report.metrics.of(receiver.report.metrics.dead_letter_alarm)._value.get()
     assert alarm == 1.0
-    receiver.check_dead_letters(0)  # drained: the alarm falls
-    assert receiver.metrics.of(receiver.metrics.dead_letter_alarm)._value.get() == 0.0
+    receiver.report.dead_letters(receiver.transport.dead_letter_queue, 0)  # drained: the alarm falls
+    assert receiver.report.metrics.of(receiver.report.metrics.dead_letter_alarm)._value.get() == 0.0
     queues = {"cluster-b": {"nebula.j.dead-letter": {"messages": 3, "bytes": 90},
                             "nebula.j.activations": {"messages": 50, "bytes": 9}},
               "cluster-a": {"nebula.j.dead-letter": {"messages": 2, "bytes": 60}}}

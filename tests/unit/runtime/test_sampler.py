@@ -113,7 +113,7 @@ def test_a_slow_broker_delays_no_step_and_the_sampler_writes_its_rows_afterwards
     last = {row["queue"]: row for row in rows(w)}  # the final sample's rows are the last ones
     assert last[queue]["messages"] == 3 and last[queue]["bytes"] == 300
     assert last[w.transport.dead_letter_queue]["messages"] == 0
-    assert w.metrics.of(w.metrics.queue_messages, queue)._value.get() == 3.0
+    assert w.report.metrics.of(w.report.metrics.queue_messages, queue)._value.get() == 3.0
 
 
 def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(

@@ -1,0 +1,113 @@
+"""What a worker tells the people running it: its status file, progress lines, step history,
+metrics (textfile and HTTP), tensorboard scalars and the dead-letter alarm.
+
+Nothing here touches the broker: the queue depths reach the metrics from the sampler's own
+thread (``runtime.sampler``), and every write here is a local file, atomic where another
+process reads it (``nebula-mq status``, ``nebula-mq report``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, final
+
+from nebula_mq.atomic import write_json_atomic
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.metrics import MetricsHook
+from nebula_mq.runtime.tracking import tensorboard_hook
+from nebula_mq.settings import Settings
+
+log = get_logger(__name__)
+
+# How often a worker logs a progress line (step, rate, ETA, values), in seconds.
+PROGRESS_LOG_S = 30.0
+
+
+def status_dir(settings: Settings) -> Path:
+    return settings.run_dir / "status"
+
+
+@final
+class Reporter:
+    """One worker's reports: ``status`` and the step's values go to files and metrics."""
+
+    def __init__(self, settings: Settings, cluster: str, worker_id: str, role: str) -> None:
+        self.settings, self.cluster, self.worker_id, self.role = settings, cluster, worker_id, role
+        run_dir = settings.run_dir
+        # Always a textfile (read by `nebula-mq status`); also served over HTTP at /metrics
+        # when [job] metrics_port is set (`nebula-mq worker --metrics-port`).
+        port = settings.job.metrics_port
+        self.metrics = MetricsHook(role, run_dir / "metrics" / f"{worker_id}.prom", port=port or None,
+                                   identity={"job": settings.job.id, "worker": worker_id, "cluster": cluster})
+        self.tracking = tensorboard_hook(run_dir / "tensorboard" / worker_id) if settings.job.tensorboard else None
+        self.step = 0
+        self.values: dict[str, float] = {}
+        self.history: list[dict[str, float]] = []  # rows since the last write_history
+        self._progress_logged: tuple[float, int] | None = None  # (time, step) of the last line
+        self._dead_letter_alarm = False
+
+    def hooks(self) -> list[Hook]:
+        """The hooks that report what the worker's messages and steps do."""
+        return [self.metrics, *([self.tracking] if self.tracking else [])]
+
+    def record(self, step: int, values: Mapping[str, float]) -> None:
+        """Step ``step`` is done with ``values``: history row, progress line, status."""
+        self.step = step
+        self.values = {k: float(v) for k, v in values.items()}
+        self.history.append({"step": float(step), "time": time.time(), **self.values})
+        self.log_progress()
+        self.status("running")
+
+    def log_progress(self) -> None:
+        """One ``progress`` log line every :data:`PROGRESS_LOG_S` seconds: the step, steps/s
+        since the last line, the ETA to the job's last step, and the step's values."""
+        now = time.monotonic()
+        if self._progress_logged is None:
+            self._progress_logged = (now, self.step)
+            return
+        t0, step0 = self._progress_logged
+        if now - t0 < PROGRESS_LOG_S:
+            return
+        self._progress_logged = (now, self.step)
+        rate = (self.step - step0) / (now - t0)
+        total = self.settings.job.steps
+        eta = round((total - self.step) / rate) if rate > 0 and self.step < total else None
+        log.info("progress", step=self.step, total=total, steps_per_s=round(rate, 3), eta_s=eta,
+                 **{k: round(v, 5) for k, v in self.values.items()})
+
+    def status(self, state: str, **extra: Any) -> None:
+        """The status file ``nebula-mq status`` reads: state, step, values, and ``extra``."""
+        path = status_dir(self.settings) / f"{self.worker_id}.json"
+        body = {
+            "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
+            "job": self.settings.job.id, "pid": os.getpid(), "state": state,
+            "step": self.step, "updated": time.time(), "values": self.values, **extra,
+        }
+        write_json_atomic(path, body, sort_keys=True)
+
+    def write_history(self) -> Path:
+        """The rows since the last call (loss curves, for reports), appended as JSON lines."""
+        path = self.settings.run_dir / "history" / f"{self.worker_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            for row in self.history:
+                fh.write(json.dumps(row, sort_keys=True) + "\n")
+        self.history.clear()
+        return path
+
+    def dead_letters(self, queue: str, depth: int) -> None:
+        """Raise the alarm when ``queue`` (the dead-letter queue) passes ``[transport]
+        dead_letter_alarm`` messages, once per crossing, and lower it once someone drained it.
+        The sampler calls it with each sample's depth."""
+        bound = self.settings.transport.dead_letter_alarm
+        alarm = depth > bound
+        if alarm and not self._dead_letter_alarm:
+            log.error("dead_letter_alarm", queue=queue, messages=depth, bound=bound,
+                      hint="inspect them (each is in the audit log as message_dead_lettered) and drain the queue")
+        self._dead_letter_alarm = alarm
+        self.metrics.of(self.metrics.dead_letter_alarm).set(1.0 if alarm else 0.0)
