@@ -1,13 +1,15 @@
-"""Where a scenario's plan and roles are found: each scenario's subpackage registers its own.
+"""Where a scenario is declared, once: each scenario's subpackage registers its own.
 
 A scenario is the subpackage of ``workers`` named by ``[job] scenario`` (``split``,
-``abnet``, ``electra``). Its ``plan`` module says which processes a job runs
-(``@plan_builder``; paddle-free, since the launcher reads it) and names its role
-modules (``ROLE_MODULES``); each role module registers its entry point with
-``@role``. A role or scenario name is registered once: a second function under it
-raises at import. Looking a role up imports only that scenario's role modules, in the
-worker process that runs it: a process that does not train never imports paddle.
-A new scenario is a new subpackage; nothing here changes.
+``abnet``, ``electra``). Its ``plan`` module (paddle-free, since the launcher reads it)
+declares the whole record in one :func:`declare`: the name, the dataclass that reads the
+job file's ``[<name>]`` section and its loader, the function that lists a job's processes,
+and the role modules; each role module registers its entry point with ``@role``. The CLI's
+config verbs, the launcher, provisioning and ``worker`` read this record. A role or scenario
+name is registered once: a second record under it raises at import. Looking a role up
+imports only that scenario's role modules, in the worker process that runs it: a process
+that does not train never imports paddle. A new scenario is a new subpackage; nothing here
+changes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import workers
@@ -27,8 +29,21 @@ RoleMain = Callable[..., int]  # main(settings[, worker_index]) -> exit code
 PlanBuilder = Callable[[Settings], Plan]
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a scenario is, declared once in its ``plan`` module."""
+
+    name: str
+    section: type  # the dataclass that reads the job file's [<name>] section
+    load: Callable[[Settings], Any]  # the section of a job's settings, validated and completed
+    plan: PlanBuilder  # the processes and flows of a job
+    role_modules: tuple[str, ...]  # the modules of workers.<name> that register its roles
+
+
 _ROLES: dict[str, RoleMain] = {}
-_PLANS: dict[str, PlanBuilder] = {}
+_SCENARIOS: dict[str, Scenario] = {}
 
 
 def role(name: str) -> Callable[[F], F]:
@@ -40,12 +55,15 @@ def role(name: str) -> Callable[[F], F]:
     return register
 
 
-def plan_builder(scenario: str) -> Callable[[F], F]:
-    """Register the function that lists a scenario's processes (once per scenario)."""
-    def register(build: F) -> F:
-        _register(_PLANS, "plan of scenario", scenario, build)
-        return build
-    return register
+def declare(scenario: Scenario) -> Scenario:
+    """Register ``scenario`` (once: a second record under its name, from another plan
+    function, raises :class:`DuplicateRegistration`)."""
+    held = _SCENARIOS.get(scenario.name)
+    if held is not None and _identity(held.plan) != _identity(scenario.plan):
+        raise DuplicateRegistration(f"scenario {scenario.name!r} is declared twice: by {_identity(held.plan)} "
+                                    f"and by {_identity(scenario.plan)}")
+    _SCENARIOS[scenario.name] = scenario
+    return scenario
 
 
 def _register(table: dict[str, Any], kind: str, name: str, func: Callable[..., Any]) -> None:
@@ -67,26 +85,35 @@ def scenarios() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(workers.__path__) if m.ispkg)
 
 
-def scenario_plan(settings: Settings) -> ModuleType:
-    """The scenario's ``plan`` module (importing it registers the scenario's plan)."""
-    name = settings.job.scenario
+def scenario_named(name: str, source: str = "<settings>") -> Scenario:
+    """The record of scenario ``name`` (importing its ``plan`` module declares it)."""
     if name not in scenarios():
-        raise ConfigError(settings.source, "job.scenario", f"one of {scenarios()}", name)
-    return importlib.import_module(f"workers.{name}.plan")
+        raise ConfigError(source, "job.scenario", f"one of {scenarios()}", name)
+    importlib.import_module(f"workers.{name}.plan")
+    return _SCENARIOS[name]
+
+
+def all_scenarios() -> list[Scenario]:
+    """Every scenario's record, by name."""
+    return [scenario_named(name) for name in scenarios()]
+
+
+def scenario_of(settings: Settings) -> Scenario:
+    """The record of ``settings``' job's scenario."""
+    return scenario_named(settings.job.scenario, settings.source)
 
 
 def plan_for(settings: Settings) -> Plan:
     """The processes and flows of ``settings``' job."""
-    scenario_plan(settings)
-    return _PLANS[settings.job.scenario](settings)
+    return scenario_of(settings).plan(settings)
 
 
 def role_main(settings: Settings, name: str) -> RoleMain:
     """The entry point of role ``name`` of this job's scenario (its role modules are imported
     here, in the worker process that runs the role)."""
-    plan = scenario_plan(settings)
-    package = f"workers.{settings.job.scenario}"
-    for module in plan.ROLE_MODULES:
+    scenario = scenario_of(settings)
+    package = f"workers.{scenario.name}"
+    for module in scenario.role_modules:
         importlib.import_module(f"{package}.{module}")
     mine = {n: main for n, main in _ROLES.items() if main.__module__.startswith(package + ".")}
     if name not in mine:

@@ -33,26 +33,21 @@ def register(subparsers: Any) -> None:
 def sections() -> list[tuple[str, type]]:
     """Each job-file section and the dataclass that reads it."""
     from nebula_mq import settings as s
-    from workers.abnet.job import AbnetJob
-    from workers.electra.common import ElectraJob
-    from workers.split.job import SplitJob
+    from workers.registry import all_scenarios
 
     return [("job", s.JobSettings), ("codec", s.CodecSettings), ("transport", s.TransportSettings),
             ("security", s.SecuritySettings), ("clusters.<name>.broker", s.BrokerSettings),
-            ("split", SplitJob), ("abnet", AbnetJob), ("electra", ElectraJob)]
+            *((sc.name, sc.section) for sc in all_scenarios())]
 
 
 def effective(settings: Any) -> dict[str, Any]:
     """Section -> key -> value, as the job runs (its scenario's section parsed and completed)."""
-    from workers.abnet.job import load_job as load_abnet
-    from workers.electra.job import load_job as load_electra
-    from workers.split.job import load_split_job
+    from workers.registry import scenario_of
 
     out: dict[str, Any] = {name: plain(getattr(settings, name)) for name in ("job", "codec", "transport", "security")}
     for name, cluster in settings.clusters.items():
         out[f"clusters.{name}.broker"] = plain(cluster.broker)
-    loader = {"abnet": load_abnet, "electra": load_electra, "split": load_split_job}[settings.job.scenario]
-    out[settings.job.scenario] = plain(loader(settings))
+    out[settings.job.scenario] = plain(scenario_of(settings).load(settings))
     return out
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from nebula_mq.settings import Settings
-from workers.abnet.job import load_job
+from workers.abnet.job import AbnetJob, load_job
 from workers.processes import Plan
-from workers.registry import plan_builder
+from workers.registry import Scenario, declare
 from workers.split.plan import side_processes
 
-ROLE_MODULES = ("encoder", "decoder")
 
-
-@plan_builder("abnet")
 def plan(settings: Settings) -> Plan:
     return side_processes(load_job(settings), "abnet-encoder", "abnet-decoder")
+
+
+SCENARIO = declare(Scenario("abnet", AbnetJob, load_job, plan, role_modules=("encoder", "decoder")))

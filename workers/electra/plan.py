@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from nebula_mq.settings import Settings
+from workers.electra.common import ElectraJob
 from workers.electra.flows import processes
+from workers.electra.job import load_job
 from workers.processes import Plan
-from workers.registry import plan_builder
-
-ROLE_MODULES = ("generator", "root", "sub")
+from workers.registry import Scenario, declare
 
 
-@plan_builder("electra")
 def plan(settings: Settings) -> Plan:
     return processes(settings)
+
+
+SCENARIO = declare(Scenario("electra", ElectraJob, load_job, plan, role_modules=("generator", "root", "sub")))

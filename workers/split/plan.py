@@ -5,10 +5,8 @@ from __future__ import annotations
 from nebula_mq import topology
 from nebula_mq.settings import Settings
 from workers.processes import Plan, Process
-from workers.registry import plan_builder
-from workers.split.job import Placement, load_split_job
-
-ROLE_MODULES = ("head", "tail")
+from workers.registry import Scenario, declare
+from workers.split.job import Placement, SplitJob, load_split_job
 
 
 def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
@@ -30,6 +28,8 @@ def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
     return Plan(tails + heads, topology.physical_flows(job.flows()))
 
 
-@plan_builder("split")
 def plan(settings: Settings) -> Plan:
     return side_processes(load_split_job(settings), "split-head", "split-tail")
+
+
+SCENARIO = declare(Scenario("split", SplitJob, load_split_job, plan, role_modules=("head", "tail")))

@@ -14,7 +14,7 @@ import pytest
 from nebula_mq.errors import ConfigError, DuplicateRegistration, NebulaError
 from nebula_mq.settings import JobSettings, Settings
 from workers import registry
-from workers.registry import plan_builder, role, role_main, scenarios
+from workers.registry import Scenario, declare, role, role_main, scenario_named, scenarios
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -50,7 +50,7 @@ def test_a_role_is_looked_up_in_its_jobs_scenario(tmp_path: Path) -> None:
 def fresh_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """This test's registrations go to copies of the tables, dropped after it."""
     monkeypatch.setattr(registry, "_ROLES", dict(registry._ROLES))
-    monkeypatch.setattr(registry, "_PLANS", dict(registry._PLANS))
+    monkeypatch.setattr(registry, "_SCENARIOS", dict(registry._SCENARIOS))
 
 
 def _twin(func: Callable[..., Any], module: str) -> Callable[..., Any]:
@@ -75,15 +75,27 @@ def test_a_second_role_under_a_taken_name_is_refused_with_both_names() -> None:
 
 
 @pytest.mark.usefixtures("fresh_tables")
-def test_a_second_plan_for_a_scenario_is_refused() -> None:
+def test_a_second_declaration_of_a_scenario_is_refused() -> None:
     def plan(settings: Settings) -> Any:
         return None
 
-    split_plan = importlib.import_module("workers.split.plan").plan
-    with pytest.raises(DuplicateRegistration, match=r"plan of scenario 'split' is registered twice: "
+    split = scenario_named("split")
+    with pytest.raises(DuplicateRegistration, match=r"scenario 'split' is declared twice: "
                                                     r"by workers\.split\.plan\.plan and by "):
-        plan_builder("split")(plan)
-    assert registry._PLANS["split"] is split_plan
+        declare(Scenario("split", split.section, split.load, plan, role_modules=("head",)))
+    assert registry._SCENARIOS["split"] is split
+
+
+def test_one_record_carries_each_scenarios_section_plan_and_roles() -> None:
+    from workers.abnet.job import AbnetJob
+    from workers.electra.common import ElectraJob
+    from workers.split.job import SplitJob
+
+    records = {name: scenario_named(name) for name in scenarios()}
+    assert {n: r.section for n, r in records.items()} == {"abnet": AbnetJob, "electra": ElectraJob, "split": SplitJob}
+    assert {n: r.role_modules for n, r in records.items()} == {
+        "abnet": ("encoder", "decoder"), "electra": ("generator", "root", "sub"), "split": ("head", "tail")}
+    assert all(r.plan.__module__ == f"workers.{n}.plan" for n, r in records.items())
 
 
 @pytest.mark.usefixtures("fresh_tables")
@@ -102,4 +114,4 @@ def test_the_same_function_registers_again_harmlessly() -> None:
 def test_reloading_a_scenario_plan_keeps_its_registration() -> None:
     module = importlib.import_module("workers.split.plan")
     importlib.reload(module)
-    assert registry._PLANS["split"] is module.plan
+    assert registry._SCENARIOS["split"].plan is module.plan
