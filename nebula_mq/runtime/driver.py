@@ -11,7 +11,7 @@ The :class:`Driver` does the rest, here and nowhere else, in this order:
 
 1. open the role (queues, outboxes, its group);
 2. restore the checkpoint the group agrees on (``runtime.agreement``), from the worker's
-   store or the one a :class:`ResumesElsewhere` role names, then open the inbox
+   store or the one the role names (:meth:`RoleExtras.resume_store`), then open the inbox
    that continues from it: one cursor per stream, ``per_step`` messages of every stream
    make a step, repeats dropped by the cursor, strangers dead-lettered
    (``runtime.ordered``);
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, final, runtime_checkable
+from typing import Any, Protocol, final
 
 import numpy as np
 
@@ -64,8 +64,9 @@ class StepInputs:
 
 
 class StepRole(Protocol):
-    """What the driver asks of a role. ``total``: the steps to train; ``in_flight``: messages a
-    peer may have sent ahead of the next step."""
+    """What the driver asks of every role. ``total``: the steps to train; ``in_flight``: messages
+    a peer may have sent ahead of the next step. A role may also answer any of
+    :class:`RoleExtras`."""
 
     total: int
     in_flight: int
@@ -82,12 +83,6 @@ class StepRole(Protocol):
     def produce(self, stopping: StopCheck) -> None:
         """Send what may be sent before the next wait (up to where ``stopping()`` says stop)."""
 
-    def admit(self, received: Received) -> None:
-        """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        """True when ``received`` is not a step's message and was settled or rejected here."""
-
     def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
         """Apply one step's messages (``per_step`` of each stream, streams in ``sources``
         order; the worker's ``step`` is the step's index); returns the step's values."""
@@ -98,23 +93,54 @@ class StepRole(Protocol):
     def load(self, ck: Checkpoint) -> None:
         """Resume from ``ck`` (the worker's step is already ``ck.step``)."""
 
+
+class RoleExtras(Protocol):
+    """What a role may answer besides :class:`StepRole`; the driver's default stands for each
+    method a role leaves out (the middleware hooks of dramatiq's worker, in our loop)."""
+
+    def admit(self, received: Received) -> None:
+        """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered (default:
+        every message of a source stream is ordered)."""
+
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
+        """True when ``received`` is not a step's message and was settled or rejected here
+        (default: every message is a step's)."""
+
     def unsaved(self) -> bool:
-        """Whether anything since the start needs a final checkpoint (beyond applied steps)."""
+        """Whether anything needs a final checkpoint beyond the applied steps (default: no)."""
 
     def more_to_do(self) -> bool:
-        """Keep going after the last step (e.g. evaluation batches)."""
+        """Keep going after the last step, e.g. for evaluation batches (default: no)."""
 
     def after_training(self) -> None:
-        """Once every step is done and checkpointed (not after a stop request)."""
-
-
-@runtime_checkable
-class ResumesElsewhere(Protocol):
-    """A role that may resume from checkpoints outside its worker's store (a hot start from
-    another job's run): the driver restores from the store :meth:`resume_store` names."""
+        """Once every step is done and checkpointed, not after a stop (default: nothing)."""
 
     def resume_store(self) -> CheckpointStore:
-        """The store to restore from: the worker's own, or another when the worker's holds none."""
+        """The store to restore from, e.g. another run's for a hot start (default: the worker's)."""
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """A role's :class:`RoleExtras`, each method or the driver's default, looked up once."""
+
+    admit: Callable[[Received], None]
+    handle_other: Callable[[OrderedInbox, Received], bool]
+    unsaved: Callable[[], bool]
+    more_to_do: Callable[[], bool]
+    after_training: Callable[[], None]
+    resume_store: Callable[[], CheckpointStore]
+
+    @classmethod
+    def of(cls, role: StepRole, worker: Worker) -> _Extras:
+        def no(*_: object) -> bool:
+            return False
+
+        def nothing(*_: object) -> None:
+            return None
+
+        return cls(getattr(role, "admit", nothing), getattr(role, "handle_other", no), getattr(role, "unsaved", no),
+                   getattr(role, "more_to_do", no), getattr(role, "after_training", nothing),
+                   getattr(role, "resume_store", lambda: worker.store))
 
 
 @final
@@ -123,6 +149,7 @@ class Driver:
 
     def __init__(self, worker: Worker, role: StepRole) -> None:
         self.worker, self.role = worker, role
+        self.extras = _Extras.of(role, worker)
         self.idle_polls = 0  # polls in a row that brought nothing to apply
         self.waiting: list[list[Received]] = []
 
@@ -145,7 +172,7 @@ class Driver:
 
     def keep_going(self) -> bool:
         w = self.worker
-        return (w.step < self.role.total or self.role.more_to_do()) and not self.stopping()
+        return (w.step < self.role.total or self.extras.more_to_do()) and not self.stopping()
 
     def run(self) -> int:
         w, role = self.worker, self.role
@@ -159,11 +186,11 @@ class Driver:
             while self.keep_going():
                 self.advance(inbox)
             # Normal end or a stop request: what was applied is checkpointed and acked.
-            if (w.agreement.may_checkpoint() and (w.step > 0 or role.unsaved())
+            if (w.agreement.may_checkpoint() and (w.step > 0 or self.extras.unsaved())
                     and not w.ledger.holds(w.step)):
                 self.checkpoint()
             if w.step >= role.total and not w.stop_requested.is_set():
-                role.after_training()
+                self.extras.after_training()
         finally:
             role.close()
             inbox.close()
@@ -178,7 +205,7 @@ class Driver:
 
     def restore(self) -> None:
         w = self.worker
-        store = self.role.resume_store() if isinstance(self.role, ResumesElsewhere) else w.store
+        store = self.extras.resume_store()
         start = w.agreement.start_step(store.steps(), w.worker_id)
         if start is None:
             return
@@ -224,14 +251,14 @@ class Driver:
             self.idle_polls += 1
             return
         self.idle_polls = 0
-        if role.handle_other(inbox, received):
+        if self.extras.handle_other(inbox, received):
             return
         try:
             stream = self.stream_of(received)
         except MalformedMessage as exc:
             inbox.reject(received, exc)
             return
-        self.waiting[stream] += inbox.take_from(stream, received, admit=role.admit)
+        self.waiting[stream] += inbox.take_from(stream, received, admit=self.extras.admit)
         per_step = role.inputs().per_step
         while all(len(queue) >= per_step for queue in self.waiting) and not self.stopping():
             parts = tuple(r for queue in self.waiting for r in self._pop(queue, per_step))

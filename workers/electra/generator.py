@@ -48,7 +48,6 @@ from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -156,24 +155,12 @@ class ElectraGenerator:
                and not stopping()):
             self.train_step()
 
-    def admit(self, received: Received) -> None:
-        """Every token is accepted as ordered (token ``i`` is step ``i``)."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        return False
-
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
         """The sync token of step ``worker.step``: the values of that training step and the
         discriminator's values the token brings."""
         token, = parts
         disc = {f"disc_{k}": float(v) for k, v in token.meta.items() if k in DISC_VALUES and isinstance(v, (int, float))}
         return {**self.unsynced.pop(self.worker.step, {}), **disc}
-
-    def more_to_do(self) -> bool:
-        return False
-
-    def after_training(self) -> None:
-        """Nothing: the evaluation reads the checkpoints (``workers.electra.root.evaluate``)."""
 
     def train_step(self) -> None:
         """Training step ``trained`` of every hosted generator: its n_sub micro-batches each,

@@ -45,7 +45,6 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
-from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -140,21 +139,6 @@ class DiscriminatorRank:
 
     def produce(self, stopping: StopCheck) -> None:
         """Nothing: a rank sends only what a step makes."""
-
-    def admit(self, received: Received) -> None:
-        """Every share is accepted as ordered."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        return False
-
-    def unsaved(self) -> bool:
-        return False
-
-    def more_to_do(self) -> bool:
-        return False
-
-    def after_training(self) -> None:
-        """Nothing: the evaluation reads the checkpoints (``workers.electra.root.evaluate``)."""
 
     def train(self, shares: list[Received]) -> dict[str, float]:
         """One group step at the worker's step on this rank's K shares (generator order): the

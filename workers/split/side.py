@@ -36,7 +36,6 @@ from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck
-from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -142,26 +141,9 @@ class SplitSide(ABC):
         for outbox in self.outboxes:
             outbox.close()
 
-    # ------------------------------------------------------------------ the driver's defaults
-
-    def admit(self, received: Received) -> None:
-        """Nothing refused before ordering (the head and tail check correlation ids)."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        return False
-
-    def more_to_do(self) -> bool:
-        return False
-
     def peer_of(self, received: Received) -> int:
         """The peer rank that sent ``received`` (the driver has checked it is one of ``sources``)."""
         return self.sources.index(received.envelope.producer) if self.sources else 0
-
-    def unsaved(self) -> bool:
-        return False
-
-    def after_training(self) -> None:
-        """Nothing after the last step unless a role says so."""
 
     # ------------------------------------------------------------------ optimizer
 

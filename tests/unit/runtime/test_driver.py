@@ -15,7 +15,6 @@ from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import Driver, StepInputs, StopCheck
-from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -60,19 +59,6 @@ class Summing:
     def close(self) -> None: ...
 
     def produce(self, stopping: StopCheck) -> None: ...
-
-    def admit(self, received: Received) -> None: ...
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        return False
-
-    def unsaved(self) -> bool:
-        return False
-
-    def more_to_do(self) -> bool:
-        return False
-
-    def after_training(self) -> None: ...
 
     def run(self) -> int:
         """The driver's loop, with this role, on the open transport."""
