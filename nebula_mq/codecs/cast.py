@@ -41,6 +41,8 @@ class Identity(Codec):
 
 
 _FP16_EXPONENT = 0x7C00  # float16 bits with an all-ones exponent: Inf or NaN
+# Every float16 bit pattern's float32, made by numpy's own cast (256 KiB): decoding looks it up.
+_FP16_TO_FLOAT32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 _BF16_EXPONENT = 0x7F80  # the same for bfloat16
 
 
@@ -88,7 +90,20 @@ class FP16(Codec):
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         expect_parts(self.spec, parts, (shape, "float16"))
+        if dtype == np.float32:  # a table lookup: bit for bit numpy's cast, two to four times faster
+            return np.take(_FP16_TO_FLOAT32, parts[0].view(np.uint16).reshape(-1)).reshape(shape)
         return parts[0].astype(dtype)
+
+    def encode_narrowed(self, half: np.ndarray, *, allow_non_finite: bool = False) -> Encoded:
+        """The node :meth:`encode` makes of a float32 tensor, from that tensor already narrowed
+        where it lives (a GPU): finite values clamped to +-65504, then rounded to nearest even
+        (``models.frameworks`` ``narrow_fp16``). The bytes and the decoded float32 are the
+        same as :meth:`encode`'s; NaN or Inf is refused the same way."""
+        half = np.ascontiguousarray(half, dtype=np.float16)
+        if not allow_non_finite and _all_ones_exponent(half.view(np.int16), _FP16_EXPONENT):
+            raise NonFiniteTensor(f"fp16: tensor {half.shape} contains NaN or Inf")
+        assert self.wire_id is not None
+        return Encoded(self.wire_id, self.params, tuple(half.shape), "float32", (half,))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 
 from nebula_mq.codecs.base import Encoded
+from nebula_mq.codecs.cast import FP16
 from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.feedback import DeltaCompression, ErrorFeedback, SampleRows
 from nebula_mq.codecs.lossless import LZ4
@@ -78,12 +79,26 @@ class FlowCompression:
 
     # ------------------------------------------------------------------ sender
 
-    def encode(self, step: int, tensors: Mapping[str, np.ndarray],
-               samples: Samples | None = None) -> tuple[EncodedTensors, dict[str, object]]:
-        """Every tensor of one message, encoded once, and the meta the receiver needs."""
+    def takes_fp16(self, step: int) -> bool:
+        """Whether step ``step``'s main tensor may come already narrowed to float16 where it was
+        made (a GPU): its codec is plain fp16, with no delta or residual to add in float32."""
+        return (self.delta is None and self.feedback is None
+                and type(self.schedule.codec_for(step)) is FP16)
+
+    def encode(self, step: int, tensors: Mapping[str, np.ndarray], samples: Samples | None = None, *,
+               narrowed: bool = False) -> tuple[EncodedTensors, dict[str, object]]:
+        """Every tensor of one message, encoded once, and the meta the receiver needs.
+        ``narrowed``: the main tensor is a float32 tensor narrowed to float16 already
+        (:meth:`takes_fp16` said so); it travels exactly as if this end had cast it."""
         codec = self.schedule.codec_for(step)
         x = np.asarray(tensors[self.main])
         meta: dict[str, object] = {}
+        if narrowed:
+            if not (self.takes_fp16(step) and isinstance(codec, FP16)):
+                raise CodecError(f"{self.main}: a float16-narrowed tensor needs the plain fp16 codec, "
+                                 f"step {step} uses {codec.spec}")
+            encoded = codec.encode_narrowed(x, allow_non_finite=self.allow_non_finite)
+            return {self.main: (codec.spec, encoded), **self._lossless(tensors)}, meta
         if self.delta is not None or self.feedback is not None:
             if samples is None:
                 raise CodecError(f"{self.main}: delta compression and error feedback need the samples' ids")
@@ -101,12 +116,13 @@ class FlowCompression:
                 self.delta.reconstruct(samples.ids, samples.lengths, sent)
             elif self.feedback is not None:
                 self.feedback.keep_residual(samples.ids, samples.lengths, x, sent)
-        out: EncodedTensors = {self.main: (codec.spec, encoded)}
+        return {self.main: (codec.spec, encoded), **self._lossless(tensors)}, meta
+
+    def _lossless(self, tensors: Mapping[str, np.ndarray]) -> EncodedTensors:
+        """The message's other tensors (ids, masks), lossless."""
         lossless = LZ4()
-        for name, array in tensors.items():
-            if name != self.main:
-                out[name] = (lossless.spec, lossless.encode(np.asarray(array), role="ids"))
-        return out, meta
+        return {name: (lossless.spec, lossless.encode(np.asarray(array), role="ids"))
+                for name, array in tensors.items() if name != self.main}
 
     # ------------------------------------------------------------------ receiver
 

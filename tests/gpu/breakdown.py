@@ -1,8 +1,10 @@
 """Where a step of the GPU check's job goes (tests/gpu/README.md, "Last run").
 
 Runs the check's job (wide_mlp, batch 512, fp16 activations, int8 gradients) for ``--steps``
-steps, then times each piece a step is made of, alone, on the same device and at the same
-sizes, median of ``--repeat``:
+steps four times, side by side: the host path (the fp16 cast and its decode in numpy, as
+before the device narrowing) and the device path (the activation narrowed on the GPU, decoded
+through the table), twice each, and prints their rates and ratio. Then it times each piece a
+step is made of, alone, on the same device and at the same sizes, median of ``--repeat``:
 
 * compute: the head's forward without grad, its recompute with grad and backward, Adam; the
   tail's forward, loss, backward and Adam (``torch.cuda.synchronize`` around each);
@@ -21,11 +23,12 @@ Information only: no pass or fail.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,10 +38,27 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from jobs import run_pair, settings  # noqa: E402
+from nebula_mq.models.frameworks.torch_backend import fp16_narrowed  # noqa: E402
 from nebula_mq.codecs import parse_codec  # noqa: E402
 from nebula_mq.codecs.decoding import decode_tree  # noqa: E402
 from nebula_mq.transport.memory import MemoryBroker  # noqa: E402
 from wide_mlp import Size, dataset, head_spec, tail_spec  # noqa: E402
+
+
+@contextlib.contextmanager
+def host_path() -> Iterator[None]:
+    """The activation's fp16 cast and decode as they were before the device narrowing and the
+    decode table: numpy's astype on the host, both ways."""
+    from nebula_mq.codecs.cast import FP16
+    from nebula_mq.models.frameworks.torch_backend import TorchFramework
+
+    narrow, decode = TorchFramework.narrow_fp16, FP16._decode
+    TorchFramework.narrow_fp16 = lambda self, tensor: None  # type: ignore[method-assign]
+    FP16._decode = lambda self, parts, shape, dtype: parts[0].astype(dtype)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TorchFramework.narrow_fp16, FP16._decode = narrow, decode  # type: ignore[method-assign]
 
 
 def median_ms(fn: Callable[[], object], repeat: int, cuda: bool) -> float:
@@ -65,10 +85,14 @@ def main(argv: list[str]) -> int:
     cuda = torch.cuda.is_available() and not args.cpu_only
     size = Size() if cuda else Size(hidden=256, batch=64, samples=4096)
     dev = torch.device("cuda" if cuda else "cpu")
+    rates: dict[str, list[float]] = {"host": [], "device": []}
     with tempfile.TemporaryDirectory(prefix="nebula-gpu-breakdown-") as tmp:
-        run = run_pair(size, settings(Path(tmp) / "r", "gpu" if cuda else "cpu", args.steps, size.lr()),
-                       MemoryBroker())
-    step_ms = 1e3 / run.steps_per_s
+        for i, path in enumerate(("host", "device", "host", "device")):  # side by side, twice each
+            with host_path() if path == "host" else contextlib.nullcontext():
+                run = run_pair(size, settings(Path(tmp) / f"{path}{i}", "gpu" if cuda else "cpu", args.steps,
+                                              size.lr()), MemoryBroker())
+            rates[path].append(run.steps_per_s)
+    step_ms = 1e3 / statistics.median(rates["device"])
 
     head, tail = head_spec(size).model.to(dev), tail_spec(size).model.to(dev)
     h_opt, t_opt = torch.optim.Adam(head.parameters(), 1e-4), torch.optim.Adam(tail.parameters(), 1e-4)
@@ -104,17 +128,27 @@ def main(argv: list[str]) -> int:
             lambda: decode_tree(fp16.encode(act_np)), args.repeat, False)),
         ("int8 encode + decode of the gradient", median_ms(
             lambda: decode_tree(int8.encode(grad_np)), args.repeat, False)),
+        ("activation narrowed to fp16 on its device, to host", median_ms(
+            lambda: fp16_narrowed(act), args.repeat, cuda)),
+        ("fp16 decode of the activation (the tail)", median_ms(
+            lambda: decode_tree(fp16.encode(act_np)), args.repeat, False) - median_ms(
+            lambda: fp16.encode(act_np), args.repeat, False)),
     ]
     where = torch.cuda.get_device_name(0) if cuda else "cpu"
     print(f"\nwhere a step goes: {size.describe()}, on {where}, {torch.get_num_threads()} CPU threads")
-    print(f"run: {args.steps} steps, {run.steps_per_s:.2f} steps/s = {step_ms:.2f} ms a step (the pair, "
-          f"steady state)")
+    host, device = statistics.median(rates["host"]), statistics.median(rates["device"])
+    print(f"runs: {args.steps} steps each, host path then device path, twice: steps/s host "
+          f"{', '.join(f'{r:.2f}' for r in rates['host'])}; device {', '.join(f'{r:.2f}' for r in rates['device'])}")
+    print(f"median: host {host:.2f} steps/s, device {device:.2f} steps/s: device / host = {device / host:.2f}x")
+    print(f"pieces below are against the device path's {step_ms:.2f} ms a step")
     print(f"{'piece (median of ' + str(args.repeat) + ', alone)':<58}{'ms/step':>9}{'share':>8}")
     for name, ms in rows:
         print(f"{name:<58}{ms:>9.2f}{ms / step_ms:>8.0%}")
     # The head and the tail run at once (two threads, in_flight 2): the slower side bounds the step.
-    head_path = rows[0][1] + rows[2][1] / 2 + rows[3][1]
-    tail_path = rows[1][1] + rows[2][1] / 2 + rows[4][1]
+    # On a GPU the head narrows on the device (SplitHead.send_activation): no host cast there.
+    copy, fp16_both, int8_both, narrowed, fp16_decode = (r[1] for r in rows[2:7])
+    head_path = rows[0][1] + (narrowed + copy / 2 if cuda else copy / 2 + fp16_both - fp16_decode)
+    tail_path = rows[1][1] + copy / 2 + fp16_decode + int8_both
     bound = max(head_path, tail_path)
     print(f"{'the slower side, all its pieces (a bound on the step)':<58}{bound:>9.2f}{bound / step_ms:>8.0%}")
     print(f"{'the rest (envelope, auth, broker, hand-offs, Python)':<58}{step_ms - bound:>9.2f}"

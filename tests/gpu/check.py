@@ -150,6 +150,24 @@ class Checker:
             self.add(f"resumed = clean, {worker}", how, PASS if same else FAIL)
 
 
+    def narrowing(self) -> None:
+        """The head's activation narrowed to fp16 on its device (torch_backend.fp16_narrowed)
+        must be the bytes numpy's fp16 codec makes on the host, edge values included."""
+        from nebula_mq.codecs.cast import FP16
+        from nebula_mq.models.frameworks.torch_backend import fp16_narrowed
+
+        device = torch.device("cuda" if self.device == "gpu" else "cpu")
+        gen = torch.Generator(device="cpu").manual_seed(3)
+        x = torch.randn(self.size.batch, self.size.hidden, generator=gen) * 3e4  # some beyond +-65504
+        x.view(-1)[:6] = torch.tensor([65504.0, 65519.99, 65520.0, -7e4, 1e-8, -0.0])
+        host = FP16().encode(x.numpy()).leaves()[0]
+        narrowed = FP16().encode_narrowed(fp16_narrowed(x.to(device))).leaves()[0]
+        same = host.tobytes() == narrowed.tobytes()
+        differ = int(np.count_nonzero(host.view(np.uint16) != narrowed.view(np.uint16)))
+        self.add(f"fp16 narrowed on {device.type}", f"{x.numel()} values, {'bytes equal to numpy' if same else f'{differ} differ'}",
+                 PASS if same else FAIL)
+
+
 def table(title: str, rows: list[Row]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [title, "=" * len(title)]
@@ -189,6 +207,7 @@ def main(argv: list[str]) -> int:
                 checker.add("steps/s on cpu vs cuda", "n/a: no GPU, the runs above are the CPU's", INFO)
             checker.attempt("identical runs", checker.identical_runs)
             checker.attempt("resume", checker.resume)
+        checker.attempt("fp16 narrowing", checker.narrowing)
         checker.add("paddle on the torch path", "imported" if "paddle" in sys.modules else "not imported",
                     FAIL if "paddle" in sys.modules else PASS)
         checker.add("packages imported", third_party(), INFO)

@@ -70,6 +70,11 @@ class Framework(Protocol):
     def numpy(self, tensor: Any) -> np.ndarray:
         """A tensor's values as a host array."""
 
+    def narrow_fp16(self, tensor: Any) -> np.ndarray | None:
+        """A float32 tensor as the fp16 codec casts it (finite values clamped to +-65504,
+        rounded to nearest even), narrowed on its device before it is copied to the host;
+        None where this framework or tensor does not (the codec then casts on the host)."""
+
     def is_float_tensor(self, value: object) -> bool:
         """Whether ``value`` is one of this framework's floating-point tensors."""
 

@@ -47,6 +47,9 @@ class PaddleFramework:
     def numpy(self, tensor: Any) -> np.ndarray:
         return np.asarray(tensor.numpy())
 
+    def narrow_fp16(self, tensor: Any) -> np.ndarray | None:
+        return None  # paddle runs on CPUs here: the codec casts on the host
+
     def is_float_tensor(self, value: object) -> bool:
         return isinstance(value, paddle.Tensor) and value.is_floating_point()
 

@@ -87,6 +87,17 @@ class TorchGroup:
         self._run("barrier", dist.barrier)
 
 
+def fp16_narrowed(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` (float32) as the fp16 codec casts it, on its own device, copied to the host:
+    finite values clamped to +-65504 (NaN and Inf left for the codec to refuse), rounded to
+    nearest even as numpy's cast rounds."""
+    fp16_max = float(np.finfo(np.float16).max)
+    with torch.no_grad():
+        t = tensor.detach()
+        clamped = torch.where(torch.isfinite(t), t.clamp(-fp16_max, fp16_max), t)
+        return np.asarray(clamped.to(torch.float16).cpu().numpy())
+
+
 class TorchFramework:
     """:class:`~nebula_mq.models.frameworks.Framework` for ``torch.nn.Module`` models."""
 
@@ -122,6 +133,11 @@ class TorchFramework:
 
     def numpy(self, tensor: Any) -> np.ndarray:
         return np.asarray(tensor.detach().cpu().numpy())
+
+    def narrow_fp16(self, tensor: Any) -> np.ndarray | None:
+        if tensor.dtype != torch.float32 or tensor.device.type != "cuda":
+            return None  # on the CPU numpy's chunked cast is as fast, and the bytes stay put
+        return fp16_narrowed(tensor)
 
     def is_float_tensor(self, value: object) -> bool:
         return isinstance(value, torch.Tensor) and value.is_floating_point()
