@@ -30,21 +30,26 @@ DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
 class BrokerSettings:
     """How a worker reaches its *local* broker (never the remote one)."""
 
-    # The local broker's address and AMQPS port (`nebula-mq worker --stack` fills them from the stack).
+    # The local broker's address (`nebula-mq worker --stack` fills it from the stack).
     host: str = "127.0.0.1"
+    # The local broker's AMQPS port (`nebula-mq worker --stack` fills it from the stack).
     port: int = 5671
     # The job's vhost (nebula-<job id>).
     vhost: str = "/"
     # TLS with client certificates (EXTERNAL auth); false only for a plaintext development broker.
     tls: bool = True
-    # Files of the worker's own identity; required when tls is true.
+    # The CA bundle the broker's certificate must chain to; required when tls is true.
     ca_file: str = ""
+    # The worker's own client certificate (its identity at the broker); required when tls is true.
     cert_file: str = ""
+    # The private key of cert_file; required when tls is true.
     key_file: str = ""
     # Name checked against the broker certificate (SNI + hostname check).
     server_name: str = "localhost"
-    # Only for plaintext development brokers (tls = false); TLS uses EXTERNAL auth.
+    # The AMQP user, only for plaintext development brokers (tls = false); TLS uses EXTERNAL
+    # auth (the client certificate names the user).
     username: str = "guest"
+    # That user's password, only for plaintext development brokers (tls = false).
     password: str = "guest"
     # Seconds; pika's I/O thread answers heartbeats while compute runs elsewhere.
     heartbeat_s: int = 30
@@ -52,6 +57,7 @@ class BrokerSettings:
     # with the job's read-only monitoring user: queue sizes in bytes for the metrics and the report.
     # 0 = no management API: queue depth comes from AMQP alone, in messages.
     management_port: int = 0
+    # The job's read-only monitoring user on that API (required when management_port is set).
     management_user: str = ""
     # A file holding that user's password (never the password itself in the job file).
     management_password_file: str = ""
@@ -76,8 +82,9 @@ class FederationSettings:
     its own federation client identity. Read by ``nebula-mq provision`` (the local stack fills
     its own)."""
 
-    # The broker's address and AMQPS port as peer brokers see it (a hostname, for a real deployment).
+    # The broker's address as peer brokers see it (a hostname, for a real deployment).
     host: str = ""
+    # The broker's AMQPS port as peer brokers see it.
     port: int = 5671
     # The name its server certificate carries (`nebula-mq certs issue-server --hostname`); "" = host.
     server_name: str = ""

@@ -37,6 +37,7 @@ def sections() -> list[tuple[str, type]]:
 
     return [("job", s.JobSettings), ("codec", s.CodecSettings), ("transport", s.TransportSettings),
             ("security", s.SecuritySettings), ("clusters.<name>.broker", s.BrokerSettings),
+            ("clusters.<name>.federation", s.FederationSettings),
             *((sc.name, sc.section) for sc in all_scenarios())]
 
 
@@ -47,6 +48,7 @@ def effective(settings: Any) -> dict[str, Any]:
     out: dict[str, Any] = {name: plain(getattr(settings, name)) for name in ("job", "codec", "transport", "security")}
     for name, cluster in settings.clusters.items():
         out[f"clusters.{name}.broker"] = plain(cluster.broker)
+        out[f"clusters.{name}.federation"] = plain(cluster.federation)
     out[settings.job.scenario] = plain(scenario_of(settings).load(settings))
     return out
 
@@ -83,8 +85,9 @@ def origins(path: str, environ: Mapping[str, str] | None = None) -> dict[tuple[s
     for section, body in raw.items():
         if section == "clusters" and isinstance(body, Mapping):
             for name, cluster in body.items():
-                mark(f"clusters.{name}.broker", cluster.get("broker", {}) if isinstance(cluster, Mapping) else {},
-                     "file")
+                for part in ("broker", "federation"):
+                    mark(f"clusters.{name}.{part}", cluster.get(part, {}) if isinstance(cluster, Mapping) else {},
+                         "file")
         else:
             mark(section, body, "file")
     for override in env_overrides(os.environ if environ is None else environ):

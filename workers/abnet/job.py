@@ -54,8 +54,9 @@ class AbnetJob(Placement):
     # "tiny": a small random model (tests); "small": pretrained e5-small encoder and MiniLM
     # decoder cut to encoder_layers / decoder_layers; "full": every pretrained layer.
     preset: Literal["tiny", "small", "full"] = "tiny"
-    # Layers kept from each pretrained stack (small preset); fewer = faster on CPU.
+    # Layers kept from the pretrained encoder stack (small preset); fewer = faster on CPU.
     encoder_layers: int = 6
+    # Layers kept from the pretrained decoder stack (small preset).
     decoder_layers: int = 6
     # A Scenario I job file (or a disc-root checkpoint folder) whose trained discriminator
     # encoder replaces the encoder's frozen stack, as the paper fine-tunes ABNet from the
@@ -63,8 +64,11 @@ class AbnetJob(Placement):
     encoder_init: str = ""
     # "synthetic": a seeded toy translation task (tests, tiny); "corpus": `data build` output.
     data: Literal["synthetic", "corpus"] = "synthetic"
+    # Where `nebula-mq data build` wrote the corpus (data = "corpus").
     data_dir: str = "run/data"
+    # The corpus split training reads.
     split: str = "train"
+    # Sentence pairs per micro-batch (the global batch, cut among the ranks).
     batch_size: int = 16
     # "length": batches of similar source length (less padding); "random": plain shuffling;
     # "auto": length on the corpus, random on the synthetic task (its sentences are all short).
@@ -88,10 +92,13 @@ class AbnetJob(Placement):
     # Evaluation after training: N samples drawn from eval_split (0 = none) are encoded on
     # S, sent as kind=eval activations, beam-decoded on T and scored against T's references.
     eval_samples: int = 0
+    # The data split the evaluation's samples come from.
     eval_split: str = "test"
     # Domains the evaluation draws from (empty = every domain of eval_split).
     eval_domains: tuple[str, ...] = ()
+    # Beam width of the evaluation's decoding on T.
     eval_beam: int = 4
+    # Longest translation the evaluation decodes, in target tokens.
     eval_max_len: int = 64
     # Linear warm-up of the learning rate over the first updates (0 = none). Without it,
     # Adam at 1e-3 can push the encoder adapters to a constant output in a few dozen steps
@@ -100,6 +107,7 @@ class AbnetJob(Placement):
     # After warm-up: "none" keeps lr; "cosine"/"linear" decay it to lr * min_lr_ratio at
     # the job's last step. A constant 1e-3 learnt and then diverged in the 60-minute run.
     lr_decay: Literal["none", "cosine", "linear"] = "none"
+    # The learning rate lr_decay ends at, as a fraction of lr.
     min_lr_ratio: float = 0.1
     # Each side clips its adapters' gradients to this global norm before its step (0 = off).
     # Each side clips its own: the two halves have separate optimizers, as in the paper.

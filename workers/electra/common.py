@@ -56,15 +56,18 @@ class ElectraJob:
     # Cluster of each generator: one entry = one process hosting every generator;
     # one entry per generator = a process per generator on its own cluster (M3).
     generator_clusters: tuple[str, ...] = ("cluster-a",)
+    # Cluster of the root discriminator and its sub-discriminator ranks.
     disc_cluster: str = "cluster-b"
     # Discriminator ranks (root + subs) = micro-batches per generator step; "auto"
     # measures both sides and picks it (resolve it once, before launching).
     n_sub: int | str = 1
     # Steps a generator may run ahead of the last sync token (hides the WAN latency).
     max_lead: int = 2
+    # Steps between checkpoints (and at the last step): what a restart may have to redo.
     checkpoint_every: int = 10
     # "synthetic": seeded toy languages (tests, tiny); "corpus": `nebula-mq data build` output.
     data: Literal["synthetic", "corpus"] = "synthetic"
+    # Where `nebula-mq data build` wrote the corpus (data = "corpus").
     data_dir: str = "run/data"
     # Corpus only: sentences loaded per generator (the rest of the file is not read).
     max_sentences: int = 20000
@@ -73,9 +76,11 @@ class ElectraJob:
     max_vocab: int = 0
     # Last sentences of each generator's data, never trained on (held-out evaluation).
     heldout: int = 256
-    # gloo rendezvous of the discriminator group: master on base_port, rank r on base_port+1+r.
-    # Below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections could take it.
+    # The host of the discriminator group's ranks (its rendezvous and every rank).
     gloo_host: str = "127.0.0.1"
+    # The discriminator group's rendezvous port; rank r listens on gloo_base_port + 1 + r. Keep
+    # it below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections
+    # could take it.
     gloo_base_port: int = 29100
     # Hot start: a previous job's run_dir whose checkpoints seed workers that have none.
     init_from: str = ""

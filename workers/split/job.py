@@ -49,11 +49,16 @@ class Placement:
     """Where the two halves of a split model run and how they are bound, spelled the same way
     by every split job: ``[split]``, and ``[abnet]``, which extends it."""
 
-    # The local stack's clusters (`nebula-mq stack up`) unless the job names its own.
+    # The cluster the head ranks run on, and whose broker they use (the local stack's
+    # cluster-a unless the job names its own).
     head_cluster: str = "cluster-a"
+    # The cluster the tail ranks run on; the same as head_cluster for an in-cluster baseline.
     tail_cluster: str = "cluster-b"
-    # Requester id of the head worker; names its reply flow and checkpoint dir.
+    # Worker id of head rank 0 (rank r is <head_id>-r<r>): names its reply flow, checkpoint
+    # dir, status and metrics files.
     head_id: str = "head-0"
+    # Worker id of tail rank 0 (rank r is <tail_id>-r<r>): names its checkpoint dir, status and
+    # metrics files.
     tail_id: str = "tail-0"
     # Micro-batches whose gradient is not back yet (1 = exact, lockstep training).
     in_flight: int = 1
@@ -61,12 +66,14 @@ class Placement:
     checkpoint_every: int = 10
     # Learning rate handed to both sides' optimizers.
     lr: float = 1e-3
-    # Data-parallel ranks of each side (workers.split.routing): each micro-batch is cut
-    # into head_ranks x tail_ranks equal pieces; each side all-reduces its gradients.
+    # Data-parallel ranks of the head (workers.split.routing): each micro-batch is cut into
+    # head_ranks x tail_ranks equal pieces; the head ranks all-reduce their gradients.
     head_ranks: int = 1
+    # Data-parallel ranks of the tail; the tail ranks all-reduce their gradients.
     tail_ranks: int = 1
-    # Each side's device, overriding [job] device ("" = [job] device).
+    # The head's device, overriding [job] device ("" = [job] device).
     head_device: str = ""
+    # The tail's device, overriding [job] device ("" = [job] device).
     tail_device: str = ""
     # The host of every rank of a side whose ranks all run on one host (when head_hosts /
     # tail_hosts are not set).
@@ -156,9 +163,10 @@ class SplitJob(Placement):
     # by `nebula-mq run` (a user's own script passes the spec directly).
     head: str = ""
     tail: str = ""  # the same for the tail: a function returning a TailSpec
-    # Each side's framework, "paddle" or "torch"; "" = whichever the model is. When set, a
-    # model of the other framework is refused before anything is sent.
+    # The head model's framework, "paddle" or "torch"; "" = whichever the model is. When set,
+    # a model of the other framework is refused before anything is sent.
     head_framework: str = ""
+    # The tail model's framework, as head_framework is for the head.
     tail_framework: str = ""
 
     def validate(self) -> None:

@@ -26,6 +26,24 @@ def test_the_reference_documents_every_key_of_every_section() -> None:
                 "`eval_beam`", "`n_sub`"):
         assert key in text
     assert "|  |" not in text  # every key says what it means
+    assert "## `[clusters.<name>.federation]`" in text and "`cert_dir`" in text
+
+
+def test_every_key_of_a_section_has_its_own_meaning() -> None:
+    """A comment above a group of fields used to stand for all of them ("tail_id: Requester id
+    of the head worker"): each key now says what it itself is."""
+    import re
+
+    meanings: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in reference().splitlines():
+        if line.startswith("## "):
+            section = line
+        row = re.match(r"\| `(\w+)` \| [^|]+ \| [^|]+ \| (.*) \|$", line)
+        if row:
+            key, meaning = row.groups()
+            other = meanings.setdefault(section, {}).setdefault(meaning, key)
+            assert other == key, f"{section}: {other} and {key} share the meaning {meaning!r}"
 
 
 def test_show_prints_the_file_the_overrides_and_every_default_as_toml(
@@ -44,6 +62,18 @@ def test_show_prints_the_file_the_overrides_and_every_default_as_toml(
     assert shown["abnet"]["tail_cluster"] == "cluster-b" and shown["codec"]["backward"] == "int8"
     assert main(["config", "show", str(job), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["transport"]["prefetch"] == 4
+
+
+def test_show_includes_a_clusters_federation_settings_from_the_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text('[job]\nid = "fed"\nscenario = "split"\n'
+                   '[clusters.cluster-a.federation]\nhost = "broker-a.example"\nport = 5999\n')
+    assert main(["config", "show", str(job)]) == 0
+    text = capsys.readouterr().out
+    assert '[clusters.cluster-a.federation]\nhost = "broker-a.example"\nport = 5999\n' in text
+    assert 'server_name = ""  # default' in text
+    assert tomllib.loads(text)["clusters"]["cluster-a"]["federation"]["port"] == 5999
 
 
 @pytest.mark.parametrize("job", sorted((ROOT / "config").glob("*.toml")) + sorted((ROOT / "examples" / "split_mlp").glob("job*.toml")),
