@@ -160,6 +160,28 @@ def cap_policy(job_id: str) -> str:
     return f"{PREFIX}-{_check(job_id, 'job id')}-cap"
 
 
+def status_exchange(job_id: str) -> str:
+    """Fanout exchange every worker of the job publishes its status to, on every cluster; each
+    cluster's copy is federated from its peers' (max-hops 1), so every cluster sees every worker."""
+    return f"{PREFIX}.{_check(job_id, 'job id')}.status.x"
+
+
+def status_stream(job_id: str) -> str:
+    """The stream (a non-destructive, replayable queue) bound to the status exchange on every
+    cluster: ``nebula-mq status --feed`` reads the last messages of every worker from it."""
+    return f"{PREFIX}.{_check(job_id, 'job id')}.status"
+
+
+def status_policy(job_id: str) -> str:
+    """Policy federating the status exchange from every upstream of the cluster."""
+    return f"{PREFIX}-{_check(job_id, 'job id')}-status"
+
+
+def status_reader(job_id: str) -> str:
+    """The certificate CN that may read the status stream and nothing else."""
+    return f"{_check(job_id, 'job id')}.status-reader"
+
+
 def monitoring_user(job_id: str) -> str:
     """The job's read-only user of the brokers' management API (queue sizes, the live view)."""
     return f"{PREFIX}-monitor-{_check(job_id, 'job id')}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.cli.options import add_stack_option, default_stack
+from nebula_mq.cli.run import positive_seconds
+from nebula_mq.cli.table import render
 
 from nebula_mq.runtime.metrics import read_metrics
 
@@ -30,6 +31,13 @@ def register(sub: Any) -> None:
     add_stack_option(p, "the local stack's directory, for queue depths (default $NEBULA_RUN_DIR or run/stack)",
                      default_stack())
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--feed", metavar="CLUSTER", default="",
+                   help="read the job's status feed from CLUSTER's broker: every worker of every cluster and "
+                        "host, with how long ago each was heard from (instead of this host's status files)")
+    p.add_argument("--lost-after", type=positive_seconds, default=60.0, metavar="SECONDS",
+                   help="with --feed: a running worker silent this long is LOST (default 60)")
+    p.add_argument("--since", type=positive_seconds, default=3600.0, metavar="SECONDS",
+                   help="with --feed: read the feed's messages of the last SECONDS (default 3600)")
     p.set_defaults(func=_status)
 
 
@@ -92,6 +100,8 @@ def _status(args: argparse.Namespace) -> int:
     from nebula_mq.settings import load_settings
 
     settings = load_settings(args.job)
+    if args.feed:
+        return _feed(settings, args)
     rows = worker_rows(settings.run_dir)
     queues: dict[str, Any] = {}
     try:
@@ -124,6 +134,27 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _feed(settings: Any, args: argparse.Namespace) -> int:
+    from nebula_mq.cli.status_feed import feed_rows, table as feed_table
+
+    rows = feed_rows(settings, args.feed, args.stack, args.since, args.lost_after)
+    if args.json:
+        print(json.dumps({"job": settings.job.id, "feed": args.feed, "workers": rows}, indent=1))
+    elif rows:
+        print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps, "
+              f"as {args.feed}'s broker hears it")
+        print(feed_table(rows))
+        lost = [r["worker"] for r in rows if r["state"] == "LOST"]
+        if lost:
+            print(f"LOST: {', '.join(lost)}: silent for more than {args.lost_after:g} s", file=sys.stderr)
+    if not rows:
+        print(f"nebula-mq: no status of job {settings.job.id!r} on {args.feed}'s feed in the last "
+              f"{args.since:g} s (has it started? `nebula-mq status {args.job}` reads this host's files)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def dead_letter_alarms(queues: dict[str, Any], bound: int) -> list[str]:
     """An ALARM line per dead-letter queue holding more than ``bound`` messages."""
     return [f"ALARM: {cluster}/{name} holds {d['messages']} dead letters (more than [transport] "
@@ -140,16 +171,5 @@ COLUMNS = (("worker", "worker", 12, ""), ("role", "role", 20, ""), ("cluster", "
            ("dups", "duplicates", 6, ".0f"), ("DLQ", "dead_letters", 5, ".0f"))
 
 
-def _cell(v: Any, width: int, fmt: str) -> str:
-    """Text left-aligned; a number right-aligned; a missing number a dash as wide (a missing
-    value never shifts the columns after it)."""
-    if not fmt:
-        return f"{v!s:<{width}}"
-    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-        return f"{v:>{width}{fmt}}"
-    return "-".rjust(width)
-
-
 def table(rows: list[dict[str, Any]]) -> str:
-    header = "".join(f"{title:<{w}}" if not fmt else f"{title:>{w}}" for title, _, w, fmt in COLUMNS)
-    return "\n".join([header, *("".join(_cell(r[key], w, fmt) for _, key, w, fmt in COLUMNS) for r in rows)])
+    return render(COLUMNS, rows)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, final
@@ -26,6 +28,8 @@ log = get_logger(__name__)
 
 # How often a worker logs a progress line (step, rate, ETA, values), in seconds.
 PROGRESS_LOG_S = 30.0
+# Steps the reported step rate is measured over.
+RATE_WINDOW = 20
 
 
 def status_dir(settings: Settings) -> Path:
@@ -50,6 +54,9 @@ class Reporter:
         self.history: list[dict[str, float]] = []  # rows since the last write_history
         self._progress_logged: tuple[float, int] | None = None  # (time, step) of the last line
         self._dead_letter_alarm = False
+        self.checkpoint: int | None = None  # the step of the last checkpoint this process wrote
+        self._recent: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (time, step) of recent steps
+        self.last: dict[str, Any] = {}  # the status last written: what the status feed publishes
 
     def hooks(self) -> list[Hook]:
         """The hooks that report what the worker's messages and steps do."""
@@ -59,7 +66,9 @@ class Reporter:
         """Step ``step`` is done with ``values``: history row, progress line, status."""
         self.step = step
         self.values = {k: float(v) for k, v in values.items()}
-        self.history.append({"step": float(step), "time": time.time(), **self.values})
+        now = time.time()
+        self.history.append({"step": float(step), "time": now, **self.values})
+        self._recent.append((now, step))
         self.log_progress()
         self.status("running")
 
@@ -80,15 +89,25 @@ class Reporter:
         log.info("progress", step=self.step, total=total, steps_per_s=round(rate, 3), eta_s=eta,
                  **{k: round(v, 5) for k, v in self.values.items()})
 
+    def steps_per_s(self) -> float | None:
+        """The step rate over the last :data:`RATE_WINDOW` steps (None before two steps)."""
+        if len(self._recent) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._recent[0], self._recent[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
     def status(self, state: str, **extra: Any) -> None:
-        """The status file ``nebula-mq status`` reads: state, step, values, and ``extra``."""
+        """The status file ``nebula-mq status`` reads: state, step, values, and ``extra``; the
+        same body is what the sampler publishes to the job's status feed."""
         path = status_dir(self.settings) / f"{self.worker_id}.json"
         body = {
             "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
-            "job": self.settings.job.id, "pid": os.getpid(), "state": state,
-            "step": self.step, "updated": time.time(), "values": self.values, **extra,
+            "job": self.settings.job.id, "pid": os.getpid(), "host": socket.gethostname(), "state": state,
+            "step": self.step, "total": self.settings.job.steps, "updated": time.time(), "values": self.values,
+            "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **extra,
         }
         write_json_atomic(path, body, sort_keys=True)
+        self.last = body  # one assignment: the sampler thread reads whole bodies only
 
     def write_history(self) -> Path:
         """The rows since the last call (loss curves, for reports), appended as JSON lines."""

@@ -10,7 +10,9 @@ and one HTTPS request per queue). Each sample
 * sets the queue gauges (``Hook.on_queue_depth``, called on the sampler thread);
 * appends a JSON line per queue to ``<run_dir>/queues/<worker>.jsonl``, for the report's
   backpressure plot (the gauges only hold the latest);
-* raises or lowers the dead-letter alarm (``Reporter.dead_letters``).
+* raises or lowers the dead-letter alarm (``Reporter.dead_letters``);
+* publishes the worker's status with those depths to the job's status exchange, which
+  federation carries to every cluster (``nebula-mq status --feed``).
 
 The training thread never waits for the broker on the sampler's account. A sample that fails,
 whatever the cause, logs ``queue_sample_failed`` and is skipped; sampling goes on.
@@ -60,10 +62,14 @@ class QueueSampler:
         rows: Path,
         on_dead_letters: Callable[[int], None],
         name: str = "queue-sampler",
+        status: Callable[[], dict[str, Any]] | None = None,
+        status_exchange: str = "",
     ) -> None:
         """``queues``: the queues the worker reads now (called from the sampler thread, so it
         must return a copy); ``rows``: the JSON-lines file; ``on_dead_letters``: called with the
-        dead-letter queue's depth at each sample; ``name``: the thread's name."""
+        dead-letter queue's depth at each sample; ``name``: the thread's name; ``status``: the
+        worker's latest status (a copy), published with the sample's depths to
+        ``status_exchange``."""
         self.probe = probe
         self._queues = queues
         self.dead_letter_queue = dead_letter_queue
@@ -71,6 +77,7 @@ class QueueSampler:
         self.rows = rows
         self._on_dead_letters = on_dead_letters
         self.name = name
+        self._status, self.status_exchange = status, status_exchange
         self.thread: threading.Thread | None = None
         self._wake = threading.Event()  # set by the first tick and by stop
         self._stepped = False  # tick was called
@@ -153,6 +160,7 @@ class QueueSampler:
             self.rows.parent.mkdir(parents=True, exist_ok=True)
             with self.rows.open("a") as fh:
                 fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
+            self._publish_status(rows)
         except NebulaError as exc:  # a broker hiccup costs a sample, never a step
             log.warning("queue_sample_failed", queue=queue, error=str(exc))
             return False
@@ -160,6 +168,14 @@ class QueueSampler:
             log.warning("queue_sample_failed", queue=queue, error=f"{type(exc).__name__}: {exc}", exc_info=True)
             return False
         return True
+
+    def _publish_status(self, rows: list[dict[str, Any]]) -> None:
+        if self._status is None or not self.status_exchange:
+            return
+        status = self._status()
+        queues = {r["queue"]: {k: v for k, v in r.items() if k in ("messages", "bytes")} for r in rows}
+        body = json.dumps({**status, "queues": queues, "sent": time.time()}, sort_keys=True).encode()
+        self.probe.publish_status(self.status_exchange, str(status.get("worker", "")), body)
 
     def _run(self) -> None:
         try:

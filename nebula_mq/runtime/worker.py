@@ -26,6 +26,7 @@ from typing import Any, final
 
 import numpy as np
 
+from nebula_mq import topology
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -95,7 +96,8 @@ class Worker:
         self.sampler = QueueSampler(
             self.transport.queue_probe(), lambda: frozenset(self.watched_queues), dead_letter_queue,
             self.hooks, run_dir / "queues" / f"{worker_id}.jsonl",
-            lambda depth: self.report.dead_letters(dead_letter_queue, depth), name=f"queue-sampler-{worker_id}")
+            lambda depth: self.report.dead_letters(dead_letter_queue, depth), name=f"queue-sampler-{worker_id}",
+            status=lambda: dict(self.report.last), status_exchange=topology.status_exchange(settings.job.id))
         self.step = 0
         bind_context(job=settings.job.id, role=self.role, worker=worker_id, cluster=cluster)
 
@@ -116,21 +118,24 @@ class Worker:
             self.sampler.start()
             try:
                 code = body()
-                self.sampler.stop(final=True)  # after one last sample: the queues as the worker leaves them
+                self.report.status("finished" if code == 0 and not self.stop_requested.is_set() else "stopped")
+                # One last sample: the queues as the worker leaves them, and its last status to the feed.
+                self.sampler.stop(final=True)
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
             except BaseException:
                 self.report.status("failed")
+                self.sampler.stop(final=True, timeout=2.0)  # tell the feed, if the broker still answers
                 raise
             finally:
-                self.sampler.stop()  # (a failed run) bounded, like the final stop above; then a no-op
+                self.sampler.stop()  # bounded, like the stops above; then a no-op
                 self.hooks.close()
-        self.report.status("finished" if code == 0 and not self.stop_requested.is_set() else "stopped")
         return code
 
     def commit(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Checkpoint:
         """Checkpoint at ``self.step`` and ack what it covers (``Ledger.commit``), agreed with the group."""
         ck = self.ledger.commit(self.step, arrays, meta, self.agreement.before_ack)
+        self.report.checkpoint = self.step
         log.info("checkpoint", step=self.step, digest=ck.digest[:16])
         return ck
 

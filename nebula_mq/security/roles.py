@@ -74,9 +74,10 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     known = {f.name for f in flows}
     dlq = topology.dead_letter_queue(job_id)
     dlx = topology.dead_letter_exchange(job_id)
+    status = topology.status_exchange(job_id)  # every worker publishes its status (no queue to bind)
     if not isinstance(identity, WorkerIdentity):
         every = [topology.queue_name(job_id, f) for f in known] + [dlq]
-        exchanges = [topology.flow_exchange(job_id, f) for f in known] + [dlx, "amq.default"]
+        exchanges = [topology.flow_exchange(job_id, f) for f in known] + [dlx, status, "amq.default"]
         return Permissions(_alternation(every), _alternation([*every, *exchanges]), _alternation(every))
     unknown = set(identity.publishes + identity.consumes) - known
     if unknown:
@@ -84,11 +85,24 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     pub = [topology.queue_name(job_id, f) for f in identity.publishes]
     sub = [topology.queue_name(job_id, f) for f in identity.consumes]
     pub_exchanges = [topology.flow_exchange(job_id, f) for f in identity.publishes]
-    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, dlx]), _alternation(sub))
+    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, dlx, status]),
+                       _alternation(sub))
 
 
 def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, peer: str) -> Permissions:
-    """The peer broker's federation user on ``cluster``: it may only pull flows ``cluster`` -> ``peer``."""
+    """The peer broker's federation user on ``cluster``: it may only pull flows ``cluster`` -> ``peer``,
+    and the status exchange, through the buffer exchange and queue its exchange link declares
+    here (``federation: <status exchange> -> ...``) and binds to the status exchange."""
     out = [topology.queue_name(job_id, f.name) for f in flows if f.src_cluster == cluster and f.dst_cluster == peer]
-    return Permissions(_alternation(out), NOTHING, _alternation(out))
+    status = topology.status_exchange(job_id)
+    link = f"federation: {re.escape(status)} -> .*"
+    queues = "|".join(re.escape(n) for n in sorted(set(out)))
+    own = f"^({queues + '|' if queues else ''}{link})$"
+    return Permissions(own, f"^({link})$", f"^({queues + '|' if queues else ''}{re.escape(status)}|{link})$")
+
+
+def status_reader_permissions(job_id: str) -> Permissions:
+    """``topology.status_reader``'s: read the status stream, nothing else (a stream consumer
+    declares nothing and acks only what it read)."""
+    return Permissions(NOTHING, NOTHING, _alternation([topology.status_stream(job_id)]))
 

@@ -46,7 +46,7 @@ from urllib.parse import quote
 from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import Identity, federation_identity
-from nebula_mq.security.roles import Permissions, federation_permissions, permissions
+from nebula_mq.security.roles import Permissions, federation_permissions, permissions, status_reader_permissions
 from nebula_mq.settings import TransportSettings
 from nebula_mq.transport import declare
 from nebula_mq.topology import Flow
@@ -132,6 +132,23 @@ def publish_path(job_id: str, cluster: str, flows: Sequence[Flow], max_queue_byt
     }
 
 
+# How long the status stream keeps messages: enough for `status --feed` to find the last word of
+# a worker that went silent, small enough to stay a few MB (a message every 10 s per worker).
+STATUS_MAX_AGE = "6h"
+
+
+def status_feed(defs: dict[str, Any], job_id: str) -> None:
+    """Add the job's status exchange (fanout) and the stream bound to it (``topology``)."""
+    vhost = topology.vhost(job_id)
+    exchange, stream = topology.status_exchange(job_id), topology.status_stream(job_id)
+    defs["exchanges"].append({"name": exchange, "vhost": vhost, "type": "fanout", "durable": True,
+                              "auto_delete": False, "internal": False, "arguments": {}})
+    defs["queues"].append({"name": stream, "vhost": vhost, "durable": True, "auto_delete": False,
+                           "arguments": {"x-queue-type": "stream", "x-max-age": STATUS_MAX_AGE}})
+    defs["bindings"].append({"source": exchange, "vhost": vhost, "destination": stream,
+                             "destination_type": "queue", "routing_key": "", "arguments": {}})
+
+
 def definitions(
     job_id: str,
     cluster: str,
@@ -153,6 +170,7 @@ def definitions(
             perms[str(w)] = permissions(job_id, w, flows)
         except ValueError as exc:
             raise StackError(str(exc)) from None
+    perms[topology.status_reader(job_id)] = status_reader_permissions(job_id)
     defs: dict[str, Any] = {
         "vhosts": [{"name": vhost}],
         "users": [_user(u) for u in perms],
@@ -164,6 +182,7 @@ def definitions(
         "parameters": [],
         "policies": [],
     }
+    status_feed(defs, job_id)
     if monitoring_password:
         monitor = topology.monitoring_user(job_id)
         defs["users"].append(_user(monitor, password_hash(monitor, monitoring_password), tags=("management",)))
@@ -190,6 +209,12 @@ def definitions(
         defs["policies"].append({
             "vhost": vhost, "name": name, "pattern": _alternation(names), "apply-to": "queues",
             "priority": 0, "definition": {"federation-upstream": topology.upstream_name(src)},
+        })
+    if inbound:  # the status exchange pulls from every upstream this cluster has
+        defs["policies"].append({
+            "vhost": vhost, "name": topology.status_policy(job_id),
+            "pattern": _alternation([topology.status_exchange(job_id)]), "apply-to": "exchanges", "priority": 0,
+            "definition": {"federation-upstream-set": "all"},
         })
     # The backpressure point: the sending-side copy of each cross-cluster flow published here
     # (never a queue downstream of a federation link: docs/RABBITMQ.md, "Backpressure").

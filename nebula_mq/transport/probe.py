@@ -32,6 +32,11 @@ class QueueProbe(abc.ABC):
         return None
 
     @abc.abstractmethod
+    def publish_status(self, exchange: str, key: str, body: bytes) -> None:
+        """Publish a worker's status message to ``exchange`` (fire and forget: the next sample
+        sends a newer one); raises ``TransportError`` when the broker refuses it."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the probe's connection, if any (from the thread that used it)."""
 
@@ -52,6 +57,7 @@ class ReadThroughProbe(QueueProbe):
         self.transport = transport
         self.owner: threading.Thread | None = None  # the thread of the first call
         self.closed = False
+        self.published: list[tuple[str, str, bytes]] = []  # status messages: no exchanges in memory
 
     def _check(self) -> None:
         if self.closed:
@@ -69,6 +75,10 @@ class ReadThroughProbe(QueueProbe):
     def queue_bytes(self, queue: str) -> int | None:
         self._check()
         return self.transport.queue_bytes(queue)
+
+    def publish_status(self, exchange: str, key: str, body: bytes) -> None:
+        self._check()
+        self.published.append((exchange, key, body))
 
     def close(self) -> None:
         self.closed = True

@@ -9,6 +9,9 @@ Any other failure drops the connection, and the next call opens a new one.
 
 Sizes in bytes come from the broker's management API (``management.ManagementClient``), one
 HTTPS request per queue, when the broker settings name one.
+
+The same connection carries the worker's status messages to the job's status exchange
+(``topology.status_exchange``), unconfirmed: the next sample sends a newer one.
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ class RabbitQueueProbe(QueueProbe):
 
     def queue_bytes(self, queue: str) -> int | None:
         return self._sizes.ready_bytes(queue)
+
+    def publish_status(self, exchange: str, key: str, body: bytes) -> None:
+        try:
+            self._open_channel().basic_publish(
+                exchange, key, body, pika.BasicProperties(content_type="application/json", delivery_mode=1))
+        except PIKA_ERRORS as exc:
+            self.close()
+            raise translate(exc, f"publish status to {exchange!r}") from None
 
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None

@@ -114,6 +114,13 @@ def test_a_slow_broker_delays_no_step_and_the_sampler_writes_its_rows_afterwards
     assert last[queue]["messages"] == 3 and last[queue]["bytes"] == 300
     assert last[w.transport.dead_letter_queue]["messages"] == 0
     assert w.report.metrics.of(w.report.metrics.queue_messages, queue)._value.get() == 3.0
+    # Each sample also went to the status feed, from the sampler's thread; the last one says the
+    # worker finished, at its last step, with the queues as it left them.
+    published = probe(w).published
+    assert published and {(x, key) for x, key, _ in published} == {("nebula.chan.status.x", "dec-0")}
+    final = json.loads(published[-1][2])
+    assert final["state"] == "finished" and final["step"] == STEPS and final["worker"] == "dec-0"
+    assert final["queues"][queue] == {"messages": 3, "bytes": 300} and final["host"]
 
 
 def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(

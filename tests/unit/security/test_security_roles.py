@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
-from nebula_mq.security.roles import NOTHING, WorkerIdentity, federation_permissions, permissions
+from nebula_mq.security.roles import (NOTHING, WorkerIdentity, federation_permissions, permissions,
+                                      status_reader_permissions)
 from nebula_mq.stack.provision import definitions, publish_path
 from tests.fixtures.roles import decoder, encoder, generator, root_discriminator, sub_discriminator
 
@@ -81,10 +82,26 @@ def test_federation_user_may_only_pull_outbound_flows() -> None:
     on_a = federation_permissions("j", FLOWS, A, B)  # cluster-b's broker pulling from cluster-a
     assert _allows(on_a.read, topology.queue_name("j", "activations"))
     assert not _allows(on_a.read, topology.queue_name("j", "reply-enc-0"))
-    assert on_a.write == NOTHING
+    # Writes only into its own status link's buffer (declared by the link, bound to the status
+    # exchange), never into a flow's queue or exchange.
+    link = f"federation: {topology.status_exchange('j')} -> rabbit@host B"
+    assert _allows(on_a.write, link) and _allows(on_a.configure, link) and _allows(on_a.read, link)
+    assert _allows(on_a.read, topology.status_exchange("j"))
+    for name in (topology.queue_name("j", "activations"), topology.flow_exchange("j", "activations"),
+                 topology.status_exchange("j"), topology.status_stream("j")):
+        assert not _allows(on_a.write, name), name
     on_b = federation_permissions("j", FLOWS, B, A)
     assert _allows(on_b.read, topology.queue_name("j", "reply-enc-1"))
     assert not _allows(on_b.read, topology.queue_name("j", "activations"))
+
+
+def test_a_worker_publishes_its_status_and_the_reader_only_reads_the_feed() -> None:
+    enc = permissions("j", encoder("enc-0"), FLOWS)
+    assert _allows(enc.write, topology.status_exchange("j")) and not _allows(enc.read, topology.status_stream("j"))
+    reader = status_reader_permissions("j")
+    assert _allows(reader.read, topology.status_stream("j"))
+    assert reader.write == reader.configure == NOTHING
+    assert not _allows(reader.read, topology.queue_name("j", "activations"))
 
 
 def test_identity_is_a_plain_cn_everywhere_else() -> None:

@@ -1,0 +1,72 @@
+"""One view of the whole job from either cluster (issue 28): every worker publishes its status
+to the job's status exchange, federation carries it to the other cluster, and ``nebula-mq
+status --feed CLUSTER`` on either broker lists every worker of both clusters with how long ago
+it was heard from; a worker killed mid-run is LOST once silent past ``--lost-after``. Real
+brokers, TLS, the federation link through the WAN relay."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nebula_mq.launch import JobProcesses
+from tests.fixtures.jobs import copy_split_example, split_job
+
+pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+
+
+def feed(config: Path, stack_dir: Path, cluster: str, *extra: str) -> dict[str, dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "nebula_mq", "status", str(config), "--stack", str(stack_dir),
+                          "--feed", cluster, "--json", *extra], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return {row["worker"]: row for row in json.loads(out.stdout)["workers"]}
+
+
+def test_either_cluster_sees_every_worker_and_a_silent_one_is_lost(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    copy_split_example(tmp_path)
+    config = tmp_path / "job.toml"
+    config.write_text(split_job("feed", tmp_path / "run", steps=30, checkpoint_every=5))
+    job = JobProcesses(str(config), str(stack.run_dir))
+    job.provision()
+    job.start_all()
+    codes = job.wait_all(180)
+    assert codes == {"head-0": 0, "tail-0": 0}, codes
+    for cluster in ("cluster-a", "cluster-b"):  # each broker hears both clusters' workers
+        rows = feed(config, stack.run_dir, cluster)
+        assert set(rows) == {"head-0", "tail-0"}, (cluster, rows)
+        assert {w: r["cluster"] for w, r in rows.items()} == {"head-0": "cluster-a", "tail-0": "cluster-b"}
+        for r in rows.values():
+            assert r["state"] == "finished" and r["step"] == r["total"] == 30 and r["checkpoint"] == 30, r
+            assert r["host"] == socket.gethostname() and 0 <= r["heard_s"] < 120, r
+        assert rows["tail-0"]["loss"] is not None and "queues" in rows["tail-0"]
+
+    # A worker killed mid-run says nothing more: LOST once silent past --lost-after, while its
+    # peer, still running and waiting for it, keeps being heard (a message every 10 s).
+    config2 = tmp_path / "job2.toml"
+    config2.write_text(split_job("feed2", tmp_path / "run2", steps=100000, checkpoint_every=50))
+    job2 = JobProcesses(str(config2), str(stack.run_dir))
+    job2.provision()
+    job2.start_all()
+    try:
+        deadline = time.monotonic() + 120
+        while job2.slowest_step() < 5 and job2.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job2.slowest_step() >= 5, job2.steps()
+        time.sleep(1.0)  # the first sample (at the first step) has gone out
+        job2.signal("tail-0", signal.SIGKILL)
+        time.sleep(13.0)
+        rows = feed(config2, stack.run_dir, "cluster-a", "--lost-after", "12")
+        assert rows["tail-0"]["state"] == "LOST" and rows["tail-0"]["reported"] == "running", rows
+        assert rows["tail-0"]["heard_s"] > 12, rows
+        assert rows["head-0"]["state"] == "running" and rows["head-0"]["heard_s"] <= 12, rows
+    finally:
+        job2.signal_all(signal.SIGKILL)
+        job2.wait_all(30)

@@ -1,0 +1,32 @@
+"""The feed's view (``cli.status_feed.latest``): each worker's newest message, how long ago it was
+heard, and LOST for a worker that should be running but has been silent too long."""
+
+from __future__ import annotations
+
+from nebula_mq.cli.status_feed import latest, table
+
+
+def msg(worker: str, sent: float, state: str = "running", step: int = 1, cluster: str = "cluster-a") -> dict:
+    return {"worker": worker, "cluster": cluster, "host": "h1", "role": "split-head", "state": state,
+            "step": step, "total": 10, "values": {"loss": 0.5}, "steps_per_s": 2.0, "checkpoint": None,
+            "sent": sent, "queues": {}}
+
+
+def test_the_newest_message_of_each_worker_wins_whatever_the_order() -> None:
+    rows = latest([msg("a", 50.0, step=5), msg("a", 40.0, step=4), msg("b", 45.0, cluster="cluster-b")],
+                  now=60.0, lost_after=30.0)
+    assert [(r["worker"], r["step"], r["heard_s"]) for r in rows] == [("a", 5, 10.0), ("b", 1, 15.0)]
+    assert all(r["state"] == "running" for r in rows)
+
+
+def test_a_live_worker_silent_too_long_is_lost_but_a_finished_one_is_not() -> None:
+    rows = {r["worker"]: r for r in latest([msg("a", 0.0), msg("b", 0.0, state="finished"),
+                                            msg("c", 95.0)], now=100.0, lost_after=60.0)}
+    assert rows["a"]["state"] == "LOST" and rows["a"]["reported"] == "running"
+    assert rows["b"]["state"] == "finished" and rows["c"]["state"] == "running"
+    text = table(list(rows.values()))
+    assert text.splitlines()[0].startswith("worker") and "LOST" in text and "100.0" in text
+
+
+def test_messages_that_are_not_a_workers_are_ignored() -> None:
+    assert latest([{"state": "running"}, {"worker": ""}], now=1.0, lost_after=1.0) == []
