@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from nebula_mq.errors import ConfigError, DataError
+from nebula_mq.errors import ConfigError, DataError, WorkerError
+from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
 
 MAX_AUTO_N = 8
@@ -76,8 +77,12 @@ class ElectraJob:
     max_vocab: int = 0
     # Last sentences of each generator's data, never trained on (held-out evaluation).
     heldout: int = 256
-    # The host of the discriminator group's ranks (its rendezvous and every rank).
+    # The host of the discriminator group's ranks when they all run on one host (disc_hosts unset).
     gloo_host: str = "127.0.0.1"
+    # The host of each discriminator rank, in rank order (the root is rank 0), when the group
+    # spans several hosts of disc_cluster; its rendezvous is on disc_hosts[0]. Empty: every
+    # rank on gloo_host.
+    disc_hosts: tuple[str, ...] = ()
     # The discriminator group's rendezvous port; rank r listens on gloo_base_port + 1 + r. Keep
     # it below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections
     # could take it.
@@ -94,6 +99,18 @@ class ElectraJob:
             raise ValueError("max_lead >= 0, checkpoint_every >= 1, heldout >= 0, max_vocab >= 0")
         if not self.generator_clusters:
             raise ValueError("at least one generator cluster")
+        if any(not h.strip() or ":" in h for h in self.disc_hosts):
+            raise ValueError("disc_hosts: host names or addresses, without ports")
+        if self.disc_hosts and isinstance(self.n_sub, int) and len(self.disc_hosts) != self.n_sub:
+            raise ValueError(f"disc_hosts: one host per discriminator rank (n_sub = {self.n_sub}), "
+                             f"got {len(self.disc_hosts)}")
+
+    def group_address(self, world: int) -> GroupAddress:
+        """Where the discriminator ranks meet (``models.group_address``), ``world`` of them."""
+        if self.disc_hosts and len(self.disc_hosts) != world:
+            raise WorkerError(f"electra.disc_hosts names {len(self.disc_hosts)} hosts for {world} "
+                              f"discriminator ranks (n_sub)")
+        return GroupAddress.on_hosts(self.disc_hosts or (self.gloo_host,) * world, self.gloo_base_port)
 
     @property
     def n(self) -> int:

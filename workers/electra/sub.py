@@ -30,6 +30,8 @@ without its group (its peers are stopping too: ``runtime.agreement``).
 
 from __future__ import annotations
 
+import os
+
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,8 @@ class DiscriminatorRank:
         self.worker = role_worker(settings, self.job.disc_cluster, disc_rank_id(rank), role_name, transport,
                                   checkpoint_every=self.job.checkpoint_every)
         self.rank, self.world = rank, self.job.n
+        if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
+            self.job.group_address(self.world).bind_env(rank)
         use_device(settings.job.device, rank)  # the trainer, its optimizer and the group follow it
         data = load_data(settings, self.job)  # the shared pruned vocabulary
         self.cfg = data.cfg
@@ -101,9 +105,9 @@ class DiscriminatorRank:
             return
         from nebula_mq.models.data_parallel import init_group
 
-        host, base = self.job.gloo_host, self.job.gloo_base_port
-        endpoints = [f"{host}:{base + 1 + r}" for r in range(self.world)]
-        self.group = init_group(self.rank, self.world, endpoints, master=f"{host}:{base}")
+        address = self.job.group_address(self.world)
+        os.environ.update(address.bind_env(self.rank))
+        self.group = init_group(self.rank, self.world, address.endpoints, master=address.master)
         self.trainer.gradient_sync = self.group
         self.worker.agreement = Agreement(self.worker.stop_requested, self.group)
 
