@@ -99,9 +99,6 @@ def _admin(args: argparse.Namespace, settings: Any, cluster: str) -> Any:
 
 
 def _provision(args: argparse.Namespace) -> int:
-    from nebula_mq import topology
-    from nebula_mq.stack import provision
-
     settings, plan = _job(args)
     if args.stack and not args.cluster and not args.dry_run:
         from nebula_mq.launch.processes import JobProcesses
@@ -110,38 +107,55 @@ def _provision(args: argparse.Namespace) -> int:
         print(f"job {settings.job.id}: provisioned on every cluster of the local stack in {args.stack}")
         return 0
     cluster = _cluster(args, settings, plan)
-    identities = plan.identities(settings.job.id).get(cluster, ())
-    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
-    upstreams = provision.federation_upstreams(settings.clusters, cluster, plan.flows, settings.source)
-    password_file = Path(args.monitoring_password_file or settings.run_dir / "monitoring.password")
     stack = None
     if args.stack:
-        # This host's stack runs `cluster`'s broker (one cluster per host): administer it through
-        # rabbitmqctl; its certificates are the stack's own, issued here.
-        import dataclasses
-
-        from nebula_mq.security.certs import federation_identity
         from nebula_mq.stack import Stack
 
         stack = Stack.open(args.stack)
+    defs, summary = provision_cluster(settings, plan, cluster, stack, args.monitoring_password_file, args.dry_run,
+                                      admin=None if stack is not None or args.dry_run else _admin(args, settings, cluster))
+    if args.dry_run:
+        print(json.dumps(defs, indent=2))
+        return 0
+    print(summary)
+    return 0
+
+
+def provision_cluster(settings: Any, plan: Any, cluster: str, stack: Any, password_file: str | None = None,
+                      dry_run: bool = False, admin: Any = None) -> tuple[dict[str, Any], str]:
+    """Provision the job on ``cluster``'s broker: through this host's ``stack`` (one cluster per
+    host: rabbitmqctl, its certificates the stack's own, issued here) or through ``admin`` (the
+    management API). Peers are where the job file's ``[clusters.<name>.federation]`` says.
+    Returns the definitions and a summary; ``dry_run`` changes nothing."""
+    from nebula_mq import topology
+    from nebula_mq.stack import provision
+
+    identities = plan.identities(settings.job.id).get(cluster, ())
+    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
+    upstreams = provision.federation_upstreams(settings.clusters, cluster, plan.flows, settings.source)
+    password_path = Path(password_file or settings.run_dir / "monitoring.password")
+    if stack is not None:
+        import dataclasses
+
+        from nebula_mq.security.certs import federation_identity
+
         own = stack.ca(cluster).ensure_client(federation_identity(cluster))
         upstreams = {src: dataclasses.replace(up, client=own) for src, up in upstreams.items()}
-        password_file = stack.monitoring_password_file(topology.vhost(settings.job.id))
+        password_path = stack.monitoring_password_file(topology.vhost(settings.job.id))
     from nebula_mq.security.keys import ensure_secret
 
-    password = "<generated>" if args.dry_run else ensure_secret(password_file)
+    password = "<generated>" if dry_run else ensure_secret(password_path)
     defs = provision.definitions(settings.job.id, cluster, plan.flows, identities, peers, upstreams,
                                  settings.transport.max_queue_bytes, password)
-    if args.dry_run:
+    if dry_run:
         for user in defs["users"]:
             if user["password_hash"]:
                 user["password_hash"] = "<hash of the monitoring password>"
-        print(json.dumps(defs, indent=2))
-        return 0
+        return defs, ""
     if stack is not None:
         for cn in identities:  # the workers' certificates, from this cluster's CA
             stack.ca(cluster).ensure_client(cn)
-    admin = stack.admin(cluster) if stack is not None else _admin(args, settings, cluster)
+        admin = stack.admin(cluster)
     admin.import_definitions(defs)
     # Every worker of the job, on every host, signs and checks messages with the same job key.
     from nebula_mq.security.keys import ensure_job_key, job_key_file
@@ -149,13 +163,13 @@ def _provision(args: argparse.Namespace) -> int:
     key = job_key_file(settings.run_dir)
     made = not key.exists()
     ensure_job_key(key, settings.job.id)
-    print(f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
-          f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
-          f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
-          f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_file}")
-    print(f"job key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need this same file "
-          f"(copy it there, mode 0600, before their first start)")
-    return 0
+    return defs, (
+        f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
+        f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
+        f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
+        f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_path}\n"
+        f"job key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need this same file "
+        f"(copy it there, mode 0600, before their first start)")
 
 
 def _deprovision(args: argparse.Namespace) -> int:

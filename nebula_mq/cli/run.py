@@ -72,7 +72,7 @@ def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts:
     for worker, child in job.children.items():
         log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"),
                  **({"metrics": f"http://localhost:{ports[worker]}/metrics"} if worker in ports else {}))
-    code = _supervise(job, timeout, restarts)
+    code = supervise_job(job, timeout, restarts)
     if code == 0:
         print_evaluation(job.settings, since=started)
     return code
@@ -98,7 +98,7 @@ def print_evaluation(settings: Any, since: float) -> None:
     print(summary_text(body, sources))
 
 
-def _supervise(job: JobProcesses, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
+def supervise_job(job: JobProcesses, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
     """Supervise the started job (``nebula_mq.launch.supervisor.supervise``), then print each
     worker's exit and how the run ended; returns the run's exit code."""
     from nebula_mq.launch.supervisor import supervise

@@ -15,7 +15,7 @@ from signal import Signals
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,12 +23,15 @@ from nebula_mq.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from nebula_mq.config import EnvOverride
+    from workers.processes import Process
 
 
 class JobProcesses:
     def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None,
-                 metrics_port_base: int = 0) -> None:
-        """``metrics_port_base``: serve worker ``i``'s metrics on that port + ``i`` (0: none)."""
+                 metrics_port_base: int = 0, select: Callable[[Process], bool] | None = None) -> None:
+        """``metrics_port_base``: serve worker ``i``'s metrics on that port + ``i`` (0: none);
+        ``select``: the processes of the plan this machine runs (default: all of them, on a
+        stack that holds every cluster the job uses)."""
         from nebula_mq.errors import StackError
         from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
@@ -38,9 +41,13 @@ class JobProcesses:
         self.env = {**os.environ, **(env or {})}
         self.settings: Settings = load_settings(config, environ=self.env)
         self.plan = plan_for(self.settings)
-        # The default clusters plus any the job's plan places workers or flows on (M3: a third).
-        needed = tuple(dict.fromkeys([*DEFAULT_CLUSTERS, *(p.cluster for p in self.plan.processes),
-                                      *(c for f in self.plan.flows for c in (f.src_cluster, f.dst_cluster))]))
+        self.processes = [p for p in self.plan.processes if select is None or select(p)]
+        if select is None:
+            # The default clusters plus any the job's plan places workers or flows on (M3: a third).
+            needed = tuple(dict.fromkeys([*DEFAULT_CLUSTERS, *(p.cluster for p in self.plan.processes),
+                                          *(c for f in self.plan.flows for c in (f.src_cluster, f.dst_cluster))]))
+        else:  # this host's part: the clusters of its own workers
+            needed = tuple(dict.fromkeys(p.cluster for p in self.processes))
         self.stack = Stack(stack_dir, needed)
         missing = [c for c in needed if c not in self.stack.clusters]
         if missing:  # a running stack keeps its layout
@@ -87,10 +94,10 @@ class JobProcesses:
         """Worker id -> the port its metrics are served on (empty without a base port)."""
         if not self.metrics_port_base:
             return {}
-        return {p.worker_id: self.metrics_port_base + i for i, p in enumerate(self.plan.processes)}
+        return {p.worker_id: self.metrics_port_base + i for i, p in enumerate(self.processes)}
 
     def command(self, worker_id: str) -> list[str]:
-        proc = next(p for p in self.plan.processes if p.worker_id == worker_id)
+        proc = next(p for p in self.processes if p.worker_id == worker_id)
         cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index",
                str(proc.index), "--config", self.config, "--stack", self.stack_dir]
         port = self.metrics_ports().get(worker_id)
@@ -109,18 +116,18 @@ class JobProcesses:
         local run would otherwise each start a thread per core and oversubscribe them."""
         from nebula_mq.models.cpu import thread_share_env
 
-        return {**thread_share_env(len(self.plan.processes)), **self.env}
+        return {**thread_share_env(len(self.processes)), **self.env}
 
     def start_all(self) -> None:
-        for proc in self.plan.processes:
+        for proc in self.processes:
             self.start(proc.worker_id)
 
     def group_of(self, worker_id: str) -> tuple[str, ...]:
         """``worker_id`` and the processes that must stop and start with it (its gloo group)."""
-        proc = next(p for p in self.plan.processes if p.worker_id == worker_id)
+        proc = next(p for p in self.processes if p.worker_id == worker_id)
         if not proc.restart_group:
             return (worker_id,)
-        return tuple(p.worker_id for p in self.plan.processes if p.restart_group == proc.restart_group)
+        return tuple(p.worker_id for p in self.processes if p.restart_group == proc.restart_group)
 
     def kill_and_restart(self, worker_id: str, pause_s: float = 0.0) -> tuple[str, ...]:
         """SIGKILL ``worker_id`` and its group, wait ``pause_s``, start them all again."""
@@ -165,7 +172,7 @@ class JobProcesses:
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Each worker's status file (empty for one not written yet)."""
         out: dict[str, dict[str, Any]] = {}
-        for proc in self.plan.processes:
+        for proc in self.processes:
             try:
                 out[proc.worker_id] = json.loads((self.run_dir / "status" / f"{proc.worker_id}.json").read_text())
             except (OSError, ValueError):

@@ -1,0 +1,91 @@
+"""``nebula-mq up JOB.toml --cluster NAME``: this host's part of a job, in one command.
+
+A cluster is a broker host and the hosts of its ranks. On each host, after its stack is up
+(``nebula-mq stack up --clusters NAME``, with ``--listen``/``--hostname`` for a broker the
+other cluster reaches) and trusts the peer's CA (``certs import-ca``), ``up``:
+
+1. provisions the job on this host's broker (vhost, users, exchanges, queues, the status
+   feed, federation from the peers the job file names; idempotent: running ``up`` again
+   changes nothing that is right already);
+2. starts this host's workers of that cluster (all of them, or the ranks ``--ranks`` names:
+   the others run on other hosts of the cluster) against the stack's broker;
+3. supervises them with ``run``'s restart policy (a worker that dies is restarted with its
+   group), forwards Ctrl-C and SIGTERM as SIGTERM (each worker checkpoints and exits 0),
+   and exits when they have: running ``up`` again resumes from the checkpoints.
+
+On a stack that holds every cluster of the job (one machine), ``up --cluster`` runs that
+cluster's part, and ``run`` the whole job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from nebula_mq.cli.options import add_stack_option, default_stack
+from nebula_mq.cli.run import DEFAULT_RESTARTS, positive_seconds
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("up", help="this host's part of a job: provision its cluster's broker, start and supervise "
+                                  "its workers (run it again to resume)")
+    p.add_argument("config", metavar="JOB.toml", help="the job file")
+    p.add_argument("--cluster", required=True, metavar="NAME", help="the cluster this host belongs to")
+    add_stack_option(p, "this host's stack directory, its broker up (default $NEBULA_RUN_DIR or run/stack)",
+                     default_stack())
+    p.add_argument("--ranks", type=ranks_list, default=None, metavar="I,J,...",
+                   help="only these rank indices of the cluster's roles (the others run on other hosts); "
+                        "default: every worker of the cluster")
+    p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
+    p.add_argument("--max-restarts", "--restarts", dest="restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
+                   help=f"restart a worker that dies on its own at most N times in all (default {DEFAULT_RESTARTS})")
+    p.set_defaults(func=_up)
+
+
+def ranks_list(text: str) -> frozenset[int]:
+    """argparse type of ``--ranks``: comma-separated rank indices >= 0, echoing a bad value."""
+    try:
+        ranks = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rank indices like 0,1, got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"expected rank indices >= 0 like 0,1, got {text!r}")
+    return ranks
+
+
+def _up(args: argparse.Namespace) -> int:
+    from nebula_mq.cli.provision import provision_cluster
+    from nebula_mq.cli.run import supervise_job
+    from nebula_mq.errors import ConfigError
+    from nebula_mq.launch import JobProcesses
+    from nebula_mq.runtime.logs import configure_logging, get_logger
+    from nebula_mq.stack import Stack
+    from nebula_mq.stack.layout import did_you_mean
+
+    configure_logging("info")
+    log = get_logger("nebula_mq.up")
+
+    def mine(p: Any) -> bool:
+        return bool(p.cluster == args.cluster and (args.ranks is None or p.index in args.ranks))
+
+    job = JobProcesses(args.config, args.stack, select=mine)
+    clusters = sorted({p.cluster for p in job.plan.processes})
+    if args.cluster not in clusters:
+        raise ConfigError("<command line>", "--cluster", f"a cluster of the job's workers ({', '.join(clusters)})"
+                          f"{did_you_mean(args.cluster, clusters)}", args.cluster)
+    if not job.processes:
+        indices = sorted({p.index for p in job.plan.processes if p.cluster == args.cluster})
+        raise ConfigError("<command line>", "--ranks", f"ranks of {args.cluster}'s roles ({indices})",
+                          ",".join(map(str, sorted(args.ranks or ()))))
+    stack = Stack.open(args.stack)
+    if set(clusters) <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
+        JobProcesses(args.config, args.stack).provision()
+        print(f"job {job.settings.job.id}: provisioned on every cluster of the stack in {args.stack}", file=sys.stderr)
+    else:
+        _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack)
+        print(summary, file=sys.stderr)
+    job.start_all()
+    for worker, child in job.children.items():
+        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
+    return supervise_job(job, args.timeout, args.restarts)
