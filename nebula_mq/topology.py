@@ -182,6 +182,19 @@ def status_reader(job_id: str) -> str:
     return f"{_check(job_id, 'job id')}.status-reader"
 
 
+def key_flows(flows: Iterable[Flow]) -> tuple[Flow, ...]:
+    """The flows that carry the job key, sealed, from the key's cluster (the first of the job's
+    clusters by name) to each other cluster (``security.sealing``); none for a one-cluster job."""
+    clusters = sorted({c for f in flows for c in (f.src_cluster, f.dst_cluster)})
+    return tuple(Flow(f"job-key-{dst}", clusters[0], dst, FlowKind.SYNC) for dst in clusters[1:])
+
+
+def key_courier(job_id: str) -> str:
+    """The certificate CN that carries the sealed job key: it publishes the key's flows on the
+    key's cluster and consumes its own on the others, nothing else."""
+    return f"{_check(job_id, 'job id')}.key-courier"
+
+
 def monitoring_user(job_id: str) -> str:
     """The job's read-only user of the brokers' management API (queue sizes, the live view)."""
     return f"{PREFIX}-monitor-{_check(job_id, 'job id')}"

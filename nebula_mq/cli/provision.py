@@ -122,11 +122,12 @@ def _provision(args: argparse.Namespace) -> int:
 
 
 def provision_cluster(settings: Any, plan: Any, cluster: str, stack: Any, password_file: str | None = None,
-                      dry_run: bool = False, admin: Any = None) -> tuple[dict[str, Any], str]:
+                      dry_run: bool = False, admin: Any = None, make_key: bool = True) -> tuple[dict[str, Any], str]:
     """Provision the job on ``cluster``'s broker: through this host's ``stack`` (one cluster per
     host: rabbitmqctl, its certificates the stack's own, issued here) or through ``admin`` (the
     management API). Peers are where the job file's ``[clusters.<name>.federation]`` says.
-    Returns the definitions and a summary; ``dry_run`` changes nothing."""
+    Returns the definitions and a summary; ``dry_run`` changes nothing. ``make_key``: create the
+    job key here when missing (``up`` leaves it to ``cli.job_key``, which shares it sealed)."""
     from nebula_mq import topology
     from nebula_mq.stack import provision
 
@@ -157,19 +158,20 @@ def provision_cluster(settings: Any, plan: Any, cluster: str, stack: Any, passwo
             stack.ca(cluster).ensure_client(cn)
         admin = stack.admin(cluster)
     admin.import_definitions(defs)
+    summary = (f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
+               f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
+               f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
+               f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_path}")
+    if not make_key:
+        return defs, summary
     # Every worker of the job, on every host, signs and checks messages with the same job key.
     from nebula_mq.security.keys import ensure_job_key, job_key_file
 
     key = job_key_file(settings.run_dir)
     made = not key.exists()
     ensure_job_key(key, settings.job.id)
-    return defs, (
-        f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
-        f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
-        f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
-        f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_path}\n"
-        f"job key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need this same file "
-        f"(copy it there, mode 0600, before their first start)")
+    return defs, (f"{summary}\njob key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need "
+                  f"this same file (`nebula-mq up` sends it sealed; else copy it there, mode 0600)")
 
 
 def _deprovision(args: argparse.Namespace) -> int:

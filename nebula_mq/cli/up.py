@@ -6,7 +6,8 @@ other cluster reaches) and trusts the peer's CA (``certs import-ca``), ``up``:
 
 1. provisions the job on this host's broker (vhost, users, exchanges, queues, the status
    feed, federation from the peers the job file names; idempotent: running ``up`` again
-   changes nothing that is right already);
+   changes nothing that is right already), and shares the job key over the brokers, sealed to
+   each peer's CA (``cli.job_key``): the first cluster by name sends it, the others wait for it;
 2. starts this host's workers of that cluster (all of them, or the ranks ``--ranks`` names:
    the others run on other hosts of the cluster) against the stack's broker;
 3. supervises them with ``run``'s restart policy (a worker that dies is restarted with its
@@ -83,8 +84,11 @@ def _up(args: argparse.Namespace) -> int:
         JobProcesses(args.config, args.stack).provision()
         print(f"job {job.settings.job.id}: provisioned on every cluster of the stack in {args.stack}", file=sys.stderr)
     else:
-        _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack)
+        from nebula_mq.cli.job_key import share_job_key
+
+        _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack, make_key=False)
         print(summary, file=sys.stderr)
+        print(share_job_key(job.settings, job.plan, args.cluster, stack), file=sys.stderr)
     job.start_all()
     for worker, child in job.children.items():
         log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))

@@ -127,6 +127,21 @@ class ClusterCA:
         write_public(self.ca_cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert
 
+    def keypair(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+        """This cluster's CA certificate and key (what seals and signs for it: ``security.sealing``)."""
+        return self._ca()
+
+    def peer_ca(self, peer: str) -> x509.Certificate:
+        """The CA certificate of cluster ``peer`` as this cluster trusts it: imported from the peer's
+        host (``certs import-ca``), or the peer's own CA when both live in this certs root."""
+        for path in (self.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
+                     self.dir.parent / peer / "ca.pem"):
+            cert = load_cert(path)
+            if cert is not None:
+                return cert
+        raise CertificateError(f"cluster {self.cluster} does not trust a CA of {peer!r} yet: "
+                               f"import it (`nebula-mq certs import-ca ... {self.cluster} {peer} {peer}-ca.pem`)")
+
     def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
         cert = self.ensure_ca()
         key = load_key(self.ca_key_file)

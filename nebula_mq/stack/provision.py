@@ -46,7 +46,8 @@ from urllib.parse import quote
 from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import Identity, federation_identity
-from nebula_mq.security.roles import Permissions, federation_permissions, permissions, status_reader_permissions
+from nebula_mq.security.roles import (Permissions, WorkerIdentity, federation_permissions, permissions,
+                                      status_reader_permissions)
 from nebula_mq.settings import TransportSettings
 from nebula_mq.transport import declare
 from nebula_mq.topology import Flow
@@ -162,9 +163,15 @@ def definitions(
     """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster.
     With a ``monitoring_password``, it also holds the job's read-only monitoring user."""
     vhost = topology.vhost(job_id)
+    keys = topology.key_flows(flows)
+    flows = (*flows, *keys)  # the job key crosses on flows of its own (stack.provision key flows)
     perms: dict[str, Permissions] = {}
     for p in peers:
         perms[federation_identity(p)] = federation_permissions(job_id, flows, cluster, p)
+    if keys:
+        courier = WorkerIdentity(topology.key_courier(job_id), [f.name for f in keys if f.src_cluster == cluster],
+                                 [f.name for f in keys if f.dst_cluster == cluster])
+        perms[str(courier)] = permissions(job_id, courier, flows)
     for w in workers:
         try:
             perms[str(w)] = permissions(job_id, w, flows)
@@ -237,6 +244,7 @@ def federation_upstreams(clusters: Mapping[str, Any], cluster: str, flows: Seque
     from nebula_mq.errors import ConfigError
 
     here = clusters.get(cluster)
+    flows = (*flows, *topology.key_flows(flows))
     sources = sorted({f.src_cluster for f in flows if f.crosses_clusters and f.dst_cluster == cluster})
     out = {}
     for src in sources:

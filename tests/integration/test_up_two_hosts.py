@@ -2,7 +2,8 @@
 other's CA, and starts its part of the job with ``nebula-mq up JOB --cluster NAME``, which
 provisions its broker (federation from the peer the job file names), starts its workers and
 supervises them to the end. Three commands per host from a fresh stack directory: ``stack up``,
-``certs import-ca``, ``up``. SIGTERM to ``up`` stops its workers at a checkpoint, and ``up``
+``certs import-ca``, ``up``. The hosts share no run dir: the job key crosses over the brokers,
+sealed to the peer's CA. SIGTERM to ``up`` stops its workers at a checkpoint, and ``up``
 again resumes them: the job ends where an uninterrupted one ends, bit for bit."""
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ def _job(hosts: dict[str, Host], tmp: Path, name: str, steps: int) -> Path:
 
 
 def _up(host: Host, job: Path, cluster: str, stack: Path, log: Path) -> subprocess.Popen[bytes]:
-    return host.popen([sys.executable, "-m", "nebula_mq", "up", str(job), "--cluster", cluster, "--stack", str(stack),
-                       "--timeout", "240"], log)
+    """``up`` on ``host``, with a run dir of its own: nothing but the brokers joins the hosts."""
+    run_dir = job.parent / f"{job.stem}-{cluster}"
+    return host.popen(["env", f"NEBULA__JOB__RUN_DIR={run_dir}", sys.executable, "-m", "nebula_mq", "up", str(job),
+                       "--cluster", cluster, "--stack", str(stack), "--timeout", "240"], log)
 
 
 def _finish(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, timeout: float = 300) -> None:
@@ -68,7 +71,7 @@ def test_each_host_starts_its_part_with_one_command_and_resumes_after_sigterm(tm
 
             stopped = _job(hosts, tmp_path, "stopped", steps=16)
             procs = {c: _up(hosts[c], stopped, c, stacks[c], tmp_path / f"up-{c}.log") for c in CLUSTERS}
-            status = tmp_path / "stopped" / "status" / "dec-0.json"
+            status = tmp_path / "stopped-cluster-b" / "status" / "dec-0.json"
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and '"step": 4' not in (status.read_text() if status.exists() else ""):
                 time.sleep(0.2)
@@ -77,7 +80,7 @@ def test_each_host_starts_its_part_with_one_command_and_resumes_after_sigterm(tm
             log = (tmp_path / "up-cluster-b.log").read_text()
             assert code == 128 + signal.SIGTERM, log[-3000:]  # `up` itself says it was stopped, not finished
             assert "dec-0: exit 0" in log and "run the same command to resume" in log, log[-3000:]
-            stopped_at = final_checkpoint(tmp_path / "stopped", "dec-0").step
+            stopped_at = final_checkpoint(tmp_path / "stopped-cluster-b", "dec-0").step
             assert 4 <= stopped_at < 16
             procs["cluster-b"] = _up(b, stopped, "cluster-b", stacks["cluster-b"], tmp_path / "up-cluster-b.log")
             _finish(procs, tmp_path)
@@ -86,6 +89,14 @@ def test_each_host_starts_its_part_with_one_command_and_resumes_after_sigterm(tm
                 if (stacks[c] / "stack.json").exists():
                     hosts[c].nebula("stack", "down", "--stack", str(stacks[c]), check=False)
 
-    for worker in WORKERS.values():
-        a_ck, s_ck = final_checkpoint(tmp_path / "clean", worker), final_checkpoint(tmp_path / "stopped", worker)
+    for cluster, worker in WORKERS.items():
+        a_ck = final_checkpoint(tmp_path / f"clean-{cluster}", worker)
+        s_ck = final_checkpoint(tmp_path / f"stopped-{cluster}", worker)
         assert a_ck.step == s_ck.step == 16 and a_ck.digest == s_ck.digest, worker
+    # The job key crossed over the brokers, sealed: each host holds the same ring, made on cluster-a.
+    for name in ("clean", "stopped"):
+        keys = [(tmp_path / f"{name}-{c}" / "keys" / "job.key").read_bytes() for c in CLUSTERS]
+        assert keys[0] == keys[1]
+    log_b = (tmp_path / "up-cluster-b.log").read_text()
+    assert "received sealed from cluster-a" in log_b
+    assert "sent sealed to cluster-b" in (tmp_path / "up-cluster-a.log").read_text()

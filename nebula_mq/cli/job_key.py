@@ -1,0 +1,95 @@
+"""The job key reaches every cluster of a job over the brokers, sealed: no one copies it by hand.
+
+Every worker of a job signs and checks its envelopes with one key ring
+(``<run_dir>/keys/job.key``, ``security.keys``). The first of the job's clusters by name holds
+it: its ``nebula-mq up`` creates the ring if needed and sends each peer cluster a copy sealed
+to that cluster's CA and signed by its own (``security.sealing``) on a federated queue of the
+key's own (``topology.key_flows``), as the job's key courier (an identity that may touch those
+queues and nothing else). A peer's ``up`` that has no ring yet waits for its copy, checks the
+signature against the CA it trusts, opens it with its CA key and writes the ring (mode 0600).
+A peer that has a ring already refuses one that differs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nebula_mq import topology
+from nebula_mq.errors import SecurityError
+from nebula_mq.security.keys import ensure_job_key, job_key_file
+from nebula_mq.security.pem import write_private
+from nebula_mq.security.sealing import seal, unseal
+
+# How long a peer's `up` waits for the sealed key before it says whose `up` to start.
+KEY_WAIT_S = 300.0
+
+
+def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: float = KEY_WAIT_S) -> str:
+    """Send (from the key's cluster) or receive (elsewhere) the job key; a line saying which."""
+    from nebula_mq.transport.rabbit import RabbitTransport
+
+    job_id = settings.job.id
+    path = job_key_file(settings.run_dir)
+    keys = topology.key_flows(plan.flows)
+    if not keys:  # one cluster: the key never leaves it
+        ensure_job_key(path, job_id)
+        return f"job key {path}"
+    origin = keys[0].src_cluster
+    broker = stack.broker_settings(cluster, topology.key_courier(job_id), vhost=topology.vhost(job_id))
+    ca = stack.ca(cluster)
+    with RabbitTransport(broker, settings.transport, job_id, cluster) as transport:
+        if cluster == origin:
+            ensure_job_key(path, job_id)
+            ring = path.read_bytes()
+            _cert, signer = ca.keypair()
+            with transport.publisher() as publisher:
+                for flow in keys:
+                    queue = transport.declare_flow(flow, "producer")
+                    blob = seal(ring, ca.peer_ca(flow.dst_cluster).public_key(), signer,
+                                f"{job_id}/{origin}/{flow.dst_cluster}")
+                    publisher.publish(queue, blob, f"{job_id}.job-key.{flow.dst_cluster}.{time.time_ns()}")
+            return f"job key {path}: sent sealed to {', '.join(f.dst_cluster for f in keys)}"
+        flow = next(f for f in keys if f.dst_cluster == cluster)
+        received = _receive(transport, flow, ca, origin, f"{job_id}/{origin}/{cluster}", wait_s if not path.exists() else 2.0)
+    if received is None:
+        if path.exists():
+            return f"job key {path} (kept)"
+        raise SecurityError(f"no job key from {origin} within {wait_s:g} s: start `nebula-mq up` for {origin} "
+                            f"(it holds the key and sends it sealed to {cluster})")
+    if path.exists() and path.read_bytes() != received:
+        raise SecurityError(f"{path} differs from the job key {origin} sent: remove it to take {origin}'s, "
+                            f"or check that both hosts run the same job")
+    if not path.exists():
+        write_private(path, received)
+    return f"job key {path}: received sealed from {origin}"
+
+
+def _receive(transport: Any, flow: topology.Flow, ca: Any, origin: str, context: str, wait_s: float) -> bytes | None:
+    """The newest sealed key on ``flow`` (every copy there is acked), opened; None if none came.
+    A copy that does not open (not signed by ``origin``'s CA, another job's) is dropped, and its
+    error raised if no good copy follows."""
+    queue = transport.declare_flow(flow, "consumer")
+    consumer = transport.consume(queue, prefetch=16)
+    _cert, own_key = ca.keypair()
+    signer = ca.peer_ca(origin).public_key()
+    newest: bytes | None = None
+    refused: SecurityError | None = None
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            delivery = consumer.get(timeout=1.0 if newest is None else 0.3)
+            if delivery is None:
+                if newest is not None or time.monotonic() > deadline:
+                    break
+                continue
+            try:
+                newest = unseal(bytes(delivery.body), own_key, signer, context)
+            except SecurityError as exc:
+                refused = exc
+            delivery.ack()  # opened or not, it is settled: a bad copy is not read again
+    finally:
+        consumer.close()
+    if newest is None and refused is not None:
+        raise refused
+    return newest
