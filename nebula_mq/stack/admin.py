@@ -130,13 +130,15 @@ class HttpAdmin(BrokerAdmin):
 
 def deprovision(admin: BrokerAdmin, job_id: str, workers: Sequence[str]) -> list[str]:
     """Remove job ``job_id`` from ``admin``'s broker, and nothing else: its vhost (queues,
-    exchanges, policies, upstreams and permissions go with it), its monitoring user and those
-    of ``workers`` (the job's own certificate users) that hold no permission on another vhost.
+    exchanges, policies, upstreams and permissions go with it), its monitoring, status-reader and
+    key-courier users, and those of ``workers`` (the job's own certificate users) that hold no
+    permission on another vhost.
     The peer brokers' federation users serve every job: they stay. Returns what was removed."""
     vhost = topology.vhost(job_id)
     before = admin.users_of()
     removed = [f"vhost {vhost}"] if admin.delete_vhost(vhost) else []
-    for user in (*workers, topology.monitoring_user(job_id)):
+    job_users = (topology.monitoring_user(job_id), topology.status_reader(job_id), topology.key_courier(job_id))
+    for user in (*workers, *job_users):
         elsewhere = [v for v in before.get(user, []) if v != vhost]
         if user in before and not elsewhere:
             admin.delete_user(user)

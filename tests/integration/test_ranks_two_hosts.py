@@ -63,37 +63,45 @@ def _train(a: Host, tmp: Path, name: str, rank1_on: Host, stack: Path, model: st
     return tmp / name
 
 
-@pytest.mark.parametrize("model", ["mlp", "mlp_torch"], ids=["paddle", "torch"])
-def test_a_side_on_two_hosts_trains_as_it_does_on_one(tmp_path: Path, model: str) -> None:
-    """paddle's gloo group, or torch.distributed's (the example's model in each framework)."""
+def test_a_side_on_two_hosts_trains_as_it_does_on_one(tmp_path: Path) -> None:
+    """paddle's gloo group, then torch.distributed's (the example's model in each framework),
+    on one pair of hosts and one broker."""
     copy_split_example(tmp_path)
+    runs: dict[str, tuple[Path, Path, int]] = {}
     with two_hosts("rk", ("rank-a.nebula.test", "rank-b.nebula.test")) as (a, b):
         stack = tmp_path / "stack"
         try:
             a.nebula("stack", "up", "--stack", str(stack), "--clusters", CLUSTER, "--listen", a.address,
                      "--hostname", a.hostname, "--base-port", str(PORT), "--prefix", f"rk{os.getpid()}")
-            sent_before = b.tx_bytes()
-            apart = _train(a, tmp_path, "apart", b, stack, model)
-            sent_by_b = b.tx_bytes() - sent_before
-            together = _train(a, tmp_path, "together", a, stack, model)
+            for framework, model in (("paddle", "mlp"), ("torch", "mlp_torch")):
+                sent_before = b.tx_bytes()
+                apart = _train(a, tmp_path, f"apart{framework}", b, stack, model)
+                sent_by_b = b.tx_bytes() - sent_before
+                together = _train(a, tmp_path, f"together{framework}", a, stack, model)
+                runs[model] = (apart, together, sent_by_b)
 
             # A rank started on the wrong host is refused before it joins, in one line.
-            files = _job(tmp_path, "wrong", a, (a.hostname, b.hostname), stack, model)
+            files = _job(tmp_path, "wrong", a, (a.hostname, b.hostname), stack, "mlp")
             wrong = b.run(sys.executable, "-m", "nebula_mq", "worker", "--role", "split-head", "--index", "0",
                           "--config", str(files["head-0"]), check=False)
         finally:
             if (stack / "stack.json").exists():
                 a.nebula("stack", "down", "--stack", str(stack), check=False)
 
-    for worker in WORKERS:
-        ck_apart, ck_together = final_checkpoint(apart, worker), final_checkpoint(together, worker)
-        assert ck_apart.step == ck_together.step == 12, worker
-        assert ck_apart.digest == ck_together.digest, worker  # the same arithmetic, wherever the ranks run
-    heads = [final_checkpoint(apart, w).arrays for w in ("head-0", "head-0-r1")]
-    weights = [k for k in heads[0] if "/param/" in k]
-    assert weights and all(np.array_equal(heads[0][k], heads[1][k]) for k in weights)
-    # Rank 1's gradients and its broker traffic left host b over the link.
-    assert sent_by_b > 50_000, sent_by_b
+    for model, (apart, together, sent_by_b) in runs.items():
+        _same_training(apart, together, sent_by_b, model)
     assert wrong.returncode != 0
     last = wrong.stderr.strip().splitlines()[-1]
     assert "rank 0 is placed on rank-a.nebula.test" in last and "Traceback" not in wrong.stderr, wrong.stderr
+
+
+def _same_training(apart: Path, together: Path, sent_by_b: int, model: str) -> None:
+    for worker in WORKERS:
+        ck_apart, ck_together = final_checkpoint(apart, worker), final_checkpoint(together, worker)
+        assert ck_apart.step == ck_together.step == 12, (model, worker)
+        assert ck_apart.digest == ck_together.digest, (model, worker)  # the same arithmetic, wherever ranks run
+    heads = [final_checkpoint(apart, w).arrays for w in ("head-0", "head-0-r1")]
+    weights = [k for k in heads[0] if "/param/" in k]
+    assert weights and all(np.array_equal(heads[0][k], heads[1][k]) for k in weights), model
+    # Rank 1's gradients and its broker traffic left host b over the link.
+    assert sent_by_b > 50_000, (model, sent_by_b)
