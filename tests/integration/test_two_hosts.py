@@ -15,31 +15,9 @@ import pytest
 
 from nebula_mq import topology
 from tests.fixtures.jobs import ABNET_JOB, final_checkpoint, wait_all
-from tests.fixtures.netns import Host, two_hosts
+from tests.fixtures.netns import CLUSTERS, PORT, Host, broker_hosts
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
-
-CLUSTERS = ("cluster-a", "cluster-b")
-PORT = 5671  # each host has its own port space: the standard AMQPS port on both
-
-
-def _stack_up(host: Host, cluster: str, stack: Path) -> None:
-    host.nebula("stack", "up", "--stack", str(stack), "--clusters", cluster, "--listen", host.address,
-                "--hostname", host.hostname, "--base-port", str(PORT), "--prefix", f"h{os.getpid()}")
-
-
-def _exchange_trust(hosts: dict[str, Host], stacks: dict[str, Path], tmp: Path) -> None:
-    """What two operators mail each other: CA certificates and CRLs, never a private key."""
-    for src in CLUSTERS:
-        for what in ("ca", "crl"):
-            pem = hosts[src].nebula("certs", f"export-{what}", str(stacks[src] / "certs"), src).stdout
-            (tmp / f"{src}-{what}.pem").write_text(pem)
-    for dst in CLUSTERS:
-        src = next(c for c in CLUSTERS if c != dst)
-        for what in ("ca", "crl"):
-            hosts[dst].nebula("certs", f"import-{what}", str(stacks[dst] / "certs"), dst, src,
-                              str(tmp / f"{src}-{what}.pem"), *(["--audit", str(tmp / "audit.jsonl")] if what == "ca" else []))
-
 
 def _job_files(hosts: dict[str, Host], stacks: dict[str, Path], tmp: Path, job_id: str) -> dict[str, Path]:
     text = ABNET_JOB.format(job_id=job_id, seed=4, steps=8, run_dir=tmp / "run", batch_size=8, extra="")
@@ -66,40 +44,29 @@ def _metric(path: Path, name: str, **labels: str) -> float:
 
 
 def test_two_hosts_provisioned_apart_train_over_a_kernel_shaped_link(tmp_path: Path) -> None:
-    with two_hosts("th", ("broker-a.nebula.test", "broker-b.nebula.test")) as (a, b):
-        hosts = dict(zip(CLUSTERS, (a, b)))
-        stacks = {c: tmp_path / f"stack-{c}" for c in CLUSTERS}
-        try:
-            for c in CLUSTERS:
-                _stack_up(hosts[c], c, stacks[c])
-            _exchange_trust(hosts, stacks, tmp_path)
-            for c in CLUSTERS:  # running brokers reload their certificates: they trust the peer now
-                _stack_up(hosts[c], c, stacks[c])
-            job_id = f"twohosts{os.getpid()}"
-            files = _job_files(hosts, stacks, tmp_path, job_id)
-            for c in CLUSTERS:
-                out = hosts[c].nebula("provision", str(files["job"]), "--cluster", c, "--stack", str(stacks[c]))
-                assert f"provisioned on {c}" in out.stdout
-            sent_before = a.tx_bytes()
-            procs = {"enc-0": a.popen([sys.executable, "-m", "nebula_mq", "worker", "--role", "abnet-encoder",
-                                       "--config", str(files["enc-0"])], tmp_path / "w-enc-0.log"),
-                     "dec-0": b.popen([sys.executable, "-m", "nebula_mq", "worker", "--role", "abnet-decoder",
-                                       "--config", str(files["dec-0"])], tmp_path / "w-dec-0.log")}
-            wait_all(procs, tmp_path, "w", timeout=300)
-            assert {w: final_checkpoint(tmp_path / "run", w).step for w in procs} == {"enc-0": 8, "dec-0": 8}
-            # The activations crossed the veth: host a sent at least what the encoder published.
-            published = _metric(tmp_path / "run" / "metrics" / "enc-0.prom", "nebula_wire_bytes_total",
-                                flow="activations", direction="out")
-            assert published > 10_000 and a.tx_bytes() - sent_before >= published
-            # cluster-b's broker pulls from cluster-a's by name, over TLS checked against that name:
-            # its federation link is a connection from b's address to a's AMQPS port.
-            params = json.loads(b.nebula("provision", str(files["job"]), "--cluster", "cluster-b",
-                                         "--dry-run").stdout)["parameters"]
-            assert "amqps://broker-a.nebula.test:5671/" in params[0]["value"]["uri"]
-            assert "server_name_indication=broker-a.nebula.test" in params[0]["value"]["uri"]
-            peers = a.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
-            assert f"{b.address}:" in peers, peers
-        finally:
-            for c in CLUSTERS:
-                if (stacks[c] / "stack.json").exists():
-                    hosts[c].nebula("stack", "down", "--stack", str(stacks[c]), check=False)
+    with broker_hosts("th", ("broker-a.nebula.test", "broker-b.nebula.test"), tmp_path) as (hosts, stacks):
+        a, b = (hosts[c] for c in CLUSTERS)
+        job_id = f"twohosts{os.getpid()}"
+        files = _job_files(hosts, stacks, tmp_path, job_id)
+        for c in CLUSTERS:
+            out = hosts[c].nebula("provision", str(files["job"]), "--cluster", c, "--stack", str(stacks[c]))
+            assert f"provisioned on {c}" in out.stdout
+        sent_before = a.tx_bytes()
+        procs = {"enc-0": a.popen([sys.executable, "-m", "nebula_mq", "worker", "--role", "abnet-encoder",
+                                   "--config", str(files["enc-0"])], tmp_path / "w-enc-0.log"),
+                 "dec-0": b.popen([sys.executable, "-m", "nebula_mq", "worker", "--role", "abnet-decoder",
+                                   "--config", str(files["dec-0"])], tmp_path / "w-dec-0.log")}
+        wait_all(procs, tmp_path, "w", timeout=300)
+        assert {w: final_checkpoint(tmp_path / "run", w).step for w in procs} == {"enc-0": 8, "dec-0": 8}
+        # The activations crossed the veth: host a sent at least what the encoder published.
+        published = _metric(tmp_path / "run" / "metrics" / "enc-0.prom", "nebula_wire_bytes_total",
+                            flow="activations", direction="out")
+        assert published > 10_000 and a.tx_bytes() - sent_before >= published
+        # cluster-b's broker pulls from cluster-a's by name, over TLS checked against that name:
+        # its federation link is a connection from b's address to a's AMQPS port.
+        params = json.loads(b.nebula("provision", str(files["job"]), "--cluster", "cluster-b",
+                                     "--dry-run").stdout)["parameters"]
+        assert "amqps://broker-a.nebula.test:5671/" in params[0]["value"]["uri"]
+        assert "server_name_indication=broker-a.nebula.test" in params[0]["value"]["uri"]
+        peers = a.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
+        assert f"{b.address}:" in peers, peers

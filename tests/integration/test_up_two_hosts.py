@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.jobs import ABNET_JOB, final_checkpoint
-from tests.fixtures.netns import Host, two_hosts
-from tests.integration.test_two_hosts import CLUSTERS, PORT, _exchange_trust, _stack_up
+from tests.fixtures.netns import CLUSTERS, PORT, Host, broker_hosts
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
@@ -56,38 +55,26 @@ def _finish(procs: dict[str, subprocess.Popen[bytes]], tmp: Path, timeout: float
 
 
 def test_each_host_starts_its_part_with_one_command_and_resumes_after_sigterm(tmp_path: Path) -> None:
-    with two_hosts("up", ("up-a.nebula.test", "up-b.nebula.test")) as (a, b):
-        hosts = dict(zip(CLUSTERS, (a, b)))
-        stacks = {c: tmp_path / f"stack-{c}" for c in CLUSTERS}
-        try:
-            for c in CLUSTERS:
-                _stack_up(hosts[c], c, stacks[c])
-            _exchange_trust(hosts, stacks, tmp_path)
-            for c in CLUSTERS:  # running brokers reload their certificates: they trust the peer now
-                _stack_up(hosts[c], c, stacks[c])
+    with broker_hosts("up", ("up-a.nebula.test", "up-b.nebula.test"), tmp_path) as (hosts, stacks):
+        b = hosts["cluster-b"]
+        clean = _job(hosts, tmp_path, "clean", steps=16)
+        _finish({c: _up(hosts[c], clean, c, stacks[c], tmp_path / f"up-{c}.log") for c in CLUSTERS}, tmp_path)
 
-            clean = _job(hosts, tmp_path, "clean", steps=16)
-            _finish({c: _up(hosts[c], clean, c, stacks[c], tmp_path / f"up-{c}.log") for c in CLUSTERS}, tmp_path)
-
-            stopped = _job(hosts, tmp_path, "stopped", steps=16)
-            procs = {c: _up(hosts[c], stopped, c, stacks[c], tmp_path / f"up-{c}.log") for c in CLUSTERS}
-            status = tmp_path / "stopped-cluster-b" / "status" / "dec-0.json"
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline and '"step": 4' not in (status.read_text() if status.exists() else ""):
-                time.sleep(0.2)
-            procs["cluster-b"].send_signal(signal.SIGTERM)  # host b is told to stop: its workers checkpoint, exit 0
-            code = procs["cluster-b"].wait(120)
-            log = (tmp_path / "up-cluster-b.log").read_text()
-            assert code == 128 + signal.SIGTERM, log[-3000:]  # `up` itself says it was stopped, not finished
-            assert "dec-0: exit 0" in log and "run the same command to resume" in log, log[-3000:]
-            stopped_at = final_checkpoint(tmp_path / "stopped-cluster-b", "dec-0").step
-            assert 4 <= stopped_at < 16
-            procs["cluster-b"] = _up(b, stopped, "cluster-b", stacks["cluster-b"], tmp_path / "up-cluster-b.log")
-            _finish(procs, tmp_path)
-        finally:
-            for c in CLUSTERS:
-                if (stacks[c] / "stack.json").exists():
-                    hosts[c].nebula("stack", "down", "--stack", str(stacks[c]), check=False)
+        stopped = _job(hosts, tmp_path, "stopped", steps=16)
+        procs = {c: _up(hosts[c], stopped, c, stacks[c], tmp_path / f"up-{c}.log") for c in CLUSTERS}
+        status = tmp_path / "stopped-cluster-b" / "status" / "dec-0.json"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and '"step": 4' not in (status.read_text() if status.exists() else ""):
+            time.sleep(0.2)
+        procs["cluster-b"].send_signal(signal.SIGTERM)  # host b is told to stop: its workers checkpoint, exit 0
+        code = procs["cluster-b"].wait(120)
+        log = (tmp_path / "up-cluster-b.log").read_text()
+        assert code == 128 + signal.SIGTERM, log[-3000:]  # `up` itself says it was stopped, not finished
+        assert "dec-0: exit 0" in log and "run the same command to resume" in log, log[-3000:]
+        stopped_at = final_checkpoint(tmp_path / "stopped-cluster-b", "dec-0").step
+        assert 4 <= stopped_at < 16
+        procs["cluster-b"] = _up(b, stopped, "cluster-b", stacks["cluster-b"], tmp_path / "up-cluster-b.log")
+        _finish(procs, tmp_path)
 
     for cluster, worker in WORKERS.items():
         a_ck = final_checkpoint(tmp_path / f"clean-{cluster}", worker)
