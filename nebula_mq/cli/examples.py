@@ -73,9 +73,35 @@ def verbs(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterat
             yield from verbs(sub, (*path, name))
 
 
+# Under `nebula-mq --help`: where to begin.
+START = """start here:
+  nebula-mq demo                              set up the local stack and train the flagship job end to end
+  nebula-mq run examples/split_mlp/job.toml   your own model split across two clusters (examples/README.md)
+  nebula-mq up job.toml --cluster cluster-a   this host's part of a job deployed over several hosts
+  nebula-mq COMMAND --help                    each command's options, with examples
+
+The README's quick start: ./dev.sh demo (set up and run the main job), ./dev.sh test (the tests)."""
+
+
+def _epilog(lines: tuple[str, ...]) -> str:
+    return "example" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(f"  {x}" for x in lines)
+
+
 def add_examples(parser: argparse.ArgumentParser) -> None:
+    """Each leaf verb's examples under its help; each group's (``stack``, ``bench``...) one per
+    leaf; where to begin under ``nebula-mq --help``."""
+    parser.epilog, parser.formatter_class = START, argparse.RawDescriptionHelpFormatter
+    groups: dict[str, list[str]] = {}
     for verb, sub in verbs(parser):
         lines = EXAMPLES.get(verb)
         if lines:
-            sub.epilog = "example" + ("s" if len(lines) > 1 else "") + ":\n" + "\n".join(f"  {x}" for x in lines)
+            sub.epilog = _epilog(lines)
             sub.formatter_class = argparse.RawDescriptionHelpFormatter
+            if " " in verb:
+                groups.setdefault(verb.split(" ")[0], []).append(lines[0])
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers there
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            for name, group in action.choices.items():
+                if name in groups:
+                    group.epilog = _epilog(tuple(groups[name]))
+                    group.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -56,3 +56,17 @@ def test_every_verb_has_an_example_that_its_own_parser_accepts() -> None:
             words = words[: words.index(">")] if ">" in words else words
             assert words[0] == "nebula-mq" and " ".join(words[1:]).startswith(verb), line
             build_parser().parse_args(words[1:])  # argparse exits on a bad example
+
+
+def test_the_top_level_help_says_where_to_begin_and_each_group_shows_examples() -> None:
+    import argparse
+
+    parser = build_parser()
+    top = parser.format_help()
+    assert "nebula-mq demo" in top and "./dev.sh demo" in top and "nebula-mq up job.toml" in top
+    groups = [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+              for sub in action.choices.values()
+              if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)]
+    assert len(groups) >= 6  # audit, bench, certs, config, data, data-access, stack, study, wan
+    for group in groups:
+        assert group.epilog and group.epilog.startswith("example") and f"nebula-mq {group.prog.split()[-1]} " in group.epilog, group.prog
