@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         # BLAS reads these when it loads; numpy may already be loaded, so start afresh.
         env = {**os.environ, **{v: "1" for v in _THREAD_VARS}}
         argv = [sys.executable, "-m", "nebula_mq", "bench", "codecs"]
-        argv += (["--json", args.json] if args.json else []) + (["--quick"] if args.quick else [])
+        argv += (["--json-out", args.json] if args.json else []) + (["--quick"] if args.quick else [])
         argv += ["--peers"] if args.peers else []
         os.execve(sys.executable, argv, env)
     result = _bench(args)

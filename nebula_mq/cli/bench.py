@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="bench", metavar="BENCH", required=True)
     for name, (module, help_text) in BENCHES.items():
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+        p.add_argument("--json-out", dest="json", metavar="PATH", help="also write the results as JSON to PATH")
         p.add_argument("--quick", action="store_true", help="fewer repeats, smaller set (CI smoke run)")
         # Bench modules import only the standard library at the top; heavy imports wait for run().
         add = getattr(importlib.import_module(module), "add_arguments", None)

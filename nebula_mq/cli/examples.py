@@ -10,7 +10,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "audit verify": ("nebula-mq audit verify --log run/jobs/demo/audit/audit.jsonl",),
     "audit show": ("nebula-mq audit show --log run/jobs/demo/audit/audit.jsonl --event message_dead_lettered",),
     "audit scan-broker": ("nebula-mq audit scan-broker --stack run/stack",),
-    "bench codecs": ("nebula-mq bench codecs --quick --json run/bench/codecs.json", "nebula-mq bench codecs --peers"),
+    "bench codecs": ("nebula-mq bench codecs --quick --json-out run/bench/codecs.json", "nebula-mq bench codecs --peers"),
     "bench transport": ("nebula-mq bench transport --quick",),
     "bench scenario1": ("nebula-mq bench scenario1 --n 1,2 --delay-ms 20",),
     "bench compute": ("nebula-mq bench compute config/demo.toml",),
@@ -42,7 +42,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "provision": ("nebula-mq provision job.toml --cluster cluster-a --admin-password-file admin.pw",
                   "nebula-mq provision job.toml --cluster cluster-b --dry-run"),
     "deprovision": ("nebula-mq deprovision job.toml --cluster cluster-a --admin-password-file admin.pw",),
-    "probe": ("nebula-mq probe config/electra-tiny.toml --json run/probe.json",),
+    "probe": ("nebula-mq probe config/electra-tiny.toml --json-out run/probe.json",),
     "report": ("nebula-mq report run/jobs/demo --out run/report",),
     "run": ("nebula-mq run config/demo.toml", "nebula-mq run config/demo.toml --metrics-port 9300 --max-restarts 10"),
     "demo": ("nebula-mq demo",),
@@ -55,11 +55,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                "nebula-mq status job.toml --feed cluster-b --lost-after 30"),
     "up": ("nebula-mq up job.toml --cluster cluster-a", "nebula-mq up job.toml --cluster cluster-b --ranks 1,2"),
     "study compression": ("nebula-mq study compression --real --rates auto --out run/study-real",),
-    "wan shape": ("nebula-mq wan shape --rate 60 --delay 20",),
+    "wan shape": ("nebula-mq wan shape --rate-mbit 60 --delay-ms 20",),
     "wan cut": ("nebula-mq wan cut --to cluster-b",),
     "wan heal": ("nebula-mq wan heal",),
     "wan status": ("nebula-mq wan status",),
-    "worker": ("nebula-mq worker --role abnet-encoder --index 0 --config job.toml --stack run/stack",),
+    "worker": ("nebula-mq worker job.toml --role abnet-encoder --index 0 --stack run/stack",),
 }
 
 

@@ -22,7 +22,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--locales", default="es,de,fr,ru,zh_CN", help="comma-separated target locales")
     p.add_argument("--per-class", type=int, default=300, help="sentences per (language, domain) class (default 300)")
     p.add_argument("--epochs", type=int, default=300, help="training epochs of the linear probe (default 300)")
-    p.add_argument("--json", dest="json_path", default="", help="also write the results here")
+    p.add_argument("--json-out", dest="json_path", metavar="PATH", default="", help="also write the results as JSON to PATH")
     p.set_defaults(func=_run)
 
 

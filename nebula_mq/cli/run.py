@@ -50,7 +50,9 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="build the data, then run the flagship ABNet job end to end")
-    d.add_argument("--config", default="config/demo.toml", help="the job file to run (default config/demo.toml)")
+    d.add_argument("job", nargs="?", metavar="JOB.toml", default=None,
+                   help="the job file to run (default config/demo.toml)")
+    d.add_argument("--config", metavar="JOB.toml", default=None, help="the older spelling of the positional")
     add_stack_option(d, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)",
                      default_stack())
     d.add_argument("--keep-stack", action="store_true", help="leave the stack running afterwards")
@@ -126,12 +128,13 @@ def _demo(args: argparse.Namespace) -> int:
     from nebula_mq.settings import load_settings
     from nebula_mq.stack import Stack
 
-    settings = load_settings(args.config)
+    config = args.job or args.config or "config/demo.toml"
+    settings = load_settings(config)
     if settings.abnet.get("data", "synthetic") == "corpus":
         from nebula_mq.data.build import BuildOptions, build
 
         build(BuildOptions(out=Path(settings.abnet.get("data_dir", "run/data"))))
-    code = run_job(args.config, args.stack)
+    code = run_job(config, args.stack)
     report = _report(settings.run_dir)
     if not args.keep_stack:
         Stack.open(args.stack).down()

@@ -17,8 +17,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("wan", help="shape, cut or heal the emulated WAN between clusters")
     sub = parser.add_subparsers(dest="wan_cmd", metavar="CMD", required=True)
     shape = sub.add_parser("shape", help="set bandwidth cap and/or one-way delay")
-    shape.add_argument("--rate", type=float, help="Mbit/s per direction (0 = unlimited)")
-    shape.add_argument("--delay", type=float, help="one-way delay in ms")
+    shape.add_argument("--rate-mbit", "--rate", dest="rate", type=float, metavar="MBIT",
+                       help="Mbit/s per direction (0 = unlimited)")
+    shape.add_argument("--delay-ms", "--delay", dest="delay", type=float, metavar="MS", help="one-way delay in ms")
     shape.set_defaults(func=_shape)
     for name, func, text in (("cut", _cut, "drop every connection and refuse new ones"),
                              ("heal", _heal, "accept connections again"),

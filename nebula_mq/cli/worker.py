@@ -37,7 +37,8 @@ def port_number(text: str) -> int:
 def register(sub: Any) -> None:
     p = sub.add_parser("worker", help="run one worker daemon of a job")
     p.add_argument("--role", required=True, help="e.g. abnet-encoder, abnet-decoder, electra-generator")
-    p.add_argument("--config", required=True, help="job TOML file")
+    p.add_argument("job", nargs="?", metavar="JOB.toml", help="the job file (as in every other verb)")
+    p.add_argument("--config", metavar="JOB.toml", help="the job file, the older spelling of the positional")
     p.add_argument("--index", type=int, default=0, help="index among workers of the same role")
     add_stack_option(p, "take broker settings from this local stack directory (default: the job file's "
                         "[clusters.<name>.broker])")
@@ -48,6 +49,16 @@ def register(sub: Any) -> None:
     p.add_argument("--metrics-port", type=port_number, default=None,
                    help="also serve Prometheus metrics over HTTP on this port (/metrics)")
     p.set_defaults(func=_run)
+
+
+def job_file(args: argparse.Namespace) -> str:
+    """The job file, given as the positional argument or with ``--config`` (once, not both)."""
+    from nebula_mq.errors import ConfigError
+
+    if bool(args.job) == bool(args.config):
+        raise ConfigError("<command line>", "JOB.toml", "the job file, once: `worker JOB.toml --role ...` "
+                          "(or the older --config JOB.toml)", args.job or args.config)
+    return str(args.job or args.config)
 
 
 def find_process(settings: Settings, role: str, index: int) -> Process:
@@ -98,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     from workers.plans import run_role
 
     configure_logging(args.log_level)
-    settings = load_settings(args.config)
+    settings = load_settings(job_file(args))
     proc = find_process(settings, args.role, args.index)
     if args.metrics_port:
         check_metrics_port(args.metrics_port)

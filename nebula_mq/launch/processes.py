@@ -98,8 +98,8 @@ class JobProcesses:
 
     def command(self, worker_id: str) -> list[str]:
         proc = next(p for p in self.processes if p.worker_id == worker_id)
-        cmd = [sys.executable, "-m", "nebula_mq", "worker", "--role", proc.role, "--index",
-               str(proc.index), "--config", self.config, "--stack", self.stack_dir]
+        cmd = [sys.executable, "-m", "nebula_mq", "worker", self.config, "--role", proc.role, "--index",
+               str(proc.index), "--stack", self.stack_dir]
         port = self.metrics_ports().get(worker_id)
         return cmd + ["--metrics-port", str(port)] if port else cmd
 

@@ -29,7 +29,7 @@ def test_quick_wan_bench_trains_the_same_model_in_one_cluster_and_across_the_wan
     out = tmp_path / "wan.json"
     try:
         code = main(["bench", "wan", str(tmp_path / "job.toml"), "--quick", "--stack", str(stack.run_dir),
-                     "--json", str(out)])
+                     "--json-out", str(out)])
         after = shape()
     finally:
         stack.clean_wan()

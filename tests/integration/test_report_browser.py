@@ -128,7 +128,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     (run_dir / "faults.jsonl").write_text(json.dumps(
         {"time": _row_time(run_dir, "dec-t0", CUT_AT + 1) - CUT_S, "kind": "wan_cut", "target": "s<->t",
          "recovered_after_s": CUT_S}) + "\n")
-    (run_dir / "bench").mkdir()  # the shape `nebula-mq bench codecs --json` writes
+    (run_dir / "bench").mkdir()  # the shape `nebula-mq bench codecs --json-out` writes
     (run_dir / "bench" / "codecs.json").write_text(json.dumps({
         "machine": {"cpu": "synthetic", "cores": 2},
         "codecs": [{"input": "act 16x24x64", "codec": c, "ratio": r, "rel_err": err, "encode_MBps": mbps,
