@@ -27,7 +27,8 @@ def register(subparsers: Any) -> None:
     b.set_defaults(func=_build)
 
     s = sub.add_parser("stats", help="print the manifest of a built data directory")
-    s.add_argument("--out", type=Path, default=None, help="data directory (default $NEBULA_DATA_DIR or run/data)")
+    s.add_argument("--data-dir", "--out", dest="out", type=Path, default=None, metavar="DIR",
+                   help="the built data directory to read (default $NEBULA_DATA_DIR or run/data)")
     s.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     s.set_defaults(func=_stats)
 
