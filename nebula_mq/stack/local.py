@@ -297,7 +297,8 @@ class Stack:
                                "--formatter", "json", "--quiet")
         try:
             rows: list[dict[str, Any]] = json.loads(out or "[]")
-            return {r["name"]: QueueDepth(int(r["messages"]), int(r["message_bytes"])) for r in rows}
+            # A stream (the job's status feed) reports no message_bytes: "" counts as none held.
+            return {r["name"]: QueueDepth(int(r["messages"] or 0), int(r["message_bytes"] or 0)) for r in rows}
         except (ValueError, KeyError, TypeError) as exc:
             raise StackError(f"{cluster}: unexpected list_queues output ({exc}): {out[:200]!r}") from None
 
