@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from nebula_mq import __version__
 from nebula_mq.errors import ConfigError, NebulaError
 
+from .defaults import announce_defaults
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             code = 2
         else:
+            announce_defaults(args)
             code = int(func(args) or 0)
         # Output to a pipe is buffered: a reader that went away shows up here, not at exit.
         sys.stdout.flush()
