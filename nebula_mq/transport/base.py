@@ -26,12 +26,18 @@ from __future__ import annotations
 import abc
 import concurrent.futures
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, Self
+
+import structlog
 
 from nebula_mq import topology
 from nebula_mq.errors import TransportError
 
+from .closing import Closeable
 from .probe import QueueProbe, ReadThroughProbe
+
+log = structlog.get_logger(__name__)
 
 Side = Literal["producer", "consumer"]
 
@@ -73,7 +79,7 @@ class Delivery(abc.ABC):
         """Republish to the dead-letter queue (confirmed), then ack. Never loses it."""
 
 
-class Consumer(abc.ABC):
+class Consumer(Closeable):
     """A subscription to one queue with manual acks and bounded prefetch."""
 
     queue: str
@@ -85,12 +91,6 @@ class Consumer(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Stop consuming; unacked deliveries go back to the queue."""
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class PublishHandle:
@@ -116,10 +116,23 @@ class PublishHandle:
             raise TransportError(f"publish of {self.message_id!r}: no confirm within {timeout} s") from None
 
 
-class Publisher(abc.ABC):
-    """Confirmed, persistent publishes to a queue of the local broker."""
+@dataclass(frozen=True)
+class Outgoing:
+    """A message handed to a publisher: the queue it goes into and what it carries."""
 
-    @abc.abstractmethod
+    queue: str
+    body: bytes | memoryview
+    message_id: str
+    headers: Mapping[str, Any] | None = None
+    correlation_id: str | None = None
+    # Queue name of the requester's reply flow (request/reply only).
+    reply_to: str | None = None
+
+
+class Publisher(Closeable):
+    """Confirmed, persistent publishes to a queue of the local broker; each implementation
+    submits an :class:`Outgoing` (``_submit``)."""
+
     def publish_async(
         self,
         queue: str,
@@ -131,6 +144,7 @@ class Publisher(abc.ABC):
     ) -> PublishHandle:
         """Submit a message; its handle's ``wait`` returns once the broker holds it (a publisher
         with a window of confirms returns at once, one without it once the broker confirmed)."""
+        return self._submit(Outgoing(queue, body, message_id, headers, correlation_id, reply_to))
 
     def publish(
         self,
@@ -142,22 +156,17 @@ class Publisher(abc.ABC):
         reply_to: str | None = None,
     ) -> None:
         """Block until the broker confirmed the message (see module docstring)."""
-        self.publish_async(queue, body, message_id, headers, correlation_id, reply_to).wait()
+        self._submit(Outgoing(queue, body, message_id, headers, correlation_id, reply_to)).wait()
+
+    @abc.abstractmethod
+    def _submit(self, message: Outgoing) -> PublishHandle:
+        """Submit ``message`` as ``publish_async`` says."""
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the broker holds every message submitted so far (raise the first failure)."""
 
-    @abc.abstractmethod
-    def close(self) -> None: ...
 
-    def __enter__(self) -> Publisher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class Transport(abc.ABC):
+class Transport(Closeable):
     """A worker's view of its *local* broker, for one job on one cluster."""
 
     def __init__(self, job_id: str, cluster: str) -> None:
@@ -211,7 +220,6 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def declare_dead_letter_queue(self) -> str: ...
 
-    @abc.abstractmethod
     def dead_letter(
         self,
         body: bytes | memoryview,
@@ -222,6 +230,14 @@ class Transport(abc.ABC):
         headers: Mapping[str, Any] | None = None,
     ) -> None:
         """Put a message straight into the dead-letter queue (confirmed)."""
+        headers = dead_letter_headers(headers, message_id, reason, detail, original_queue)
+        self._dead_letter_publisher().publish(self.dead_letter_queue, body, message_id, headers)
+        log.error("message dead-lettered", queue=original_queue, message_id=message_id,
+                  reason=reason, detail=detail)
+
+    @abc.abstractmethod
+    def _dead_letter_publisher(self) -> Publisher:
+        """The publisher ``dead_letter`` publishes with."""
 
     @abc.abstractmethod
     def queue_depth(self, queue: str) -> int | None:
@@ -241,12 +257,9 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def delete_queue(self, queue: str) -> None: ...
 
-    def __enter__(self) -> Transport:
+    def __enter__(self) -> Self:
         self.open()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def dead_letter_headers(

@@ -200,7 +200,7 @@ class IoThread:
                 self._on_connect(conn)
             except _CONNECT_ERRORS as exc:
                 err = translate(exc, f"{self.name}: connect")
-                _close_quietly(conn)
+                close_quietly(conn)
                 if not self._started.is_set():
                     self._start_error = err
                     self._started.set()
@@ -229,7 +229,7 @@ class IoThread:
             self.connected.clear()
             with self._lock:
                 self._conn = None
-            _close_quietly(conn)
+            close_quietly(conn)
             with self._lock:
                 pending, self._pending = self._pending, set()
             for future in pending:
@@ -237,10 +237,12 @@ class IoThread:
                     future.set_exception(ConnectionLost(f"{self.name}: connection lost"))
 
 
-def _close_quietly(conn: pika.BlockingConnection | None) -> None:
-    if conn is not None and conn.is_open:
+def close_quietly(connection: pika.BlockingConnection | None) -> None:
+    """Close ``connection`` (None: nothing to close); a connection already closed or dead is
+    left as it is, and the errors of closing one that died meanwhile are ignored."""
+    if connection is not None and connection.is_open:
         try:
-            conn.close()
+            connection.close()
         except PIKA_ERRORS:
             pass
 

@@ -22,7 +22,7 @@ from nebula_mq.settings import BrokerSettings
 
 from . import base
 from .connection import IoThread, OnIoThread
-from .publisher import message_properties
+from .properties import message_properties
 from .routing import Routes
 
 log = structlog.get_logger(__name__)

@@ -5,7 +5,8 @@ RabbitMQ does in our topology:
 
 * bounded queues refuse a publish that would pass ``max_queue_bytes`` (counting
   ready messages only, as ``x-max-length-bytes`` does); the publisher waits and
-  retries (``retry.publish_patiently``), then ``BackpressureTimeout``;
+  retries as the RabbitMQ publisher does (``retry.Patience``: the same counters,
+  backoff and errors), then ``BackpressureTimeout``;
 * a publish to an undeclared queue is unroutable (waited out the same way);
 * manual acks, at most ``prefetch`` unacked deliveries per consumer;
 * unacked deliveries return to the head of the queue, in order and marked
@@ -24,7 +25,6 @@ import collections
 import itertools
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ from nebula_mq.errors import PublishRejected, TransportError, Unroutable
 from nebula_mq.settings import TransportSettings
 
 from . import base
-from .retry import PublishStats, publish_patiently
+from .retry import WAITED_OUT, Patience, PublishStats
 
 log = structlog.get_logger(__name__)
 
@@ -211,22 +211,22 @@ class MemoryPublisher(base.Publisher):
         self._settings = settings
         self.stats = PublishStats()
 
-    def publish_async(
-        self,
-        queue: str,
-        body: bytes | memoryview,
-        message_id: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-    ) -> base.PublishHandle:
+    def _submit(self, outgoing: base.Outgoing) -> base.PublishHandle:
         """Stored (or refused) before it returns: the memory broker confirms at once."""
-        message = _Message(bytes(body), message_id, dict(headers or {}), correlation_id, reply_to)
-        publish_patiently(
-            lambda: self._broker.put(queue, message),
-            self._settings.publish_patience_s, self.stats, queue, message_id,
-        )
-        return base.PublishHandle.confirmed(message_id)
+        message = _Message(bytes(outgoing.body), outgoing.message_id, dict(outgoing.headers or {}),
+                           outgoing.correlation_id, outgoing.reply_to)
+        patience = Patience(outgoing.queue, outgoing.message_id, self._settings.publish_patience_s, self.stats)
+        while True:
+            try:
+                self._broker.put(outgoing.queue, message)
+            except WAITED_OUT as exc:
+                wait = patience.next_wait(exc)
+                if wait is None:
+                    raise patience.gave_up(exc) from None
+                time.sleep(wait)
+            else:
+                patience.published()
+                return base.PublishHandle.confirmed(outgoing.message_id)
 
     def close(self) -> None:
         pass
@@ -269,19 +269,8 @@ class MemoryTransport(base.Transport):
         self.broker.declare(self.cluster, self.dead_letter_queue, None)
         return self.dead_letter_queue
 
-    def dead_letter(
-        self,
-        body: bytes | memoryview,
-        message_id: str,
-        reason: str,
-        detail: str = "",
-        original_queue: str = "",
-        headers: Mapping[str, Any] | None = None,
-    ) -> None:
-        headers = base.dead_letter_headers(headers, message_id, reason, detail, original_queue)
-        self.publisher().publish(self.dead_letter_queue, body, message_id, headers)
-        log.error("message dead-lettered", queue=original_queue, message_id=message_id,
-                  reason=reason, detail=detail)
+    def _dead_letter_publisher(self) -> MemoryPublisher:
+        return self.publisher()
 
     def queue_depth(self, queue: str) -> int | None:
         with self.broker.cond:

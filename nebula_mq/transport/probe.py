@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING
 
 from nebula_mq.errors import TransportError
 
+from .closing import Closeable
+
 if TYPE_CHECKING:
     from .base import Transport
 
 
-class QueueProbe(abc.ABC):
+class QueueProbe(Closeable):
     """Reads queues of the local broker for one thread; ``close`` releases what it holds."""
 
     @abc.abstractmethod
@@ -39,12 +41,6 @@ class QueueProbe(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the probe's connection, if any (from the thread that used it)."""
-
-    def __enter__(self) -> QueueProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ReadThroughProbe(QueueProbe):

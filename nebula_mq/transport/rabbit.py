@@ -36,26 +36,23 @@ them, the provisioning admin creates both.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pika.exceptions as px
-import structlog
 from pika.adapters.blocking_connection import BlockingChannel
 
 from nebula_mq import topology
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare
-from .connection import open_connection
+from .connection import close_quietly, open_connection
 from .management import QueueSizes
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
 from .publisher import RabbitPublisher
 from .rabbit_probe import RabbitQueueProbe
 from .routing import Routes
-
-log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -70,7 +67,7 @@ class RabbitTransport(base.Transport):
         self.settings = settings
         self._lock = threading.Lock()
         self._children: list[RabbitPublisher | RabbitConsumer] = []
-        self._dead_letter_publisher: RabbitPublisher | None = None
+        self._dead_letters: RabbitPublisher | None = None
         self._routes = Routes()  # queue -> exchange, learned once per queue for all children
         self._serial = 0
         self._sizes = QueueSizes(self.broker)
@@ -91,7 +88,7 @@ class RabbitTransport(base.Transport):
     def close(self) -> None:
         with self._lock:
             children, self._children = self._children, []
-            self._dead_letter_publisher = None
+            self._dead_letters = None
         for child in children:
             child.close()
 
@@ -160,32 +157,18 @@ class RabbitTransport(base.Transport):
         except PIKA_ERRORS as exc:
             raise translate(exc, what) from None
         finally:
-            try:
-                if conn.is_open:
-                    conn.close()
-            except PIKA_ERRORS:
-                pass
+            close_quietly(conn)
 
     # ------------------------------------------------------------------ dead letters
 
-    def dead_letter(
-        self,
-        body: bytes | memoryview,
-        message_id: str,
-        reason: str,
-        detail: str = "",
-        original_queue: str = "",
-        headers: Mapping[str, Any] | None = None,
-    ) -> None:
+    def _dead_letter_publisher(self) -> RabbitPublisher:
+        """One publisher of its own, made on the first dead letter and kept until ``close``."""
         with self._lock:
-            publisher = self._dead_letter_publisher
+            publisher = self._dead_letters
         if publisher is None:
             publisher = self._adopt(
                 RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes)
             )
             with self._lock:
-                self._dead_letter_publisher = publisher
-        headers = base.dead_letter_headers(headers, message_id, reason, detail, original_queue)
-        publisher.publish(self.dead_letter_queue, body, message_id, headers)
-        log.error("message dead-lettered", queue=original_queue, message_id=message_id,
-                  reason=reason, detail=detail)
+                self._dead_letters = publisher
+        return publisher

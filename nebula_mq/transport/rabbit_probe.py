@@ -23,7 +23,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 from nebula_mq.errors import ConnectionLost
 from nebula_mq.settings import BrokerSettings
 
-from .connection import open_connection
+from .connection import close_quietly, open_connection
 from .management import QueueSizes
 from .pika_errors import PIKA_ERRORS, translate
 from .probe import QueueProbe
@@ -70,11 +70,7 @@ class RabbitQueueProbe(QueueProbe):
 
     def close(self) -> None:
         conn, self._conn, self._channel = self._conn, None, None
-        if conn is not None and conn.is_open:
-            try:
-                conn.close()
-            except PIKA_ERRORS:
-                pass
+        close_quietly(conn)
 
     def _passive_declare(self, queue: str) -> int | None:
         channel = self._open_channel()

@@ -19,7 +19,7 @@ from nebula_mq.errors import TransportError
 from nebula_mq.settings import BrokerSettings
 
 from .connection import open_connection
-from .publisher import message_properties
+from .properties import message_properties
 
 
 class PlainPikaPublisher:

@@ -1,19 +1,36 @@
-"""The producer's patience: retry a publish while the broker says "not now"."""
+"""The producer's patience: every decision about a publish the broker did not take.
+
+Both publishers decide through :class:`Patience`, one per message: the RabbitMQ publisher
+(``publisher.RabbitPublisher``, on its I/O thread, from nacks, returns and lost connections) and
+the in-memory one of the unit tests (``memory.MemoryPublisher``, from the errors its broker
+raises), so unit tests exercise the decisions the real broker meets.
+
+* What is waited out: ``PublishRejected`` (the bounded queue is full: backpressure),
+  ``Unroutable`` (no queue took the message yet) and ``ConnectionLost``; any other error fails
+  the publish at once.
+* What each wait counts, in the publisher's :class:`PublishStats`, and how long it is: a
+  jittered backoff from 20 ms doubling up to 0.5 s.
+* When to give up: once ``publish_patience_s`` since the message was submitted are spent, with
+  ``BackpressureTimeout``, or ``ConnectionLost`` when the last thing that happened was that the
+  broker was out of reach.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 
-from nebula_mq.errors import BackpressureTimeout, ConnectionLost, PublishRejected, Unroutable
+from nebula_mq.errors import BackpressureTimeout, ConnectionLost, PublishRejected, TransportError, Unroutable
 
 from .backoff import Backoff
 
 log = structlog.get_logger(__name__)
+
+#: The errors a publish waits out (and retries after); anything else fails it at once.
+WAITED_OUT: tuple[type[TransportError], ...] = (PublishRejected, Unroutable, ConnectionLost)
 
 
 @dataclass
@@ -31,43 +48,49 @@ class PublishStats:
     waited_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def count_published(self) -> None:
+        with self._lock:
+            self.published += 1
 
-def publish_patiently(
-    attempt: Callable[[], None], patience_s: float, stats: PublishStats, queue: str, message_id: str
-) -> None:
-    """Call ``attempt`` until it succeeds or ``patience_s`` is spent.
-
-    ``attempt`` raises ``PublishRejected`` (queue full), ``Unroutable`` (no queue)
-    or ``ConnectionLost``; each is waited out with backoff and counted. Other
-    errors propagate at once. After the patience: ``BackpressureTimeout``, or
-    ``ConnectionLost`` if the broker was unreachable the whole last stretch.
-    """
-    deadline = time.monotonic() + patience_s
-    backoff = Backoff(initial=0.02, maximum=0.5)
-    while True:
-        try:
-            attempt()
-        except (PublishRejected, Unroutable, ConnectionLost) as exc:
-            last: Exception = exc
-        else:
-            with stats._lock:
-                stats.published += 1
-            return
-        delay = backoff.next_delay()
-        with stats._lock:
-            if isinstance(last, PublishRejected):
-                stats.waits_full += 1
-            elif isinstance(last, Unroutable):
-                stats.waits_unroutable += 1
+    def count_wait(self, why: TransportError, delay: float) -> None:
+        """One wait of ``delay`` seconds because of ``why`` (one of ``WAITED_OUT``)."""
+        with self._lock:
+            if isinstance(why, PublishRejected):
+                self.waits_full += 1
+            elif isinstance(why, Unroutable):
+                self.waits_unroutable += 1
             else:
-                stats.waits_disconnected += 1
-            stats.waited_s += delay
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            log.error("publish gave up", queue=queue, message_id=message_id, last=str(last))
-            if isinstance(last, ConnectionLost):
-                raise ConnectionLost(f"publish to {queue!r}: broker unreachable for {patience_s} s")
-            raise BackpressureTimeout(
-                f"publish to {queue!r} not accepted within {patience_s} s: {last}"
-            )
-        time.sleep(min(delay, remaining))
+                self.waits_disconnected += 1
+            self.waited_s += delay
+
+
+class Patience:
+    """The patience of one message, from its submission on; see the module docstring."""
+
+    def __init__(self, queue: str, message_id: str, patience_s: float, stats: PublishStats) -> None:
+        self.queue = queue
+        self.message_id = message_id
+        self.patience_s = patience_s
+        self.deadline = time.monotonic() + patience_s
+        self._stats = stats
+        self._backoff = Backoff(initial=0.02, maximum=0.5)
+
+    def published(self) -> None:
+        """The broker took the message."""
+        self._stats.count_published()
+
+    def next_wait(self, why: TransportError) -> float | None:
+        """Count the wait ``why`` (one of ``WAITED_OUT``) causes; the seconds to wait before
+        sending again, or None when the patience is spent (then fail with ``gave_up``)."""
+        delay = self._backoff.next_delay()
+        self._stats.count_wait(why, delay)
+        remaining = self.deadline - time.monotonic()
+        return min(delay, remaining) if remaining > 0 else None
+
+    def gave_up(self, why: TransportError) -> TransportError:
+        """The error the publish fails with once the patience is spent, ``why`` being the last
+        reason it waited (logged here)."""
+        log.error("publish gave up", queue=self.queue, message_id=self.message_id, last=str(why))
+        if isinstance(why, ConnectionLost):
+            return ConnectionLost(f"publish to {self.queue!r}: broker unreachable for {self.patience_s} s")
+        return BackpressureTimeout(f"publish to {self.queue!r} not accepted within {self.patience_s} s: {why}")

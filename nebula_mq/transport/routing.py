@@ -6,19 +6,29 @@ only restrict publishing per exchange (see ``nebula_mq.security.roles``). A
 plain broker without provisioning (the default node, development) has no such
 exchanges: there the default exchange routes by queue name. :class:`Routes`
 learns which case holds, once per queue, with a passive exchange declare
-(which RabbitMQ answers without checking permissions). This is a routing
-choice, not a security one: where the flow exchange exists, the roles have no
-write on ``amq.default``, and a publish through it is refused with 403.
+(which RabbitMQ answers without checking permissions), on the caller's
+connection or, for a publisher whose connection belongs to its I/O loop, on a
+short-lived one (:meth:`Routes.learn`). This is a routing choice, not a
+security one: where the flow exchange exists, the roles have no write on
+``amq.default``, and a publish through it is refused with 403.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import pika
 import pika.exceptions as px
 
 from nebula_mq import topology
+from nebula_mq.errors import ConnectionLost
+from nebula_mq.settings import BrokerSettings
+
+from .backoff import Backoff
+from .connection import close_quietly, open_connection
+from .pika_errors import PIKA_ERRORS, translate
 
 DEFAULT_EXCHANGE = ""
 _NOT_FOUND = 404
@@ -69,3 +79,28 @@ class Routes:
         with self._lock:
             self._known[queue] = found
         return found
+
+    def learn(self, broker: BrokerSettings, queue: str, owner: str, patience_s: float, backoff: Backoff,
+              closing: Callable[[], bool]) -> str:
+        """:meth:`exchange` over a short-lived connection of ``owner``'s (unless known already).
+        A broker that is away is waited for with ``backoff``, as a publish would wait for it:
+        ``ConnectionLost`` once ``patience_s`` is spent, or at once when ``closing()``."""
+        known = self.known(queue)
+        if known is not None:
+            return known
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                conn = open_connection(broker, f"{owner}-route")
+            except ConnectionLost:
+                delay = backoff.next_delay()
+                if closing() or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                continue
+            try:
+                return self.exchange(conn, queue)
+            except PIKA_ERRORS as exc:
+                raise translate(exc, f"{owner}: route to {queue!r}") from None
+            finally:
+                close_quietly(conn)
