@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nebula_mq.bench.machine import cpu_model
+
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SHAPES = [(32, 64, 384), (128, 64, 768)]
 CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "int4", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
@@ -52,18 +54,12 @@ def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 def _machine() -> dict[str, Any]:
     import numpy as np
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
     try:
         blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         blas_info = f"{blas.get('name')} {blas.get('version')}"
     except Exception:  # noqa: BLE001 - informational only
         blas_info = "unknown"
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
             "blas": blas_info, "threads": {v: os.environ.get(v) for v in _THREAD_VARS}}
 
 

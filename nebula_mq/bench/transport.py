@@ -20,7 +20,8 @@ one flow per measurement so no run sees another's leftovers):
 bench transport`` plus ``--stack``, ``--repeats`` and ``--cut-s``. Library use
 (the integration test): provision a job with ``throughput_flows(cfg)`` and ``IDENTITIES``,
 and a second job for ``RECOVERY_FLOW`` (see ``recovery``), then
-``run_bench(stack, job, recovery_job, cfg)``.
+``run_bench(stack, job, recovery_job, cfg)``; ``transport_report`` prints the result and
+judges its targets.
 """
 
 from __future__ import annotations
@@ -29,22 +30,21 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from importlib import metadata
 from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, compare_flow,
                                       throughput_flows)
+from nebula_mq.bench.transport_report import machine_facts, render, size_text, stack_facts, targets
 from nebula_mq.bench.wan_recovery import recovery
 from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
-from nebula_mq.errors import NebulaError, TransportError
+from nebula_mq.errors import NebulaError
 from nebula_mq.topology import Flow
 
 
@@ -102,113 +102,11 @@ def compare_pika(job: BenchJob, cfg: BenchConfig, say: Callable[[str], None] = p
         row["ratio"] = row["windowed"]["MBps"] / row["pika"]["MBps"]
         row["blocking_ratio"] = row["blocking"]["MBps"] / row["pika"]["MBps"]
         rows.append(row)
-        say(f"  compare-pika {_size(payload):>7} x {n:4d}: windowed {row['windowed']['MBps']:7.1f} MB/s "
+        say(f"  compare-pika {size_text(payload):>7} x {n:4d}: windowed {row['windowed']['MBps']:7.1f} MB/s "
             f"({row['windowed']['msgs_s']:6.0f} msgs/s), one at a time {row['blocking']['MBps']:7.1f} MB/s, "
             f"plain pika {row['pika']['MBps']:7.1f} MB/s ({row['pika']['msgs_s']:6.0f} msgs/s): "
             f"{row['ratio']:.2f}x windowed, {row['blocking_ratio']:.2f}x one at a time")
     return rows
-
-
-# --------------------------------------------------------------------------- report
-
-
-def machine_facts(stack: Any) -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        rabbit = stack.rabbitmqctl(A, "version").strip()
-    except NebulaError as exc:
-        rabbit = f"unknown ({exc})"
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
-            "python": platform.python_version(), "pika": metadata.version("pika"), "rabbitmq": rabbit,
-            "kernel": platform.release()}
-
-
-def stack_facts(stack: Any, cfg: BenchConfig) -> dict[str, Any]:
-    from nebula_mq.stack import provision, relay
-
-    return {"clusters": list(stack.clusters), "tls": "TLS 1.2/1.3, certificate login (EXTERNAL)",
-            "relay": {"shaped_rates_mbit": list(cfg.rates_mbit), "delay_ms_each_way": cfg.delay_ms,
-                      "chunk_bytes": relay.CHUNK, "burst_s": relay.BURST_S},
-            "federation": {"type": "queue federation", "ack_mode": provision.ACK_MODE,
-                           "prefetch_count": provision.PREFETCH, "reconnect_delay_s": provision.RECONNECT_DELAY_S},
-            "queues": "classic durable lazy, persistent messages, publisher confirms, manual acks",
-            "messages": "nebula_mq.wire envelopes, one fp32 tensor, codec none (payload = tensor bytes)",
-            "publisher_threads": cfg.publishers, "small_publisher_threads": cfg.small_publishers}
-
-
-def _size(n: int) -> str:
-    return f"{n // MIB} MiB" if n >= MIB else f"{n // 1024} KiB" if n >= 1024 else f"{n} B"
-
-
-def render(result: dict[str, Any]) -> str:
-    cfg, m, st = result["config"], result["machine"], result["stack"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at start, "
-             f"Python {m['python']}, pika {m['pika']}, RabbitMQ {m['rabbitmq']}",
-             f"stack: {', '.join(st['clusters'])}; {st['tls']}; {st['federation']['type']}, ack-mode "
-             f"{st['federation']['ack_mode']}, link prefetch {st['federation']['prefetch_count']}; {st['queues']}",
-             f"messages: {st['messages']}; {cfg['publishers']} publisher threads (one connection each)", "",
-             f"goodput across the federated TLS link, shaped by the relay (+{cfg['delay_ms']:g} ms each way);",
-             f"first publish -> last message consumed on {B}, payload bytes; median of {cfg['repeats']}",
-             f"{'link Mbit/s':>11} {'size':>7} {'stripes':>7} {'msgs':>5} {'Mbit/s':>7} {'% link':>7} "
-             f"{'steady %':>9} {'runs (Mbit/s)':>24} {'dup':>4} {'miss':>4} {'vs 1 stripe':>11}"]
-    one = {(r["rate_mbit"], r["payload_bytes"]): r for r in result["goodput"] if r.get("stripes", 1) == 1}
-    for r in result["goodput"]:
-        base = one.get((r["rate_mbit"], r["payload_bytes"]))
-        vs = f"{r['mbit'] / base['mbit']:10.2f}x" if base and r is not base and base["mbit"] > 0 else f"{'':>11}"
-        lines.append(f"{r['rate_mbit']:11g} {_size(r['payload_bytes']):>7} {r.get('stripes', 1):7d} "
-                     f"{r['messages']:5d} {r['mbit']:7.1f} {r['percent']:7.1f} {r['steady_percent']:9.1f} "
-                     f"{str(r['all_mbit']):>24} {r['duplicates']:4d} {r['missing']:4d} {vs}")
-    lines += ["", "unshaped (relay unlimited, no delay); MB = 10^6 bytes",
-              f"{'path':>11} {'size':>7} {'msgs':>5} {'MB/s':>7} {'msgs/s':>8} {'dup':>4} {'miss':>4}"]
-    for r in result["unshaped"]:
-        lines.append(f"{r['path']:>11} {_size(r['payload_bytes']):>7} {r['messages']:5d} {r['MBps']:7.1f} "
-                     f"{r['msgs_s']:8.0f} {r['duplicates']:4d} {r['missing']:4d}")
-    if result.get("compare_pika"):
-        lines += ["", "publisher beside plain pika (BlockingConnection, confirm_delivery, one basic_publish per "
-                      "message), one thread each, same TLS, same broker, same consumer; medians. Ours windowed: "
-                      "publish_async, then flush (the runtime's outboxes); ours one at a time: publish",
-                  f"{'size':>7} {'msgs':>5} {'windowed MB/s':>14} {'msgs/s':>8} {'1-at-a-time MB/s':>17} "
-                  f"{'pika MB/s':>10} {'pika msgs/s':>12} {'windowed/pika':>14} {'1-at-a-time/pika':>17}"]
-        for r in result["compare_pika"]:
-            o, b, k = r["windowed"], r["blocking"], r["pika"]
-            lines.append(f"{_size(r['payload_bytes']):>7} {r['messages']:5d} {o['MBps']:14.1f} {o['msgs_s']:8.0f} "
-                         f"{b['MBps']:17.1f} {k['MBps']:10.1f} {k['msgs_s']:12.0f} {r['ratio']:14.2f} "
-                         f"{r['blocking_ratio']:17.2f}")
-    rc = result["recovery"]
-    first, drained = rc["heal_to_first_arrival_s"], rc["heal_to_drained_s"]
-    lines += ["", f"recovery: WAN cut {rc['cut_s']:.1f} s at {rc['rate_mbit']:g} Mbit/s +{rc['delay_ms']:g} ms; "
-              f"{_size(rc['message_bytes'])} messages at {rc['pace_msgs_s']:g}/s, upstream cap {_size(rc['upstream_cap_bytes'])}",
-              f"  published {rc['published']} ({rc['published_during_cut']} during the cut); upstream queue peaked at "
-              f"{rc['upstream_max_messages']} msgs; producer nacked {rc['producer_waits_full']}x, "
-              f"waited {rc['producer_waited_s']:.1f} s",
-              f"  heal -> first cut-time message downstream: {'%.2f s' % first if first is not None else 'never'}; "
-              f"heal -> drained: {'%.2f s' % drained if drained is not None else 'not drained'}",
-              f"  exactly once: {rc['arrived_during_cut']}/{rc['published_during_cut']} cut-time messages arrived, "
-              f"{rc['missing']} missing, {rc['unexpected']} unexpected, {rc['duplicates_discarded']} duplicates "
-              f"discarded by message id -> {'OK' if rc['exactly_once'] else 'FAILED'}"]
-    return "\n".join(lines)
-
-
-def targets(result: dict[str, Any]) -> list[str]:
-    out = []
-    for r in result["goodput"]:
-        if r["payload_bytes"] >= 4 * MIB:
-            ok = r["percent"] >= 90
-            stripes = r.get("stripes", 1)
-            out.append(f"goodput >= 90% at {r['rate_mbit']:g} Mbit/s, {_size(r['payload_bytes'])}"
-                       f"{f', {stripes} stripes' if stripes > 1 else ''}: {'met' if ok else 'MISSED'} "
-                       f"({r['percent']:.1f}%)")
-    out.append(f"recovery exactly once: {'met' if result['recovery']['exactly_once'] else 'MISSED'}")
-    for r in result.get("compare_pika", []):
-        out.append(f"publisher (windowed) >= 0.9x plain pika, {_size(r['payload_bytes'])}: "
-                   f"{'met' if r['ratio'] >= 0.9 else 'MISSED'} ({r['ratio']:.2f}x; one at a time "
-                   f"{r['blocking_ratio']:.2f}x)")
-    return out
 
 
 # --------------------------------------------------------------------------- CLI
