@@ -12,7 +12,8 @@ from nebula_mq.codecs.compose import ByRole, BySize, Chain
 from nebula_mq.codecs.int4 import Int4
 from nebula_mq.codecs.int8 import Int8
 from nebula_mq.codecs.lossless import LZ4
-from nebula_mq.codecs.lowrank import SVD, LowRankState, PowerSGD, RandomizedSVD
+from nebula_mq.codecs.lowrank import SVD, LowRankState
+from nebula_mq.codecs.lowrank_sketched import PowerSGD, RandomizedSVD
 from nebula_mq.codecs.parse import parse_codec
 from nebula_mq.codecs.schedule import CompressionSchedule
 from nebula_mq.codecs.sparse import TopK

@@ -1,4 +1,5 @@
-"""Low-rank codecs: exact truncated SVD (paper eq. 1-4), randomized SVD and PowerSGD.
+"""Low-rank codecs: what exact truncated SVD (paper eq. 1-4), randomized SVD and PowerSGD share,
+and the exact one; the two that start from a sketch are in ``lowrank_sketched``.
 
 All three factor every trailing [T x H] matrix (leading dims are batch: a [B,T,H]
 activation is B matrices) and keep ``k = max(1, round(fraction * min(T, H)))``
@@ -12,16 +13,8 @@ and a scaling pass on decode) and into U rather than V because it keeps V
 orthonormal: its entries are bounded by 1 and sit around 1/sqrt(H), safely
 inside fp16/int8 range, so a following ``fp16`` or ``int8`` only has to cope
 with the magnitude of one factor (whose rows are per-token scaled, which also
-suits int8's per-row scales).
-
-``powersgd`` (PowerSGD, Vogels et al. 2019, as in torch's ``powerSGD_hook``) ships
-the other split of the same product: ``left = P`` orthonormal [..., T, k] and
-``right = P^T x`` [..., k, H], where ``P = orth(x @ Q)`` and ``Q`` is the previous
-message's ``right^T`` (the sender's :class:`LowRankState`; a seeded Gaussian sketch
-on a cold start). That is one GEMM from the previous basis, one batched Householder
-QR and one GEMM back per encode: PowerSGD's warm step, and nothing else. A zero or
-rank-deficient ``x @ Q`` still has an orthonormal Householder ``P`` (no NaN); an all-zero
-matrix, whose ``right`` is zero, leaves the cold sketch as its next basis.
+suits int8's per-row scales). ``powersgd`` ships the other split of the same
+product (``lowrank_sketched``).
 
 Tensors with fewer than 2 dims (or an empty matrix) are sent raw: the node is
 an identity node, which the receiver decodes without knowing why.
@@ -32,6 +25,9 @@ after an exact power-of-two rescaling; values so large that a factor row could
 overflow the working dtype (max |x| > dtype max / (2 sqrt(H)), for ``powersgd``,
 whose ``right`` carries the magnitude along columns, dtype max / (2 sqrt(max(T, H))))
 are refused with a CodecError.
+
+A sender that encodes a stream of tensors keeps a :class:`LowRankState` per tensor: the
+warm start of ``rsvd`` and ``powersgd``.
 """
 
 from __future__ import annotations
@@ -87,7 +83,10 @@ def _matrix_amax(a: np.ndarray) -> np.ndarray:
         return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
 
 
-class _LowRank(Codec):
+class LowRank(Codec):
+    """What the low-rank codecs share: the rank, the layout of the factors, the range checks and
+    rescaling around ``_factor``, and the decode (see the module docstring)."""
+
     fraction: float
 
     def _check_fraction(self) -> None:
@@ -170,7 +169,7 @@ class _LowRank(Codec):
 
 
 @dataclass(frozen=True)
-class SVD(_LowRank):
+class SVD(LowRank):
     """Exact truncated SVD via LAPACK (numpy's batched gesdd)."""
 
     wire_id = 4
@@ -207,115 +206,3 @@ class LowRankState:
             self.warm_starts += 1
             return b
         return None
-
-
-@dataclass(frozen=True)
-class RandomizedSVD(_LowRank):
-    """Randomized range finder with power iterations (Halko et al. 2011).
-
-    Cost is a handful of [T,H]x[H,l] GEMMs plus l x l eigen-problems instead of
-    a full SVD. ``oversample`` extra directions are sketched and then dropped,
-    ``iters`` power iterations sharpen a flat spectrum; with a warm ``state``
-    the previous basis replaces the random sketch.
-    """
-
-    wire_id = 5
-    name = "rsvd"
-    fraction: float
-    iters: int = 1  # power iterations (0 is a single pass)
-    oversample: int = 8  # extra sketch columns, truncated away afterwards
-    seed: int = 0  # of the Gaussian sketch: encodes are deterministic
-
-    def __post_init__(self) -> None:
-        self._check_fraction()
-        if not 0 <= self.iters <= 16:
-            raise CodecError(f"rsvd: iters must be in 0..16, got {self.iters}")
-        if not 0 <= self.oversample <= 1024:
-            raise CodecError(f"rsvd: oversample must be in 0..1024, got {self.oversample}")
-        if self.seed < 0:
-            raise CodecError(f"rsvd: seed must be >= 0, got {self.seed}")
-
-    def _factor(self, a: np.ndarray, k: int,
-                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        nb, t, h = a.shape
-        width = min(k + self.oversample, t, h)
-        at = a.transpose(0, 2, 1)
-        state = ctx.state if isinstance(ctx.state, LowRankState) else None
-        basis = state.take((nb, width, h), a.dtype) if state is not None else None
-        if basis is not None:
-            y = a @ basis.transpose(0, 2, 1)
-        else:  # one sketch shared by the batch: a single large GEMM
-            sketch = np.random.default_rng(self.seed).standard_normal((h, width), dtype=a.dtype)
-            y = (a.reshape(-1, h) @ sketch).reshape(nb, t, width)
-        for _ in range(self.iters):
-            y = a @ (at @ np.linalg.qr(y)[0])
-        p = np.linalg.qr(y)[0]  # [B,T,l] orthonormal basis of the column space
-        m = p.transpose(0, 2, 1) @ a  # [B,l,H]: a ~= p @ m
-        w, vecs = np.linalg.eigh(m @ m.transpose(0, 2, 1))  # ascending eigenvalues
-        vecs = vecs[..., ::-1]
-        s = np.sqrt(np.maximum(w[..., ::-1], 0.0))
-        # left @ right == p @ vecs_k @ vecs_k^T @ m whatever s is, so tiny s only
-        # needs guarding against division by zero, not against inaccuracy.
-        inv = np.where(s > s[..., :1] * 1e-6, 1.0 / np.maximum(s, 1e-30), 0.0).astype(a.dtype)
-        right_all = (vecs.transpose(0, 2, 1) @ m) * inv[..., None]  # [B,l,H], ~orthonormal rows
-        left = p @ (vecs[..., :k] * s[..., None, :k])
-        return left, right_all[:, :k], right_all
-
-
-@dataclass(frozen=True)
-class PowerSGD(_LowRank):
-    """PowerSGD's warm step (Vogels et al. 2019; torch's ``powerSGD_hook``), see the module docstring.
-
-    Per encode: ``P = orth(x @ Q)``, ``right = P^T x``; ``Q`` is the previous encode's
-    ``right^T`` from the sender's :class:`LowRankState` (per flow, checkpointed by
-    ``FlowCompression``), or a seeded Gaussian sketch on a cold start. Without a state
-    every encode is a cold start: one pass of a randomized range finder.
-    """
-
-    wire_id = 9
-    name = "powersgd"
-    fraction: float
-    seed: int = 0  # of the cold-start Gaussian sketch: encodes are deterministic
-
-    def __post_init__(self) -> None:
-        self._check_fraction()
-        if self.seed < 0:
-            raise CodecError(f"powersgd: seed must be >= 0, got {self.seed}")
-
-    def _row_length(self, t: int, h: int) -> int:
-        # right = P^T x: a column of it has norm <= |column of x| <= sqrt(t) max|x|, and so
-        # does a partial sum of the receiver's product; SVD-style rows give the sqrt(h).
-        return max(t, h)
-
-    def _unscale(self, left: np.ndarray, right: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return left, right * scale  # left is orthonormal; the magnitude is in right
-
-    def _sketch(self, h: int, k: int, dtype: np.dtype) -> np.ndarray:
-        return np.random.default_rng(self.seed).standard_normal((h, k), dtype=dtype)
-
-    def _reseed(self, basis: np.ndarray, zero: np.ndarray) -> np.ndarray:
-        # An all-zero matrix leaves right = 0, and x @ 0 would tell the next message nothing:
-        # its matrices start from the cold sketch instead (a copy: right itself is shipped).
-        if not zero.any():
-            return basis
-        basis = basis.copy()
-        basis[zero] = self._sketch(basis.shape[-1], basis.shape[-2], basis.dtype).T
-        return basis
-
-    def _factor(self, a: np.ndarray, k: int,
-                ctx: EncodeContext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        nb, t, h = a.shape
-        state = ctx.state if isinstance(ctx.state, LowRankState) else None
-        basis = state.take((nb, k, h), a.dtype) if state is not None else None
-        if basis is not None:  # warm: one GEMM from the previous right factor
-            y = a @ basis.transpose(0, 2, 1)
-        else:  # cold: one sketch shared by the batch, a single large GEMM
-            y = (a.reshape(-1, h) @ self._sketch(h, k, a.dtype)).reshape(nb, t, k)
-        # Householder QR (LAPACK geqrf + orgqr per matrix), as PowerSGD's own QR: orthonormal
-        # even for a rank-deficient or zero y. A Cholesky QR with numpy's tools measured slower
-        # here (its triangular inverse, np.linalg.inv, costs more than the whole QR).
-        p = np.linalg.qr(y)[0]
-        right = p.transpose(0, 2, 1) @ a  # [B,k,H]: the least-squares right factor for p
-        # right is remembered as it is shipped (in rescaled units, so that the next sketch
-        # product stays in range); nothing writes to either.
-        return p, right, right
