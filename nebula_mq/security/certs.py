@@ -17,35 +17,31 @@ federation client certificate, which the peer's CA issued, so each broker's
 
 Everything is idempotent: a certificate is kept while it is valid for at least
 ``RENEW_BEFORE`` more and was signed by the current CA; otherwise it is reissued.
-Private keys are created with mode 0600 and written atomically.
+Private keys are created with mode 0600 and written atomically. What a certificate
+contains is ``issuing``'s.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import json
 import os
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nebula_mq.errors import CertificateError
+from nebula_mq.security.issuing import (NAME, ca_certificate, check_name, leaf_certificate, now, sans,
+                                        split_names)
 from nebula_mq.security.pem import (key_matches, key_pem, load_cert, load_key, new_key, signed_by, write_private,
                                    write_public)
 
-CA_DAYS = 3650
-LEAF_DAYS = 825
 # A certificate expiring sooner than this is reissued by the next ``ensure_*`` call.
 RENEW_BEFORE = dt.timedelta(days=30)
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def federation_identity(cluster: str) -> str:
@@ -64,25 +60,15 @@ class Identity:
     ca_file: Path
 
 
-def _check_name(name: str, what: str) -> str:
-    if not _NAME.match(name):
-        raise CertificateError(f"{what} must match {_NAME.pattern}, got {name!r}")
-    return name
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
 def _fresh(cert: x509.Certificate | None) -> bool:
-    return cert is not None and cert.not_valid_after_utc - _now() > RENEW_BEFORE
+    return cert is not None and cert.not_valid_after_utc - now() > RENEW_BEFORE
 
 
 class ClusterCA:
     """The CA of one cluster and the identities it issues."""
 
     def __init__(self, root: str | os.PathLike[str], cluster: str) -> None:
-        self.cluster = _check_name(cluster, "cluster name")
+        self.cluster = check_name(cluster, "cluster name")
         self.dir = Path(root) / cluster
         self.ca_cert_file = self.dir / "ca.pem"
         self.ca_key_file = self.dir / "ca.key"
@@ -96,33 +82,7 @@ class ClusterCA:
         if cert is not None and key is not None and _fresh(cert) and key_matches(cert, key):
             return cert
         key = new_key()
-        name = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nebula-mq"),
-                x509.NameAttribute(NameOID.COMMON_NAME, f"nebula-mq CA {self.cluster}"),
-            ]
-        )
-        now = _now()
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=CA_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256())
-        )
+        cert = ca_certificate(self.cluster, key)
         write_private(self.ca_key_file, key_pem(key))
         write_public(self.ca_cert_file, cert.public_bytes(serialization.Encoding.PEM))
         return cert
@@ -134,7 +94,7 @@ class ClusterCA:
     def peer_ca(self, peer: str) -> x509.Certificate:
         """The CA certificate of cluster ``peer`` as this cluster trusts it: imported from the peer's
         host (``certs import-ca``), or the peer's own CA when both live in this certs root."""
-        for path in (self.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
+        for path in (self.dir / "peers" / f"{check_name(peer, 'peer cluster')}.pem",
                      self.dir.parent / peer / "ca.pem"):
             cert = load_cert(path)
             if cert is not None:
@@ -160,7 +120,7 @@ class ClusterCA:
         return self.server() if cn == "server" else self.client(cn)
 
     def client(self, cn: str) -> Identity:
-        d = self.dir / "clients" / _check_name(cn, "client identity")
+        d = self.dir / "clients" / check_name(cn, "client identity")
         return Identity(cn, d / "cert.pem", d / "key.pem", self.trust_file)
 
     def ensure_server(self, hostnames: Sequence[str] = ()) -> Identity:
@@ -220,27 +180,7 @@ class ClusterCA:
         """A leaf certificate for ``cn`` and ``public_key``, signed by this CA (issue, rotate, and
         ``certs sign`` of a request whose key never left its host)."""
         ca_cert, ca_key = self._ca()
-        now = _now()
-        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"nebula-mq {self.cluster}"),
-                x509.NameAttribute(NameOID.COMMON_NAME, _check_name(cn, "certificate CN")),
-            ]))
-            .issuer_name(ca_cert.subject)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(min(now + dt.timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-        )
-        if dns or ips:
-            sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(dns)]
-            sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        return builder.sign(ca_key, hashes.SHA256())
+        return leaf_certificate(ca_cert, ca_key, self.cluster, cn, public_key, server=server, dns=dns, ips=ips)
 
     def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
         """Trust bundle: this cluster's CA first, then each peer's CA, then imported peer CAs."""
@@ -266,32 +206,11 @@ def import_peer_ca(ca: ClusterCA, peer: str, pem: bytes) -> Path:
         raise CertificateError(f"the certificate offered for peer {peer!r} is not a PEM CA certificate") from None
     if not is_ca:
         raise CertificateError(f"the certificate offered for peer {peer!r} is not a CA (basicConstraints)")
-    write_public(ca.dir / "peers" / f"{_check_name(peer, 'peer cluster')}.pem",
+    write_public(ca.dir / "peers" / f"{check_name(peer, 'peer cluster')}.pem",
                   cert.public_bytes(serialization.Encoding.PEM))
     local = [ClusterCA(ca.dir.parent, d.name) for d in sorted(ca.dir.parent.iterdir())
-             if (d / "ca.key").is_file() and _NAME.match(d.name)]
+             if (d / "ca.key").is_file() and NAME.match(d.name)]
     return ca.write_trust(local)
-
-
-def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(DNS names, IP addresses) of ``names``, 127.0.0.1 always among the addresses."""
-    dns: list[str] = []
-    ips = ["127.0.0.1"]
-    for n in names:
-        try:
-            ips.append(str(ipaddress.ip_address(n)))
-        except ValueError:
-            dns.append(n)
-    return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
-
-
-def sans(cert: x509.Certificate) -> set[str]:
-    """The DNS names and IP addresses ``cert`` is valid for."""
-    try:
-        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return set()
-    return set(ext.get_values_for_type(x509.DNSName)) | {str(i) for i in ext.get_values_for_type(x509.IPAddress)}
 
 
 def init_certs(

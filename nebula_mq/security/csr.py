@@ -29,7 +29,8 @@ from cryptography.x509.oid import NameOID
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity, split_names
+from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.issuing import split_names
 from nebula_mq.security.pem import key_matches, key_pem, load_key, new_key, signed_by, write_private, write_public
 
 SERVER = "server"

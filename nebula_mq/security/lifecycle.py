@@ -19,7 +19,8 @@ from pathlib import Path
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity, sans
+from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.issuing import sans
 from nebula_mq.security.pem import load_cert
 from nebula_mq.security.revocation import revoke, revoked_serials
 
