@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,10 +27,10 @@ from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
 from nebula_mq.security.keys import ensure_secret
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
-from nebula_mq.stack import provision, wan
+from nebula_mq.stack import processes, provision, wan
 from nebula_mq.stack.admin import CtlAdmin
 from nebula_mq.stack.layout import (
-    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, NodeLayout, StackLayout, default_run_dir, plan,
+    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, StackLayout, default_run_dir, plan,
 )
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
@@ -115,22 +115,7 @@ class Stack:
         relays that were already running are left alone.
         """
         self._prepare()
-        links = wan.links(self.layout)
-        nodes_before = {n.node for n in self.layout.nodes if nodes.is_running(n)}
-        relays_before = {link.name for link in links if link.pid() is not None}
-        try:
-            self._start(links, timeout)
-        except BaseException as exc:
-            rollback = self._stop_started(links, nodes_before, relays_before)
-            if isinstance(exc, StackError):
-                raise StackError(f"{exc}; {rollback}") from None
-            raise
-        for n in self.layout.nodes:
-            if n.node in nodes_before:
-                # A running node re-reads certificate files at each handshake, except CA bundles it
-                # already loaded as a TLS client (federation links): a peer CA imported since would
-                # stay unknown until this, or a restart.
-                nodes.rabbitmqctl(n, "eval", "ssl:clear_pem_cache().")
+        processes.start_all(self.layout, timeout)
 
     def _prepare(self) -> None:
         """Save the layout, make the certificates and CRLs, render every node's config."""
@@ -152,50 +137,9 @@ class Stack:
         self._prepare()
         nodes.exec_foreground(self.layout.nodes[0])
 
-    def _start(self, links: Sequence[wan.Link], timeout: float) -> None:
-        # Every node gets its chance (a failure does not cancel the others), so the
-        # error lists every node that failed, not just the first.
-        errors = [e for e in _each_node(lambda n: nodes.start(n, timeout), self.layout.nodes) if e]
-        if errors:
-            raise StackError("; ".join(errors))
-        for link in links:
-            if link.pid() is None and not nodes.port_free(link.node.relay_port):
-                raise StackError(f"relay {link.name}: WAN relay port {link.node.relay_port} is already in use "
-                                 f"(another stack or service?)")
-            link.start()
-        for n in self.layout.nodes:
-            nodes.tls_probe(n, self.ca(n.cluster).client(federation_identity(n.cluster)))
-
-    def _stop_started(self, links: Sequence[wan.Link], nodes_before: set[str], relays_before: set[str]) -> str:
-        """Stop the relays and nodes not in ``*_before``; says what was stopped (for the error)."""
-        stopped: list[str] = []
-        failed: list[str] = []
-        for link in links:
-            if link.name not in relays_before and link.pid() is not None:
-                try:
-                    link.stop()
-                    stopped.append(f"relay {link.name}")
-                except (OSError, StackError) as exc:
-                    failed.append(f"relay {link.name} ({exc})")
-        started = [n for n in self.layout.nodes if n.node not in nodes_before and nodes.is_running(n)]
-        for n, error in zip(started, _each_node(nodes.stop, started)):
-            if error:
-                failed.append(f"node {n.node} ({error})")
-            else:
-                stopped.append(f"node {n.node}")
-        text = (f"stopped what this `stack up` had started ({', '.join(stopped)})" if stopped
-                else "this `stack up` had started nothing else")
-        if failed:
-            text += f"; could NOT stop {', '.join(failed)}: `nebula-mq stack down --stack {self.layout.run_dir}`"
-        return text
-
     def down(self) -> None:
         """Stop relays and nodes; leaves nothing of this stack running."""
-        for link in wan.links(self.layout):
-            link.stop()
-        errors = [e for e in _each_node(nodes.stop, self.layout.nodes) if e]
-        if errors:
-            raise StackError("; ".join(errors))
+        processes.stop_all(self.layout)
 
     def status(self) -> dict[str, NodeStatus]:
         out = {}
@@ -318,17 +262,3 @@ class Stack:
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}
 
-
-def _each_node(action: Callable[[NodeLayout], object], ns: Sequence[NodeLayout]) -> list[str]:
-    """``action`` on every node in parallel; one entry per node: its StackError, or "" on success."""
-    def run(n: NodeLayout) -> str:
-        try:
-            action(n)
-        except StackError as exc:
-            return str(exc)
-        return ""
-
-    if not ns:
-        return []
-    with ThreadPoolExecutor(len(ns)) as pool:
-        return list(pool.map(run, ns))
