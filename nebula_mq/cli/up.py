@@ -38,6 +38,10 @@ def register(sub: Any) -> None:
     p.add_argument("--ranks", type=ranks_list, default=None, metavar="I,J,...",
                    help="only these rank indices of the cluster's roles (the others run on other hosts); "
                         "default: every worker of the cluster")
+    p.add_argument("--broker-host", default="", metavar="NAME",
+                   help="this host runs ranks only: the cluster's broker runs on NAME (a name in its certificate), "
+                        "whose `up` provisions the job; the stack directory and the job's run_dir are on a "
+                        "filesystem this host shares with it")
     p.add_argument("--timeout", type=positive_seconds, default=None, help="give up after this many seconds")
     p.add_argument("--max-restarts", "--restarts", dest="restarts", type=int, default=DEFAULT_RESTARTS, metavar="N",
                    help=f"restart a worker that dies on its own at most N times in all (default {DEFAULT_RESTARTS})")
@@ -70,7 +74,7 @@ def _up(args: argparse.Namespace) -> int:
     def mine(p: Any) -> bool:
         return bool(p.cluster == args.cluster and (args.ranks is None or p.index in args.ranks))
 
-    job = JobProcesses(args.config, args.stack, select=mine)
+    job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)
     clusters = sorted({p.cluster for p in job.plan.processes})
     if args.cluster not in clusters:
         raise ConfigError("<command line>", "--cluster", f"a cluster of the job's workers ({', '.join(clusters)})"
@@ -80,7 +84,9 @@ def _up(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--ranks", f"ranks of {args.cluster}'s roles ({indices})",
                           ",".join(map(str, sorted(args.ranks or ()))))
     stack = Stack.open(args.stack)
-    if set(clusters) <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
+    if args.broker_host:  # the broker host's `up` provisions the job and holds its key
+        print(wait_for_job_key(job.settings, args.broker_host, KEY_WAIT_S), file=sys.stderr)
+    elif set(clusters) <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
         JobProcesses(args.config, args.stack).provision()
         print(f"job {job.settings.job.id}: provisioned on every cluster of the stack in {args.stack}", file=sys.stderr)
     else:
@@ -93,3 +99,27 @@ def _up(args: argparse.Namespace) -> int:
     for worker, child in job.children.items():
         log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
     return supervise_job(job, args.timeout, args.restarts)
+
+
+KEY_WAIT_S = 300.0
+
+
+def wait_for_job_key(settings: Any, broker_host: str, wait_s: float) -> str:
+    """The job key, written by the broker host's ``up`` on the shared filesystem, once it is
+    there (it makes or receives the key before it starts a worker)."""
+    import time
+
+    from nebula_mq.errors import SecurityError
+    from nebula_mq.security.keys import KeyRing, job_key_file
+
+    path = job_key_file(settings.run_dir)
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SecurityError(f"no job key at {path} after {wait_s:g} s: start `nebula-mq up` on {broker_host} "
+                                f"first (it provisions the job), with the same run_dir on a filesystem both hosts share")
+        time.sleep(0.5)
+    ring = KeyRing.load(path)
+    if ring.job_id != settings.job.id:
+        raise SecurityError(f"{path}: key ring of job {ring.job_id!r}, not {settings.job.id!r}")
+    return f"job key {path} (from {broker_host}'s `up`)"

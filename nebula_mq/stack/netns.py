@@ -105,10 +105,7 @@ def host_pair(tag: str, names: tuple[str, str], rate_mbit: float = DEFAULT_RATE_
     here = [f"nbl{pid}h{i}" for i in range(2)]
     try:
         for h in hosts:
-            _sh("ip", "netns", "add", h.ns)
-            etc = Path("/etc/netns") / h.ns
-            etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{x.address} {x.hostname}\n" for x in hosts))
+            _namespace(h, {x.hostname: x.address for x in hosts})
         a, b = hosts
         _sh("ip", "link", "add", a.dev, "type", "veth", "peer", "name", b.dev)
         for h in hosts:
@@ -128,12 +125,78 @@ def host_pair(tag: str, names: tuple[str, str], rate_mbit: float = DEFAULT_RATE_
                 h.run("ip", "link", "set", inner, "up")
         yield a, b
     finally:
-        for h in hosts:
-            _kill_all(h)
-            subprocess.run(["ip", "netns", "del", h.ns], capture_output=True, timeout=30)
-            shutil.rmtree(Path("/etc/netns") / h.ns, ignore_errors=True)
+        _remove(hosts)
         for dev in here:  # gone with its peer's namespace; only a half-made pair is left behind
             subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
+
+
+@contextmanager
+def cluster_hosts(tag: str, clusters: Sequence[Sequence[str]],
+                  rate_mbit: float = DEFAULT_RATE_MBIT) -> Iterator[list[list[Host]]]:
+    """Two clusters of hosts, named ``clusters[i]``: the first host of each is its switch server
+    (the broker's host), on the WAN link to the other cluster's first host, shaped to
+    ``rate_mbit`` each way; the other hosts of a cluster share an unshaped LAN with its first
+    host (a bridge there). Each host's ``/etc/hosts`` names its cluster's hosts by their LAN
+    addresses and both first hosts by their WAN addresses; a first host is reached at that
+    address from its LAN too (a route over the LAN), so one name serves its broker and its
+    ranks. Only the first hosts can reach the other cluster."""
+    why = unusable_reason()
+    if why:
+        raise StackError(f"cannot make network namespaces: {why}")
+    if len(clusters) != 2 or any(not names for names in clusters):
+        raise StackError("cluster_hosts: two clusters of at least one host each")
+    pid = os.getpid() % 10000
+    net = f"10.{150 + pid % 50}.{(pid % 80) * 3}"
+    wan = [f"{net}.{i + 1}" for i in range(2)]  # a /30
+    lan = [f"10.{150 + pid % 50}.{(pid % 80) * 3 + 1 + c}" for c in range(2)]  # a /24 each
+    hosts = [[Host(f"nbl-{tag}{pid}-{c}{j}", f"nbl{pid}{c}{j}", wan[c] if j == 0 else f"{lan[c]}.{j + 1}", name)
+              for j, name in enumerate(names)] for c, names in enumerate(clusters)]
+    firsts = {hs[0].hostname: hs[0].address for hs in hosts}
+    try:
+        for c, hs in enumerate(hosts):
+            for h in hs:
+                _namespace(h, {**{x.hostname: x.address for x in hs}, **firsts})
+        a, b = hosts[0][0], hosts[1][0]
+        _sh("ip", "link", "add", a.dev, "type", "veth", "peer", "name", b.dev)
+        for c, hs in enumerate(hosts):
+            first = hs[0]
+            _sh("ip", "link", "set", first.dev, "netns", first.ns)
+            first.run("ip", "link", "set", "lo", "up")
+            first.run("ip", "addr", "add", f"{first.address}/30", "dev", first.dev)
+            first.run("ip", "link", "set", first.dev, "up")
+            first.shape(rate_mbit)
+            bridge = f"{first.dev}br"
+            first.run("ip", "link", "add", bridge, "type", "bridge")
+            first.run("ip", "addr", "add", f"{lan[c]}.1/24", "dev", bridge)
+            first.run("ip", "link", "set", bridge, "up")
+            for h in hs[1:]:
+                _sh("ip", "link", "add", h.dev, "type", "veth", "peer", "name", f"{h.dev}p")
+                _sh("ip", "link", "set", h.dev, "netns", h.ns)
+                _sh("ip", "link", "set", f"{h.dev}p", "netns", first.ns)
+                first.run("ip", "link", "set", f"{h.dev}p", "master", bridge)
+                first.run("ip", "link", "set", f"{h.dev}p", "up")
+                h.run("ip", "link", "set", "lo", "up")
+                h.run("ip", "addr", "add", f"{h.address}/24", "dev", h.dev)
+                h.run("ip", "link", "set", h.dev, "up")
+                h.run("ip", "route", "add", f"{first.address}/32", "via", f"{lan[c]}.1")
+        yield hosts
+    finally:
+        _remove([h for hs in hosts for h in hs])
+
+
+def _namespace(h: Host, names: dict[str, str]) -> None:
+    """The namespace of ``h``, with an ``/etc/hosts`` of ``names`` (hostname -> address)."""
+    _sh("ip", "netns", "add", h.ns)
+    etc = Path("/etc/netns") / h.ns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in names.items()))
+
+
+def _remove(hosts: Sequence[Host]) -> None:
+    for h in hosts:
+        _kill_all(h)
+        subprocess.run(["ip", "netns", "del", h.ns], capture_output=True, timeout=30)
+        shutil.rmtree(Path("/etc/netns") / h.ns, ignore_errors=True)
 
 
 def _kill_all(h: Host) -> None:
