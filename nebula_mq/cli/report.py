@@ -1,5 +1,7 @@
-"""``nebula-mq report RUN_DIR [--out DIR] [--serve]``: an offline HTML report of a job run,
-or a live one that a browser reloads while the job runs."""
+"""``nebula-mq report RUN_DIR|JOB.toml [--out DIR] [--serve [--feed CLUSTER]]``: an offline HTML
+report of a job run, or a live one that a browser reloads while the job runs; with ``--feed``,
+the live page also lists every worker of every cluster from the job's status feed (as
+``nebula-mq status --feed`` does), read from one broker."""
 
 from __future__ import annotations
 
@@ -7,16 +9,24 @@ import argparse
 import functools
 import http.server
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from nebula_mq.cli.options import add_stack_option, default_stack
 from nebula_mq.errors import ConfigError, NebulaError
+
+if TYPE_CHECKING:
+    from nebula_mq.report.feed import FeedWatch
 
 
 def register(subparsers: Any) -> None:
+    from nebula_mq.cli.status_feed import add_feed_options
+
     parser = subparsers.add_parser(
         "report", help="write an HTML report (curves, throughput, link use, queues, compression, faults) of a run dir")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the job's run directory (job.run_dir)")
+    parser.add_argument("target", metavar="RUN_DIR|JOB.toml",
+                        help="the job's run directory (job.run_dir), or its job file (needed by --feed)")
     parser.add_argument("--out", metavar="DIR", default=None,
                         help="where to write report.html and figures/ (default: RUN_DIR/report)")
     parser.add_argument("--serve", action="store_true",
@@ -24,21 +34,59 @@ def register(subparsers: Any) -> None:
                              "--every seconds while the job runs (Ctrl-C stops)")
     parser.add_argument("--port", type=int, default=8800, help="port of --serve, on loopback only (default 8800)")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between rebuilds with --serve (default 10)")
+    add_feed_options(parser, "on the page, beside this host's files; read again every --every seconds")
+    add_stack_option(parser, "with --feed: the local stack's directory, whose broker it reads when it runs CLUSTER "
+                             "(default $NEBULA_RUN_DIR or run/stack)", default_stack())
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.report.render import build_report  # matplotlib only when the command runs
 
-    if not args.serve:
-        print(build_report(args.run_dir, args.out))
-        return 0
-    if not 0 < args.port < 65536 or not args.every > 0:
+    if args.serve and (not 0 < args.port < 65536 or not args.every > 0):
         raise ConfigError("<command line>", "--port/--every", "a port in 1..65535 and seconds > 0",
                           f"{args.port}/{args.every}")
-    page = build_report(args.run_dir, args.out, refresh_s=args.every)
-    return serve(page.parent, args.port, lambda: build_report(args.run_dir, args.out, refresh_s=args.every),
-                 args.every)
+    run_dir, watch = _target(args)
+    if watch is None:
+        if not args.serve:
+            print(build_report(run_dir, args.out))
+            return 0
+        page = build_report(run_dir, args.out, refresh_s=args.every)
+        return serve(page.parent, args.port, lambda: build_report(run_dir, args.out, refresh_s=args.every),
+                     args.every)
+    if not args.serve:  # one reading of the feed, in a page that stays as it is
+        watch.poll()
+        print(build_report(run_dir, args.out, feed=watch.view()))
+        return 0
+    feed_watch = watch
+
+    def rebuild() -> Path:
+        return build_report(run_dir, args.out, refresh_s=args.every, feed=feed_watch.view())
+
+    page = rebuild()  # "reading the feed": the first read is the feed thread's
+    return serve(page.parent, args.port, rebuild, args.every, watch)
+
+
+def _target(args: argparse.Namespace) -> tuple[Path, FeedWatch | None]:
+    """The run dir (the argument, or the job file's ``[job] run_dir``) and, with ``--feed``, the
+    feed's watch (an unknown cluster is a ConfigError here, before anything is served)."""
+    target = Path(args.target)
+    if not target.is_file():
+        if args.feed:
+            raise ConfigError("<command line>", "RUN_DIR|JOB.toml", "the job file with --feed (it names the "
+                              "job whose feed to read)", args.target)
+        return target, None
+    from nebula_mq.settings import load_settings
+
+    settings = load_settings(str(target))
+    if not args.feed:
+        return settings.run_dir, None
+    from nebula_mq.cli.status_feed import feed_reader
+    from nebula_mq.report.feed import FeedWatch
+
+    reader = feed_reader(settings, args.feed, args.stack)
+    return settings.run_dir, FeedWatch(args.feed, reader, args.since, args.lost_after,
+                                       log=functools.partial(print, flush=True))
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -46,29 +94,39 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         """No access log on the terminal: the report is the output."""
 
 
-def serve(root: Path, port: int, rebuild: Any, every: float) -> int:
-    """Serve ``root`` on loopback and call ``rebuild`` every ``every`` seconds until Ctrl-C."""
+def serve(root: Path, port: int, rebuild: Callable[[], Any], every: float, feed: FeedWatch | None = None) -> int:
+    """Serve ``root`` on loopback and call ``rebuild`` every ``every`` seconds until Ctrl-C; with
+    ``feed``, read it in a thread of its own (a slow or failing broker never holds up the rest)
+    and rebuild as soon as a read is done."""
     try:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port),
                                                  functools.partial(QuietHandler, directory=str(root)))
     except OSError as exc:
         raise ConfigError("<command line>", "--port", "a free port", f"{port} ({exc.strerror or exc})") from None
-    stop = threading.Event()
+    stop, kick = threading.Event(), threading.Event()
 
     def rebuild_loop() -> None:
-        while not stop.wait(every):
+        while not stop.is_set():
+            kick.wait(every)
+            kick.clear()
+            if stop.is_set():
+                break
             try:
                 rebuild()
             except NebulaError as exc:  # a torn file mid-write: the next rebuild reads it whole
-                print(f"report: {exc}")
+                print(f"report: {exc}", flush=True)
 
     threading.Thread(target=rebuild_loop, daemon=True).start()
-    print(f"serving http://127.0.0.1:{port}/report.html (rebuilt every {every:g} s; Ctrl-C stops)", flush=True)
+    if feed is not None:
+        threading.Thread(target=feed.run, args=(stop, every, kick.set), daemon=True).start()
+    print(f"serving http://127.0.0.1:{port}/report.html (rebuilt every {every:g} s; Ctrl-C stops)"
+          + (f"; status feed: {feed.cluster}'s broker" if feed is not None else ""), flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
         pass
     finally:
         stop.set()
+        kick.set()
         server.server_close()
     return 0

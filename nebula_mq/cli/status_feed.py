@@ -5,17 +5,37 @@ its host) every few seconds to the job's status exchange, which federation carri
 cluster (``runtime.sampler``, ``stack.provision``). This reads the feed's stream on CLUSTER's
 broker, keeps each worker's newest message, and says how long ago each was heard from; a worker
 that should be running and has been silent longer than ``--lost-after`` is LOST.
+``nebula-mq report --serve --feed CLUSTER`` reads it with the same options and reader.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nebula_mq.settings import BrokerSettings, Settings
+from nebula_mq.transport.status_feed import LIVE, latest
 
-# The states of a worker that should still be speaking (the status file's, runtime.reporter).
-LIVE = ("running", "starting", "resuming")
+__all__ = ["LIVE", "add_feed_options", "feed_reader", "feed_rows", "latest", "reader_broker", "table"]
+
+# Reads the feed's messages of the last N seconds, oldest first (raises NebulaError).
+FeedReader = Callable[[float], list[dict[str, Any]]]
+
+
+def add_feed_options(parser: argparse.ArgumentParser, instead: str) -> None:
+    """``--feed CLUSTER``, ``--lost-after SECONDS``, ``--since SECONDS``, as ``status`` spells them."""
+    from nebula_mq.cli.run import positive_seconds
+
+    parser.add_argument("--feed", metavar="CLUSTER", default="",
+                        help="read the job's status feed from CLUSTER's broker: every worker of every cluster and "
+                             f"host, with how long ago each was heard from ({instead})")
+    parser.add_argument("--lost-after", type=positive_seconds, default=60.0, metavar="SECONDS",
+                        help="with --feed: a running worker silent this long is LOST (default 60)")
+    parser.add_argument("--since", type=positive_seconds, default=3600.0, metavar="SECONDS",
+                        help="with --feed: read the feed's messages of the last SECONDS (default 3600)")
 
 
 def reader_broker(settings: Settings, cluster: str, stack_dir: str) -> BrokerSettings:
@@ -39,27 +59,14 @@ def reader_broker(settings: Settings, cluster: str, stack_dir: str) -> BrokerSet
     return settings.clusters[cluster].broker
 
 
-def latest(messages: list[dict[str, Any]], now: float, lost_after: float) -> list[dict[str, Any]]:
-    """One row per worker: its newest message, how long ago it was sent, and LOST when a live
-    worker has been silent for more than ``lost_after`` seconds."""
-    newest: dict[str, dict[str, Any]] = {}
-    for m in messages:
-        worker = str(m.get("worker", ""))
-        if worker and float(m.get("sent", 0)) >= float(newest.get(worker, {}).get("sent", -1)):
-            newest[worker] = m
-    rows = []
-    for worker, m in sorted(newest.items(), key=lambda kv: (str(kv[1].get("cluster")), kv[0])):
-        heard = now - float(m.get("sent", now))
-        state = str(m.get("state", "?"))
-        values = m.get("values") or {}
-        loss = next((values[k] for k in ("loss", "total_loss", "mlm_loss") if isinstance(values.get(k), (int, float))),
-                    None)
-        rows.append({"worker": worker, "cluster": m.get("cluster"), "host": m.get("host"), "role": m.get("role"),
-                     "state": "LOST" if state in LIVE and heard > lost_after else state, "reported": state,
-                     "step": m.get("step"), "total": m.get("total"), "loss": loss,
-                     "steps_per_s": m.get("steps_per_s"), "checkpoint": m.get("checkpoint"),
-                     "heard_s": heard, "queues": m.get("queues") or {}})
-    return rows
+def feed_reader(settings: Settings, cluster: str, stack_dir: str) -> FeedReader:
+    """The reader of the job's feed on ``cluster``'s broker (a wrong ``cluster`` is a ConfigError
+    now; a broker that is down or refuses the reader, a TransportError at each read)."""
+    from nebula_mq import topology
+    from nebula_mq.transport.status_feed import read_status_feed
+
+    broker = reader_broker(settings, cluster, stack_dir)
+    return functools.partial(read_status_feed, broker, topology.status_stream(settings.job.id))
 
 
 COLUMNS = (("worker", "worker", 14, ""), ("cluster", "cluster", 11, ""), ("host", "host", 16, ""),
@@ -74,9 +81,4 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def feed_rows(settings: Settings, cluster: str, stack_dir: str, since_s: float, lost_after: float) -> list[dict[str, Any]]:
-    from nebula_mq import topology
-    from nebula_mq.transport.status_feed import read_status_feed
-
-    broker = reader_broker(settings, cluster, stack_dir)
-    messages = read_status_feed(broker, topology.status_stream(settings.job.id), since_s)
-    return latest(messages, time.time(), lost_after)
+    return latest(feed_reader(settings, cluster, stack_dir)(since_s), time.time(), lost_after)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nebula_mq.report import derive, plots
 from nebula_mq.report.evaluation import evaluation_section
+from nebula_mq.report.feed import FeedView, feed_section, load_run_or_none
 from nebula_mq.report.html_parts import figure as _figure
 from nebula_mq.report.html_parts import json_tables
 from nebula_mq.report.html_parts import num as _num
@@ -30,10 +31,12 @@ from nebula_mq.report.style import CSS, SCRIPT
 STUDY_COLUMNS = ("chain", "bleu", "forward_ratio", "backward_ratio", "s_per_step")
 
 
-def build_report(run_dir: str | Path, out_dir: str | Path | None = None, refresh_s: float | None = None) -> Path:
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None, refresh_s: float | None = None,
+                 feed: FeedView | None = None) -> Path:
     """Read ``run_dir``, write ``report.html`` (and ``figures/*.png``) to ``out_dir``; with
-    ``refresh_s`` the page reloads itself that often (``report --serve``)."""
-    run = load_run(run_dir)
+    ``refresh_s`` the page reloads itself that often (``report --serve``); with ``feed``, it
+    shows every worker of the job from the status feed (then an absent ``run_dir`` is no error)."""
+    run = load_run(run_dir) if feed is None else load_run_or_none(run_dir)
     out = Path(out_dir) if out_dir is not None else run.run_dir / "report"
     origin = derive.time_origin(run) or 0.0
     figures = {
@@ -50,7 +53,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, refresh
             (out / "figures" / f"{name}.png").write_bytes(png)
     page = out / "report.html"
     tmp = out / ".report.html.tmp"  # a browser reloading mid-write never sees half a page
-    tmp.write_text(render_html(run, figures, generated=time.time(), refresh_s=refresh_s), encoding="utf-8")
+    tmp.write_text(render_html(run, figures, time.time(), refresh_s, feed), encoding="utf-8")
     tmp.replace(page)
     return page
 
@@ -241,12 +244,13 @@ def _bench(run: RunData) -> str:
 
 
 def render_html(run: RunData, figures: Mapping[str, bytes | None], generated: float,
-                refresh_s: float | None = None) -> str:
+                refresh_s: float | None = None, feed: FeedView | None = None) -> str:
     origin = derive.time_origin(run) or 0.0
     jobs = sorted({w.status.job for w in run.workers.values() if w.status})
     job = ", ".join(jobs) if jobs else run.run_dir.name
     state = derive.job_state(run.workers.values())
-    sections = [
+    sections = [("feed", "Every worker (status feed)", feed_section(feed))] if feed is not None else []
+    sections += [
         ("summary", "Job summary", _summary(run, generated)),
         ("training", "Training curves", _figure(
             figures.get("training"), "training values per step, per worker",

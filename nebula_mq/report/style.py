@@ -44,9 +44,9 @@ figcaption { color:var(--muted); font-size:12px; margin-top:2px; }
 .state { display:inline-block; padding:1px 8px; border-radius:10px; font-size:12px; font-weight:600;
          background:#edf2f7; color:#4a5568; }
 .state.finished { background:#c6f6d5; color:#22543d; }
-.state.running, .state.starting { background:#bee3f8; color:#2a4365; }
+.state.running, .state.starting, .state.resuming { background:#bee3f8; color:#2a4365; }
 .state.stopped { background:#fefcbf; color:#744210; }
-.state.failed { background:#fed7d7; color:#822727; }
+.state.failed, .state.LOST { background:#fed7d7; color:#822727; }
 .stale { color:var(--bad); font-size:12px; font-weight:600; }
 .empty { color:var(--muted); font-style:italic; }
 .ok { color:var(--ok); font-weight:600; }

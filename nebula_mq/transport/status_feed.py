@@ -4,13 +4,15 @@ Each cluster's stream holds the status messages of its own workers and, through 
 status exchange, of every other cluster's (``stack.provision`` ``status_feed``). A stream is not
 drained by reading it: any number of readers on any host replay it from an offset, here the
 messages of the last ``since_s`` seconds, with a per-consumer prefetch and manual acks, as
-streams require (docs/RABBITMQ.md).
+streams require (docs/RABBITMQ.md). ``latest`` turns the messages into one row per worker: what
+``nebula-mq status --feed`` prints and ``nebula-mq report --serve --feed`` shows.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +22,11 @@ from .connection import open_connection
 from .pika_errors import PIKA_ERRORS, translate
 
 PREFETCH = 500
+# The states of a worker that should still be speaking (the status file's, runtime.reporter).
+LIVE = ("running", "starting", "resuming")
+# The step value shown as "loss": split and ABNet workers record ``loss``, ELECTRA's ranks
+# ``total_loss``, its generators ``mlm_loss``.
+LOSS_KEYS = ("loss", "total_loss", "mlm_loss")
 
 
 def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s: float = 1.0,
@@ -56,3 +63,30 @@ def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s
         except PIKA_ERRORS:
             pass
     return out
+
+
+def newest(messages: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each worker's newest message (by its ``sent`` time), whatever the order they came in."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in messages:
+        worker = str(m.get("worker", ""))
+        if worker and float(m.get("sent", 0)) >= float(out.get(worker, {}).get("sent", -1)):
+            out[worker] = m
+    return out
+
+
+def latest(messages: Iterable[dict[str, Any]], now: float, lost_after: float) -> list[dict[str, Any]]:
+    """One row per worker, by cluster then worker: its newest message, how long ago it was sent,
+    and LOST when a live worker has been silent for more than ``lost_after`` seconds."""
+    rows = []
+    for worker, m in sorted(newest(messages).items(), key=lambda kv: (str(kv[1].get("cluster")), kv[0])):
+        heard = now - float(m.get("sent", now))
+        state = str(m.get("state", "?"))
+        values = m.get("values") or {}
+        loss = next((values[k] for k in LOSS_KEYS if isinstance(values.get(k), (int, float))), None)
+        rows.append({"worker": worker, "cluster": m.get("cluster"), "host": m.get("host"), "role": m.get("role"),
+                     "state": "LOST" if state in LIVE and heard > lost_after else state, "reported": state,
+                     "step": m.get("step"), "total": m.get("total"), "loss": loss,
+                     "steps_per_s": m.get("steps_per_s"), "checkpoint": m.get("checkpoint"),
+                     "heard_s": heard, "queues": m.get("queues") or {}})
+    return rows

@@ -1,17 +1,20 @@
 """One view of the whole job from either cluster (issue 28): every worker publishes its status
 to the job's status exchange, federation carries it to the other cluster, and ``nebula-mq
 status --feed CLUSTER`` on either broker lists every worker of both clusters with how long ago
-it was heard from; a worker killed mid-run is LOST once silent past ``--lost-after``. Real
-brokers, TLS, the federation link through the WAN relay."""
+it was heard from; a worker killed mid-run is LOST once silent past ``--lost-after``; the live
+report (``report --serve --feed CLUSTER``) lists them too. Real brokers, TLS, the federation link
+through the WAN relay."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,40 @@ def feed(config: Path, stack_dir: Path, cluster: str, *extra: str) -> dict[str, 
                           "--feed", cluster, "--json", *extra], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return {row["worker"]: row for row in json.loads(out.stdout)["workers"]}
+
+
+def served_feed(config: Path, stack_dir: Path, cluster: str, out: Path, wait_s: float = 30.0) -> dict[str, list[str]]:
+    """The feed table of the page ``report --serve --feed`` serves, once it lists two workers
+    (at most ``wait_s`` seconds): worker -> its cells' text."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "nebula_mq", "report", str(config), "--serve", "--feed", cluster,
+                             "--stack", str(stack_dir), "--out", str(out), "--port", str(port), "--every", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rows: dict[str, list[str]] = {}
+    page = ""
+    try:
+        deadline = time.monotonic() + wait_s
+        while len(rows) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.3)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/report.html", timeout=5) as response:
+                    page = response.read().decode()
+            except OSError:
+                continue  # not serving yet
+            if '<section id="feed">' not in page:
+                continue
+            section = page.split('<section id="feed">', 1)[1].split("</section>", 1)[0]
+            cells = ([re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr)]
+                     for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", section))
+            rows = {c[0]: c for c in cells if c}
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=10)[0]
+    assert "Traceback" not in output and "cannot read" not in output, output
+    assert '<section id="summary">' in page, page[-2000:]  # this host's files, as without --feed
+    return rows
 
 
 def test_either_cluster_sees_every_worker_and_a_silent_one_is_lost(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -47,6 +84,12 @@ def test_either_cluster_sees_every_worker_and_a_silent_one_is_lost(stack, tmp_pa
             assert r["state"] == "finished" and r["step"] == r["total"] == 30 and r["checkpoint"] == 30, r
             assert r["host"] == socket.gethostname() and 0 <= r["heard_s"] < 120, r
         assert rows["tail-0"]["loss"] is not None and "queues" in rows["tail-0"]
+    # The live report reads the same feed: both clusters' workers, as cluster-b's broker hears them.
+    page = served_feed(config, stack.run_dir, "cluster-b", tmp_path / "live")
+    assert {w: r[1:5] for w, r in page.items()} == {
+        "head-0": ["cluster-a", socket.gethostname(), "finished", "30 / 30"],
+        "tail-0": ["cluster-b", socket.gethostname(), "finished", "30 / 30"]}, page
+    assert page["head-0"][8] == page["tail-0"][8] == "30" and page["tail-0"][9].endswith(" ago"), page
 
     # A worker killed mid-run says nothing more: LOST once silent past --lost-after, while its
     # peer, still running and waiting for it, keeps being heard (a message every 10 s).
