@@ -14,8 +14,11 @@ other cluster reaches) and trusts the peer's CA (``certs import-ca``), ``up``:
    group), forwards Ctrl-C and SIGTERM as SIGTERM (each worker checkpoints and exits 0),
    and exits when they have: running ``up`` again resumes from the checkpoints.
 
-On a stack that holds every cluster of the job (one machine), ``up --cluster`` runs that
-cluster's part, and ``run`` the whole job.
+On a host of the cluster without its broker, ``up --ranks I --broker-host NAME`` does only 2
+and 3: the broker host's ``up`` provisions the job and writes its key on the filesystem the
+cluster's hosts share (stack directory and run_dir), and this host's workers reach the broker
+by ``NAME``. On a stack that holds every cluster of the job (one machine), ``up --cluster``
+runs that cluster's part, and ``run`` the whole job.
 """
 
 from __future__ import annotations
