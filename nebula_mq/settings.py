@@ -1,9 +1,11 @@
 """The settings schema shared by every job: job identity, clusters, codecs, transport.
 
-Scenario-specific sections (``[abnet]``, ``[electra]``) are kept as raw tables
-here and validated by the scenario's own dataclass with :func:`nebula_mq.config.build`,
-so the library stays free of role-specific logic. A job file holds the section of its own
-scenario only (``[job] scenario``, ``abnet`` by default): another scenario's section is refused.
+Every other top-level table of a job file is a scenario's section (``[abnet]``, ``[split]``...),
+kept raw in :attr:`Settings.sections` and validated by the scenario's own dataclass with
+:func:`nebula_mq.config.build`, so the library names no scenario and holds no role-specific logic.
+Which sections exist is the scenarios' registry's to say (``workers.registry``, a layer above):
+it loads job files with the declared names, and a job file then holds the section of its own
+scenario only (``[job] scenario``, ``abnet`` by default).
 """
 
 from __future__ import annotations
@@ -11,107 +13,23 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from nebula_mq import config
+# The [clusters.<name>] tables, re-exported: every module imports them from here.
+from nebula_mq.cluster_settings import BrokerSettings as BrokerSettings
+from nebula_mq.cluster_settings import ClusterSettings as ClusterSettings
+from nebula_mq.cluster_settings import FederationSettings as FederationSettings
 from nebula_mq.config import InvalidField
 from nebula_mq.errors import ConfigError
 
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Where a worker computes (``nebula_mq.models.device``): cpu, gpu (this rank's), gpu:N, auto.
 DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
-
-
-@dataclass(frozen=True)
-class BrokerSettings:
-    """How a worker reaches its *local* broker (never the remote one)."""
-
-    # The local broker's address (`nebula-mq worker --stack` fills it from the stack).
-    host: str = "127.0.0.1"
-    # The local broker's AMQPS port (`nebula-mq worker --stack` fills it from the stack).
-    port: int = 5671
-    # The job's vhost (nebula-<job id>).
-    vhost: str = "/"
-    # TLS with client certificates (EXTERNAL auth); false only for a plaintext development broker.
-    tls: bool = True
-    # The CA bundle the broker's certificate must chain to; required when tls is true.
-    ca_file: str = ""
-    # The worker's own client certificate (its identity at the broker); required when tls is true.
-    cert_file: str = ""
-    # The private key of cert_file; required when tls is true.
-    key_file: str = ""
-    # Name checked against the broker certificate (SNI + hostname check).
-    server_name: str = "localhost"
-    # The AMQP user, only for plaintext development brokers (tls = false); TLS uses EXTERNAL
-    # auth (the client certificate names the user).
-    username: str = "guest"
-    # That user's password, only for plaintext development brokers (tls = false).
-    password: str = "guest"
-    # Seconds; pika's I/O thread answers heartbeats while compute runs elsewhere.
-    heartbeat_s: int = 30
-    # The broker's management API (HTTPS on `host`, same CA and client certificate as AMQP), read
-    # with the job's read-only monitoring user: queue sizes in bytes for the metrics and the report.
-    # 0 = no management API: queue depth comes from AMQP alone, in messages.
-    management_port: int = 0
-    # The job's read-only monitoring user on that API (required when management_port is set).
-    management_user: str = ""
-    # A file holding that user's password (never the password itself in the job file).
-    management_password_file: str = ""
-
-    def validate(self) -> None:
-        if not 0 < self.port < 65536:
-            raise InvalidField("port", "a port in 1..65535", self.port)
-        if not 0 <= self.management_port < 65536:
-            raise InvalidField("management_port", "a port in 1..65535, or 0 for none", self.management_port)
-        if self.management_port and not (self.management_user and self.management_password_file):
-            raise InvalidField("management_user", "a user and a management_password_file (management_port is set)",
-                               self.management_user)
-        missing = [f for f in ("ca_file", "cert_file", "key_file") if not getattr(self, f)]
-        if self.tls and missing:
-            raise InvalidField(missing[0], "a file path (tls = true needs ca_file, cert_file and key_file)",
-                               getattr(self, missing[0]))
-
-
-@dataclass(frozen=True)
-class FederationSettings:
-    """How the *other* clusters' brokers reach this cluster's broker, and where this broker keeps
-    its own federation client identity. Read by ``nebula-mq provision`` (the local stack fills
-    its own)."""
-
-    # The broker's address as peer brokers see it (a hostname, for a real deployment).
-    host: str = ""
-    # The broker's AMQPS port as peer brokers see it.
-    port: int = 5671
-    # The name its server certificate carries (`nebula-mq certs issue-server --hostname`); "" = host.
-    server_name: str = ""
-    # On this broker's own host: the directory holding its federation client identity (trust.pem,
-    # cert.pem, key.pem, issued for CN federation-<cluster>), readable by the broker.
-    cert_dir: str = "/etc/rabbitmq/certs/federation"
-
-    @property
-    def sni(self) -> str:
-        return self.server_name or self.host
-
-    def validate(self) -> None:
-        if not 0 < self.port < 65536:
-            raise InvalidField("port", "a port in 1..65535", self.port)
-        if self.host and not re.match(r"^[A-Za-z0-9.:\[\]-]+$", self.host):
-            raise InvalidField("host", "a hostname or an IP address", self.host)
-        if self.cert_dir and not self.cert_dir.startswith("/"):
-            raise InvalidField("cert_dir", "an absolute path on the broker's host", self.cert_dir)
-
-
-@dataclass(frozen=True)
-class ClusterSettings:
-    name: str
-    # How this cluster's workers reach their own broker.
-    broker: BrokerSettings = field(default_factory=BrokerSettings)
-    # How the other clusters' brokers reach this one (nebula-mq provision).
-    federation: FederationSettings = field(default_factory=FederationSettings)
 
 
 @dataclass(frozen=True)
@@ -198,8 +116,9 @@ class SecuritySettings:
 class JobSettings:
     # Lower-case slug; every queue, exchange, vhost and user name derives from it.
     id: str
-    # Names the subpackage of ``workers`` that plans and runs the job (``workers.registry``).
-    scenario: Literal["abnet", "electra", "split"] = "abnet"
+    # The scenario that plans and runs the job, one of those declared in ``workers.registry`` (a
+    # subpackage of ``workers``); its section is the table of the same name.
+    scenario: str = "abnet"
     # Seeds data order, initialisation and dropout (every draw is a function of the seed and the step).
     seed: int = 0
     # Optimisation steps to train.
@@ -228,62 +147,98 @@ class JobSettings:
             raise InvalidField("metrics_port", "0 (off) or a port number", self.metrics_port)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Settings:
     job: JobSettings
     clusters: Mapping[str, ClusterSettings] = field(default_factory=dict)
     codec: CodecSettings = field(default_factory=CodecSettings)
     transport: TransportSettings = field(default_factory=TransportSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
-    # Scenario sections, validated by the scenario that reads them.
-    abnet: Mapping[str, Any] = field(default_factory=dict)
-    electra: Mapping[str, Any] = field(default_factory=dict)
-    split: Mapping[str, Any] = field(default_factory=dict)
+    # Scenario sections by name (every other top-level table), validated by the scenario that reads them.
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # Path of the file these settings came from ("" when built in code).
     source: str = ""
+
+    def __init__(self, job: JobSettings, clusters: Mapping[str, ClusterSettings] | None = None,
+                 codec: CodecSettings | None = None, transport: TransportSettings | None = None,
+                 security: SecuritySettings | None = None, sections: Mapping[str, Mapping[str, Any]] | None = None,
+                 source: str = "", **named_sections: Mapping[str, Any]) -> None:
+        """``Settings(job=..., split={...})`` puts ``[split]`` in :attr:`sections` (over one there)."""
+        values = {"job": job, "clusters": {} if clusters is None else clusters, "codec": codec or CodecSettings(),
+                  "transport": transport or TransportSettings(), "security": security or SecuritySettings(),
+                  "sections": MappingProxyType({**(sections or {}), **named_sections}), "source": source}
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.job.run_dir or f"run/jobs/{self.job.id}")
 
+    def section(self, name: str) -> Mapping[str, Any]:
+        """The ``[name]`` section as written (empty when the job has none)."""
+        return self.sections.get(name, MappingProxyType({}))
+
     def scenario_section(self) -> Mapping[str, Any]:
-        return getattr(self, self.job.scenario)
+        return self.section(self.job.scenario)
+
+    if not TYPE_CHECKING:  # typed code says settings.section("split"); tests and scripts may say settings.split
+        def __getattr__(self, name: str) -> Mapping[str, Any]:
+            sections = self.__dict__.get("sections", {})
+            if name in sections:
+                return sections[name]
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-def load_settings(
-    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
-) -> Settings:
+CORE_KEYS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("sections", "source"))
+
+
+def load_settings(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *,
+                  scenarios: Collection[str] | None = None) -> Settings:
     """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it.
 
-    Only the keys of :class:`Settings` are accepted at the top level (``source`` is set here,
-    never by the file), and a scenario section must be the one of ``[job] scenario``.
+    The :data:`CORE_KEYS` tables are validated here; any other top-level table is a scenario
+    section, kept as written. With the declared ``scenarios`` (``workers.registry.load_job_settings``
+    passes them: load job files there) the file is checked against them too: ``[job] scenario``
+    names one, every other top-level key is one's section, and only the scenario in force's.
     """
     overrides = config.env_overrides(environ)
     data = config.apply_env_overrides(config.load_toml(path), environ)
     try:
-        known = sorted(f.name for f in dataclasses.fields(Settings) if f.name != "source")
-        unknown = sorted(set(data) - set(known))
+        extra = sorted(set(data) - set(CORE_KEYS))
+        if scenarios is not None:
+            unknown = [k for k in extra if k not in scenarios]
+            expected = f"one of {sorted({*CORE_KEYS, *scenarios})}"
+        else:  # no scenario named here: any table may be one's section
+            unknown = [k for k in extra if not isinstance(data[k], Mapping)]
+            expected = f"one of {sorted(CORE_KEYS)} or a scenario's section"
         if unknown:
-            raise ConfigError(str(path), unknown[0], f"one of {known}", "unknown key")
-        data["source"] = str(path)
+            raise ConfigError(str(path), unknown[0], expected, "unknown key")
+        for key in extra:
+            if not isinstance(data[key], Mapping):
+                raise ConfigError(str(path), key, "a table", data[key])
         # Cluster names default to their table key.
         for key, cluster in (data.get("clusters") or {}).items():
             if isinstance(cluster, dict):
                 cluster.setdefault("name", key)
-        settings = config.build(Settings, data, str(path))
-        _check_scenario_sections(settings, data, overrides)
+        core = {k: v for k, v in data.items() if k in CORE_KEYS}
+        settings = config.build(Settings, {**core, "sections": {k: data[k] for k in extra}, "source": str(path)},
+                                str(path))
+        if scenarios is not None:
+            _check_scenario(settings, data, overrides, sorted(scenarios))
         return settings
     except ConfigError as exc:
         raise config.blame_env(exc, overrides) from None
 
 
-def _check_scenario_sections(settings: Settings, data: Mapping[str, Any],
-                             overrides: Sequence[config.EnvOverride]) -> None:
-    """Refuse a scenario section (``[split]``, ``[abnet]``, ``[electra]``) that is not the section
-    of the scenario in force: that job would run another scenario and ignore the section."""
+def _check_scenario(settings: Settings, data: Mapping[str, Any], overrides: Sequence[config.EnvOverride],
+                    scenarios: Sequence[str]) -> None:
+    """Refuse a scenario that is not declared, and a section of another scenario than the one in
+    force: that job would run another scenario and ignore the section."""
     scenario = settings.job.scenario
-    for section in typing.get_args(typing.get_type_hints(JobSettings)["scenario"]):
-        if section == scenario or section not in data:
+    if scenario not in scenarios:
+        raise ConfigError(settings.source, "job.scenario", f"one of {list(scenarios)}", scenario)
+    for section in sorted(settings.sections):
+        if section == scenario:
             continue
         job = data.get("job") or {}
         where = next((f"set by {o.variable}" for o in overrides if o.path == ("job", "scenario")),

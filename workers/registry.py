@@ -5,30 +5,32 @@ A scenario is the subpackage of ``workers`` named by ``[job] scenario`` (``split
 declares the whole record in one :func:`declare`: the name, the dataclass that reads the
 job file's ``[<name>]`` section and its loader, the function that lists a job's processes,
 and the role modules; each role module registers its entry point with ``@role``. The CLI's
-config verbs, the launcher, provisioning and ``worker`` read this record. A role or scenario
+config verbs, the launcher, provisioning and ``worker`` read this record, and every command
+loads its job file with :func:`load_job_settings`, which checks the file's top-level tables
+against the declared scenarios (the settings layer below names none). A role or scenario
 name is registered once: a second record under it raises at import. Looking a role up
 imports only that scenario's role modules, in the worker process that runs it: a process
-that does not train never imports paddle. A new scenario is a new subpackage; nothing here
-changes.
+that does not train never imports paddle. A new scenario is a new subpackage; nothing here,
+in the settings or in the CLI changes.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import workers
 from nebula_mq.errors import ConfigError, DuplicateRegistration
-from nebula_mq.settings import Settings
+from nebula_mq.settings import Settings, load_settings
 from workers.processes import Plan
 
 RoleMain = Callable[..., int]  # main(settings[, worker_index]) -> exit code
 PlanBuilder = Callable[[Settings], Plan]
 F = TypeVar("F", bound=Callable[..., Any])
-
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Scenario:
     load: Callable[[Settings], Any]  # the section of a job's settings, validated and completed
     plan: PlanBuilder  # the processes and flows of a job
     role_modules: tuple[str, ...]  # the modules of workers.<name> that register its roles
+    # Other names the section accepts for a key (old name -> key), for `config show`'s marks.
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
 
 _ROLES: dict[str, RoleMain] = {}
@@ -81,16 +85,27 @@ def _identity(func: Callable[..., Any]) -> str:
 
 
 def scenarios() -> list[str]:
-    """The subpackages of ``workers``: one per scenario."""
-    return sorted(m.name for m in pkgutil.iter_modules(workers.__path__) if m.ispkg)
+    """Every scenario's name: the subpackages of ``workers`` (one per scenario), and any
+    scenario declared elsewhere (a test's)."""
+    return sorted({m.name for m in pkgutil.iter_modules(workers.__path__) if m.ispkg} | set(_SCENARIOS))
 
 
 def scenario_named(name: str, source: str = "<settings>") -> Scenario:
     """The record of scenario ``name`` (importing its ``plan`` module declares it)."""
-    if name not in scenarios():
-        raise ConfigError(source, "job.scenario", f"one of {scenarios()}", name)
-    importlib.import_module(f"workers.{name}.plan")
+    if name not in _SCENARIOS:
+        if name not in scenarios():
+            raise ConfigError(source, "job.scenario", f"one of {scenarios()}", name)
+        importlib.import_module(f"workers.{name}.plan")
     return _SCENARIOS[name]
+
+
+def load_job_settings(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings of job file ``path`` (``NEBULA__SECTION__KEY`` variables override it), its
+    top-level tables checked against the declared scenarios: ``[job] scenario`` names one, and
+    every table other than the core ones is that scenario's section. Another scenario's section,
+    an unknown scenario or an unknown top-level key is a one-line :class:`ConfigError`, blamed
+    on the variable that set it. Every command that reads a job file reads it here."""
+    return load_settings(path, environ, scenarios=scenarios())
 
 
 def all_scenarios() -> list[Scenario]:

@@ -18,7 +18,8 @@ import torch
 from langid_data import LangData, dataset
 from nebula_mq.errors import NebulaError
 from nebula_mq.runtime.logs import configure_logging
-from nebula_mq.settings import Settings, load_settings
+from nebula_mq.settings import Settings
+from workers.registry import load_job_settings
 from workers.split import load, predict
 from workers.split.trained import TrainedSide
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging("warning")  # not the catalogue reader's skipped-file lines
     try:
-        settings = load_settings(args.job)
+        settings = load_job_settings(args.job)
         data = dataset()
         halves = (load(settings, "head"), load(settings, "tail"))
     except NebulaError as exc:

@@ -28,9 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from nebula_mq.errors import ConfigError
     from nebula_mq.models.cpu import configure_cpu
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
-    settings = load_settings(args.config)
+    settings = load_job_settings(args.config)
     if settings.job.scenario != "abnet":
         raise ConfigError(args.config, "job.scenario", "an ABNet job (bench compute measures ABNet)",
                           settings.job.scenario)

@@ -113,9 +113,9 @@ def split_job(config: str) -> Any:
     """The settings of a split or ABNet job file (a job with a head and a tail); another
     scenario is a one-line ConfigError."""
     from nebula_mq.errors import ConfigError
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
-    settings = load_settings(config)
+    settings = load_job_settings(config)
     if settings.job.scenario not in ("abnet", "split"):
         raise ConfigError(config, "job.scenario", "abnet or split (a job with a head and a tail)",
                           settings.job.scenario)

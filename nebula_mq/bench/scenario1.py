@@ -84,10 +84,10 @@ def run_config(stack: Any, stack_dir: str, config: Path, timeout: float = 900.0)
     """Provision the job of ``config`` on ``stack`` and run its processes to completion."""
     from nebula_mq.errors import WorkerError
     from nebula_mq.security.keys import ensure_job_key, job_key_file
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from workers.plans import plan_for
 
-    settings = load_settings(config)
+    settings = load_job_settings(config)
     job_id, run_dir = settings.job.id, settings.run_dir
     plan = plan_for(settings)
     stack.provision_job(job_id, plan.flows, plan.identities(job_id))
@@ -141,11 +141,11 @@ def plot_losses(curves: list[tuple[str, Path, str]], out: Path, title: str) -> P
 def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
     """Rate of the root's steps after ``warmup`` (timestamps of its history rows)."""
     rows = [json.loads(line) for line in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from workers.electra.common import model_config
     from workers.electra.job import load_job
 
-    settings = load_settings(run_dir.parent / f"{run_dir.name}.toml", environ={})
+    settings = load_job_settings(run_dir.parent / f"{run_dir.name}.toml", environ={})
     job = load_job(settings)
     cfg = model_config(settings, job)
     per_step = len(cfg.generators) * job.n * cfg.batch_size

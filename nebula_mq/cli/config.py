@@ -71,16 +71,17 @@ def origins(path: str, environ: Mapping[str, str] | None = None) -> dict[tuple[s
     import tomllib
 
     from nebula_mq.config import env_overrides
-    from workers.abnet.job import PLACEMENT_ALIASES
+    from workers.registry import scenario_named, scenarios
 
     with open(path, "rb") as fh:
         raw = tomllib.load(fh)
     out: dict[tuple[str, str], str] = {}
 
     def mark(section: str, body: Any, source: str) -> None:
+        aliases = scenario_named(section).aliases if section in scenarios() else {}
         for key in body if isinstance(body, Mapping) else ():
             name = str(key)
-            out[(section, PLACEMENT_ALIASES.get(name, name) if section == "abnet" else name)] = source
+            out[(section, aliases.get(name, name))] = source
 
     for section, body in raw.items():
         if section == "clusters" and isinstance(body, Mapping):
@@ -181,9 +182,9 @@ def reference() -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
-    values = effective(load_settings(args.config))
+    values = effective(load_job_settings(args.config))
     if args.json:
         print(json.dumps(values, indent=1, default=str))
     else:

@@ -58,11 +58,11 @@ def read_lines(path: Path, what: str) -> list[str]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
     if args.beam < 1 or args.max_len < 1:
         raise DataError(f"--beam and --max-len must be at least 1, got {args.beam} and {args.max_len}")
-    settings = load_settings(args.config)
+    settings = load_job_settings(args.config)
     if settings.job.scenario != "abnet":
         raise DataError(f"{args.config}: nebula-mq eval scores ABNet jobs, this one is {settings.job.scenario!r}")
     sources, references = read_lines(args.src, "source"), read_lines(args.ref, "reference")

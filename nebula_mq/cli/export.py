@@ -25,10 +25,10 @@ def register(sub: Any) -> None:
 
 def _export(args: argparse.Namespace) -> int:
     from nebula_mq.errors import ConfigError
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from workers.split import export
 
-    settings = load_settings(args.config)
+    settings = load_job_settings(args.config)
     if settings.job.scenario != "split":
         raise ConfigError(settings.source or args.config, "job.scenario",
                           "a split job (export writes [split] jobs' halves)", settings.job.scenario)

@@ -28,10 +28,10 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.data.probe import DEFAULT_DOMAINS, build_probe_set
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from workers.electra.probe import probe_run
 
-    settings = load_settings(args.config)
+    settings = load_job_settings(args.config)
     domains = tuple(d for d in args.domains.split(",") if d) or DEFAULT_DOMAINS
     locales = tuple(x for x in args.locales.split(",") if x)
     probe = build_probe_set(domains, locales, per_class=args.per_class, seed=settings.job.seed)

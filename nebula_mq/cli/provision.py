@@ -50,10 +50,10 @@ def register(subparsers: Any) -> None:
 
 
 def _job(args: argparse.Namespace) -> tuple[Any, Any]:
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from workers.plans import plan_for
 
-    settings = load_settings(args.config)
+    settings = load_job_settings(args.config)
     return settings, plan_for(settings)
 
 

@@ -91,9 +91,9 @@ def print_evaluation(settings: Any, since: float) -> None:
         return
     body = json.loads(path.read_text(encoding="utf-8"))
     sources: dict[int, str] = {}
-    data_dir = Path(settings.abnet.get("data_dir", "run/data"))
+    data_dir = Path(settings.section("abnet").get("data_dir", "run/data"))
     split_file = data_dir / "parallel" / f"{body.get('split', 'test')}.jsonl"
-    if settings.abnet.get("data") == "corpus" and split_file.is_file():  # this machine holds both sides
+    if settings.section("abnet").get("data") == "corpus" and split_file.is_file():  # this machine holds both sides
         wanted = set(body.get("sample_ids", []))
         with split_file.open(encoding="utf-8") as fh:
             sources = {i: json.loads(line)["src"] for i, line in enumerate(fh) if i in wanted}
@@ -125,15 +125,15 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
     from nebula_mq.stack import Stack
 
     config = args.job or args.config or "config/demo.toml"
-    settings = load_settings(config)
-    if settings.abnet.get("data", "synthetic") == "corpus":
+    settings = load_job_settings(config)
+    if settings.section("abnet").get("data", "synthetic") == "corpus":
         from nebula_mq.data.build import BuildOptions, build
 
-        build(BuildOptions(out=Path(settings.abnet.get("data_dir", "run/data"))))
+        build(BuildOptions(out=Path(settings.section("abnet").get("data_dir", "run/data"))))
     code = run_job(config, args.stack)
     report = _report(settings.run_dir)
     if not args.keep_stack:

@@ -97,9 +97,9 @@ def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]
 def _status(args: argparse.Namespace) -> int:
     from nebula_mq import topology
     from nebula_mq.errors import NebulaError
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
-    settings = load_settings(args.job)
+    settings = load_job_settings(args.job)
     if args.feed:
         return _feed(settings, args)
     rows = worker_rows(settings.run_dir)

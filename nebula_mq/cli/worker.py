@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nebula_mq.cli.options import LOG_LEVELS, add_stack_option
 from nebula_mq.errors import ConfigError
-from nebula_mq.settings import ClusterSettings, Settings, load_settings
+from nebula_mq.settings import ClusterSettings, Settings
 
 if TYPE_CHECKING:
     from workers.plans import Process
@@ -107,9 +107,10 @@ def check_metrics_port(port: int) -> None:
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.logs import configure_logging
     from workers.plans import run_role
+    from workers.registry import load_job_settings
 
     configure_logging(args.log_level)
-    settings = load_settings(job_file(args))
+    settings = load_job_settings(job_file(args))
     proc = find_process(settings, args.role, args.index)
     if args.metrics_port:
         check_metrics_port(args.metrics_port)

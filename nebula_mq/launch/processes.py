@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.settings import Settings, load_settings
+from nebula_mq.settings import Settings
 
 if TYPE_CHECKING:
     from nebula_mq.config import EnvOverride
@@ -35,11 +35,12 @@ class JobProcesses:
         from nebula_mq.errors import StackError
         from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
+        from workers.registry import load_job_settings
 
         self.config = config
         self.stack_dir = stack_dir
         self.env = {**os.environ, **(env or {})}
-        self.settings: Settings = load_settings(config, environ=self.env)
+        self.settings: Settings = load_job_settings(config, environ=self.env)
         self.plan = plan_for(self.settings)
         self.processes = [p for p in self.plan.processes if select is None or select(p)]
         if select is None:

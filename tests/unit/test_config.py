@@ -1,7 +1,9 @@
-"""The typed TOML loader: validation errors name file, key and expectation."""
+"""The typed TOML loader: validation errors name file, key and expectation. Job files load as every
+command loads them (``workers.registry.load_job_settings``: checked against the declared scenarios)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 
@@ -9,7 +11,8 @@ import pytest
 
 from nebula_mq import config
 from nebula_mq.errors import ConfigError
-from nebula_mq.settings import load_settings
+from nebula_mq.settings import JobSettings, Settings, load_settings
+from workers.registry import load_job_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +46,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def test_good_file_loads_frozen(tmp_path: Path) -> None:
-    s = load_settings(write(tmp_path, GOOD), environ={})
+    s = load_job_settings(write(tmp_path, GOOD), environ={})
     assert s.job.id == "demo-1"
     assert s.job.steps == 20
     assert s.clusters["s"].name == "s"
@@ -53,12 +56,12 @@ def test_good_file_loads_frozen(tmp_path: Path) -> None:
     with pytest.raises(FrozenInstanceError):
         s.job.steps = 3  # type: ignore[misc]
     with pytest.raises(TypeError):
-        s.abnet["preset"] = "small"  # type: ignore[index]
+        s.section("abnet")["preset"] = "small"  # type: ignore[index]
 
 
 def test_env_overrides_file(tmp_path: Path) -> None:
     env = {"NEBULA__JOB__STEPS": "7", "NEBULA__CODEC__FORWARD": "int8", "OTHER": "x"}
-    s = load_settings(write(tmp_path, GOOD), environ=env)
+    s = load_job_settings(write(tmp_path, GOOD), environ=env)
     assert s.job.steps == 7
     assert s.codec.forward == "int8"
 
@@ -80,7 +83,7 @@ def test_bad_values_name_file_key_and_expectation(
 ) -> None:
     path = write(tmp_path, GOOD.replace(*mutation))
     with pytest.raises(ConfigError) as info:
-        load_settings(path, environ={})
+        load_job_settings(path, environ={})
     assert info.value.source == str(path)
     assert info.value.key == key
     assert expected in info.value.expected
@@ -89,47 +92,47 @@ def test_bad_values_name_file_key_and_expectation(
 
 def test_missing_required_section(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, "[codec]\nforward = 'int8'\n"), environ={})
+        load_job_settings(write(tmp_path, "[codec]\nforward = 'int8'\n"), environ={})
     assert info.value.key == "job"
 
 
 def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, "[job\nid="), environ={})
+        load_job_settings(write(tmp_path, "[job\nid="), environ={})
     assert info.value.key == "<syntax>"
     with pytest.raises(ConfigError) as info:
-        load_settings(tmp_path / "nope.toml", environ={})
+        load_job_settings(tmp_path / "nope.toml", environ={})
     assert "missing" in str(info.value)
 
 
 def test_field_checks_echo_the_bad_value(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD.replace('id = "demo-1"', 'id = "Demo 1"')), environ={})
+        load_job_settings(write(tmp_path, GOOD.replace('id = "demo-1"', 'id = "Demo 1"')), environ={})
     assert info.value.got == "Demo 1"
     assert str(info.value).endswith("got 'Demo 1'")
 
 
 def test_a_directory_or_unreadable_bytes_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(tmp_path, environ={})
+        load_job_settings(tmp_path, environ={})
     assert (info.value.source, info.value.key, info.value.got) == (str(tmp_path), "<file>", "a directory")
     binary = tmp_path / "job.toml"
     binary.write_bytes(b"\xff\xfe[job]")
     with pytest.raises(ConfigError) as info:
-        load_settings(binary, environ={})
+        load_job_settings(binary, environ={})
     assert info.value.key == "<syntax>" and "UTF-8" in info.value.expected
 
 
 def test_bad_env_override_is_blamed_on_the_variable(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     with pytest.raises(ConfigError) as info:
-        load_settings(path, environ={"NEBULA__JOB__STEPS": "abc"})
+        load_job_settings(path, environ={"NEBULA__JOB__STEPS": "abc"})
     assert info.value.key == "job.steps"
     assert info.value.source == "environment variable NEBULA__JOB__STEPS"
     assert str(path) not in str(info.value)
     # A bad value in the file itself is still the file's, with an unrelated override set.
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD.replace("steps = 20", "steps = 0")), environ={"NEBULA__CODEC__FORWARD": "int8"})
+        load_job_settings(write(tmp_path, GOOD.replace("steps = 20", "steps = 0")), environ={"NEBULA__CODEC__FORWARD": "int8"})
     assert info.value.source == str(path)
 
 
@@ -141,7 +144,7 @@ def test_an_override_inside_a_table_that_fails_a_table_check_names_file_and_vari
 
 def test_bad_codec_chain_fails_at_load(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD.replace('"fp16(svd(0.6))"', '"fp17(svd(0.6))"')), environ={})
+        load_job_settings(write(tmp_path, GOOD.replace('"fp16(svd(0.6))"', '"fp17(svd(0.6))"')), environ={})
     assert info.value.key == "codec.forward"
     assert info.value.got == "fp17(svd(0.6))" and "fp17" in info.value.expected
 
@@ -152,7 +155,7 @@ def test_an_unknown_top_level_key_is_named_with_the_known_ones(tmp_path: Path, t
     """``source`` is where the settings came from: set by the loader, never by the file."""
     path = write(tmp_path, f"{text}\n{GOOD}")
     with pytest.raises(ConfigError) as info:
-        load_settings(path, environ={})
+        load_job_settings(path, environ={})
     assert (info.value.source, info.value.key, info.value.got) == (str(path), key, "unknown key")
     assert str(info.value) == (f"{path}: {key}: expected one of ['abnet', 'clusters', 'codec', 'electra', 'job', "
                                f"'security', 'split', 'transport'], got 'unknown key'")
@@ -160,7 +163,7 @@ def test_an_unknown_top_level_key_is_named_with_the_known_ones(tmp_path: Path, t
 
 def test_an_unknown_top_level_table_from_the_environment_is_the_variables(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD), environ={"NEBULA__SPLT__HEAD_RANKS": "2"})
+        load_job_settings(write(tmp_path, GOOD), environ={"NEBULA__SPLT__HEAD_RANKS": "2"})
     assert info.value.key == "splt" and info.value.source.endswith("NEBULA__SPLT__HEAD_RANKS set")
 
 
@@ -180,7 +183,7 @@ def test_a_section_of_another_scenario_is_refused(tmp_path: Path, scenario: str,
     job += f"[{section}]\nlr = 0.01\n"
     path = write(tmp_path, job)
     with pytest.raises(ConfigError) as info:
-        load_settings(path, environ={})
+        load_job_settings(path, environ={})
     assert info.value.key == section
     assert str(info.value) == (f'{path}: {section}: expected [job] scenario = "{section}" to run a [{section}] '
                                f"section ({where}); set [job] scenario, or remove the section")
@@ -189,19 +192,62 @@ def test_a_section_of_another_scenario_is_refused(tmp_path: Path, scenario: str,
 
 def test_the_scenario_in_force_may_come_from_the_environment(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
-        load_settings(write(tmp_path, GOOD), environ={"NEBULA__JOB__SCENARIO": "split"})
+        load_job_settings(write(tmp_path, GOOD), environ={"NEBULA__JOB__SCENARIO": "split"})
     assert info.value.key == "abnet"
     assert 'the scenario in force is "split", set by NEBULA__JOB__SCENARIO' in str(info.value)
 
 
 def test_the_scenarios_own_section_and_none_at_all_load(tmp_path: Path) -> None:
-    assert load_settings(write(tmp_path, '[job]\nid = "bare"\n'), environ={}).job.scenario == "abnet"
-    split = load_settings(write(tmp_path, '[job]\nid = "s"\nscenario = "split"\n[split]\nlr = 0.1\n'), environ={})
+    assert load_job_settings(write(tmp_path, '[job]\nid = "bare"\n'), environ={}).job.scenario == "abnet"
+    split = load_job_settings(write(tmp_path, '[job]\nid = "s"\nscenario = "split"\n[split]\nlr = 0.1\n'), environ={})
     assert split.scenario_section() == {"lr": 0.1}
+
+
+def test_an_undeclared_scenario_is_one_line_listing_the_declared_ones(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD.replace('scenario = "abnet"', 'scenario = "gan"'))
+    with pytest.raises(ConfigError) as info:
+        load_job_settings(path, environ={})
+    assert str(info.value) == f"{path}: job.scenario: expected one of ['abnet', 'electra', 'split'], got 'gan'"
+    with pytest.raises(ConfigError) as info:
+        load_job_settings(write(tmp_path, '[job]\nid = "x"\n'), environ={"NEBULA__JOB__SCENARIO": "gan"})
+    assert str(info.value) == ("environment variable NEBULA__JOB__SCENARIO: job.scenario: expected one of "
+                               "['abnet', 'electra', 'split'], got 'gan'")
+
+
+@pytest.mark.parametrize(("line", "got"), [("abnet = 3", "3"), ("split = 'x'", "'x'")])
+def test_a_scenario_section_is_a_table(tmp_path: Path, line: str, got: str) -> None:
+    path = write(tmp_path, f'{line}\n[job]\nid = "t"\n')
+    with pytest.raises(ConfigError) as info:
+        load_job_settings(path, environ={})
+    assert str(info.value) == f"{path}: {line.split()[0]}: expected a table, got {got}"
+
+
+def test_the_settings_layer_keeps_every_other_table_as_a_section(tmp_path: Path) -> None:
+    """Below the registry, the loader names no scenario: any other table is a section, kept as
+    written; a value that is no table is an unknown key."""
+    path = write(tmp_path, '[job]\nid = "raw"\nscenario = "toy"\n[toy]\nx = 1\n[other]\ny = 2\n')
+    settings = load_settings(path, environ={})
+    assert settings.sections == {"toy": {"x": 1}, "other": {"y": 2}} and settings.scenario_section() == {"x": 1}
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, 'stray = 1\n[job]\nid = "raw"\n'), environ={})
+    assert str(info.value).endswith("stray: expected one of ['clusters', 'codec', 'job', 'security', 'transport'] "
+                                    "or a scenario's section, got 'unknown key'")
+
+
+def test_sections_built_in_code_are_named_by_keyword() -> None:
+    settings = Settings(job=JobSettings(id="code", scenario="split"), split={"lr": 0.1})
+    assert settings.sections == {"split": {"lr": 0.1}} and settings.scenario_section() == {"lr": 0.1}
+    assert settings.split == {"lr": 0.1} and settings.section("abnet") == {}  # type: ignore[attr-defined]
+    changed = dataclasses.replace(settings, split={"lr": 0.2}, abnet={"preset": "tiny"})  # type: ignore[call-arg]
+    assert changed.sections == {"split": {"lr": 0.2}, "abnet": {"preset": "tiny"}} and changed.job == settings.job
+    with pytest.raises(AttributeError, match="abnet"):
+        getattr(settings, "abnet")
+    with pytest.raises(TypeError):
+        settings.sections["abnet"] = {}  # type: ignore[index]
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(ROOT).as_posix() for d in ("config", "examples")
                                         for p in (ROOT / d).rglob("*.toml")))
 def test_every_shipped_job_file_loads(path: str) -> None:
-    settings = load_settings(ROOT / path, environ={})
+    settings = load_job_settings(ROOT / path, environ={})
     assert settings.scenario_section(), f"{path} has no [{settings.job.scenario}] section"

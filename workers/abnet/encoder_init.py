@@ -28,7 +28,7 @@ import paddle
 from nebula_mq.errors import CheckpointError, ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.logs import get_logger
-from nebula_mq.settings import load_settings
+from workers.registry import load_job_settings
 
 log = get_logger(__name__)
 
@@ -46,7 +46,7 @@ def discriminator_state(init: str, source: str) -> tuple[dict[str, np.ndarray], 
         path = Path(source).resolve().parent / path  # relative to the job file, like builders
     kept: np.ndarray | None = None
     if path.is_file():
-        settings = load_settings(path)
+        settings = load_job_settings(path)
         if settings.job.scenario != "electra":
             raise ConfigError(source, "abnet.encoder_init", "a Scenario I (electra) job file or checkpoint folder",
                               f"{init} (scenario {settings.job.scenario})")

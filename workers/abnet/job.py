@@ -158,7 +158,7 @@ def adapter_optimizer(job: AbnetJob, parameters: list[paddle.Tensor]) -> paddle.
 
 def load_job(settings: Settings) -> AbnetJob:
     where = settings.source or "<settings>"
-    section = dict(settings.abnet)
+    section = dict(settings.section("abnet"))
     for old, new in PLACEMENT_ALIASES.items():
         if old in section:
             if new in section:

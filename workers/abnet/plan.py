@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nebula_mq.settings import Settings
-from workers.abnet.job import AbnetJob, load_job
+from workers.abnet.job import PLACEMENT_ALIASES, AbnetJob, load_job
 from workers.processes import Plan
 from workers.registry import Scenario, declare
 from workers.split.plan import side_processes
@@ -13,4 +13,5 @@ def plan(settings: Settings) -> Plan:
     return side_processes(load_job(settings), "abnet-encoder", "abnet-decoder")
 
 
-SCENARIO = declare(Scenario("abnet", AbnetJob, load_job, plan, role_modules=("encoder", "decoder")))
+SCENARIO = declare(Scenario("abnet", AbnetJob, load_job, plan, role_modules=("encoder", "decoder"),
+                            aliases=PLACEMENT_ALIASES))

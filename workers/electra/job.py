@@ -19,7 +19,7 @@ from workers.electra.data import load_streams
 
 def load_job(settings: Settings) -> ElectraJob:
     """The section, with ``n_sub = "auto"`` resolved (see :func:`resolve_n_sub`)."""
-    job = config.build(ElectraJob, dict(settings.electra), settings.source or "<settings>", "electra.")
+    job = config.build(ElectraJob, dict(settings.section("electra")), settings.source or "<settings>", "electra.")
     if job.n_sub == "auto":
         job = dataclasses.replace(job, n_sub=resolve_n_sub(settings, job))
     return job

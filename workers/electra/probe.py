@@ -32,7 +32,8 @@ _PREFIX = "model/encoder."
 
 def _job_vocabulary(settings: Settings) -> tuple[Any, Any]:
     """(ElectraConfig with the job's vocabulary, XLM-R ids -> job ids or None for synthetic jobs)."""
-    job = load_job(dataclasses.replace(settings, electra={**settings.electra, "n_sub": 1}))
+    electra = {**settings.section("electra"), "n_sub": 1}
+    job = load_job(dataclasses.replace(settings, sections={**settings.sections, "electra": electra}))
     cfg = model_config(settings, job)
     if job.data != "corpus":
         return cfg, None

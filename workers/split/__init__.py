@@ -18,8 +18,9 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from nebula_mq.settings import Settings, load_settings
+from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
+from workers.registry import load_job_settings
 from workers.split.job import HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
 from workers.split.trained import export, load, predict
 
@@ -33,7 +34,7 @@ def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
     from nebula_mq.models.cpu import configure_cpu
 
     configure_cpu()  # MKL's fast path on AMD, this process's share of the cores
-    return job if isinstance(job, Settings) else load_settings(job)
+    return job if isinstance(job, Settings) else load_job_settings(job)
 
 
 def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: InputsFn,

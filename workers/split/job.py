@@ -184,7 +184,7 @@ def micro_batch_seed(job_seed: int, side: str, mb: int) -> int:
 
 
 def load_split_job(settings: Settings) -> SplitJob:
-    return config.build(SplitJob, dict(settings.split), settings.source or "<settings>", "split.")
+    return config.build(SplitJob, dict(settings.section("split")), settings.source or "<settings>", "split.")
 
 
 @dataclass(frozen=True)

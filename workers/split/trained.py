@@ -29,7 +29,8 @@ from nebula_mq.data.corpus_io import sha256_file
 from nebula_mq.errors import CheckpointError, ConfigError
 from nebula_mq.models.frameworks import Framework, framework_of
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.settings import Settings, load_settings
+from nebula_mq.settings import Settings
+from workers.registry import load_job_settings
 from workers.split.job import HeadSpec, TailSpec, load_spec, load_split_job
 
 Side = Literal["head", "tail"]
@@ -49,7 +50,7 @@ class TrainedSide:
 
 
 def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
-    return job if isinstance(job, Settings) else load_settings(job)
+    return job if isinstance(job, Settings) else load_job_settings(job)
 
 
 def shared_step(settings: Settings) -> int:

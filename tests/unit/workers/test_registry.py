@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,7 +15,9 @@ import pytest
 from nebula_mq.errors import ConfigError, DuplicateRegistration, NebulaError
 from nebula_mq.settings import JobSettings, Settings
 from workers import registry
-from workers.registry import Scenario, declare, role, role_main, scenario_named, scenarios
+from workers.processes import Plan
+from workers.registry import (Scenario, declare, load_job_settings, role, role_main, scenario_named, scenario_of,
+                              scenarios)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -42,7 +45,7 @@ def test_a_role_is_looked_up_in_its_jobs_scenario(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"one of \['split-head', 'split-tail'\]"):
         role_main(settings, "abnet-encoder")
     with pytest.raises(ConfigError, match="job.scenario"):
-        role_main(Settings(job=JobSettings(id="reg", scenario="pipline",  # type: ignore[arg-type]
+        role_main(Settings(job=JobSettings(id="reg", scenario="pipline",
                                               run_dir=str(tmp_path))), "x")
 
 
@@ -115,3 +118,48 @@ def test_reloading_a_scenario_plan_keeps_its_registration() -> None:
     module = importlib.import_module("workers.split.plan")
     importlib.reload(module)
     assert registry._SCENARIOS["split"].plan is module.plan
+
+
+@dataclass(frozen=True)
+class ToySection:
+    """The [toy] section of a scenario declared by a test."""
+
+    # How many toys.
+    count: int = 1
+
+
+def _toy_job(settings: Settings) -> ToySection:
+    from nebula_mq import config
+
+    return config.build(ToySection, dict(settings.section("toy")), settings.source, "toy.")
+
+
+def _toy_plan(settings: Settings) -> Plan:
+    return Plan((), ())
+
+
+@pytest.mark.usefixtures("fresh_tables")
+def test_a_scenario_declared_anywhere_brings_its_section_into_job_files(tmp_path: Path) -> None:
+    """Its declaration is the whole registration: the settings, the loader's checks and the
+    config reference take the section from it (the tables are restored after the test)."""
+    from nebula_mq.cli.config import reference
+
+    declare(Scenario("toy", ToySection, _toy_job, _toy_plan, role_modules=()))
+    job = tmp_path / "toy.toml"
+    job.write_text('[job]\nid = "toy"\nscenario = "toy"\n[toy]\ncount = 3\n')
+    settings = load_job_settings(job, environ={})
+    assert settings.scenario_section() == {"count": 3}
+    assert scenario_of(settings).load(settings) == ToySection(3)
+    assert "## `[toy]`" in reference() and "| `count` | `int` | `1` | How many toys. |" in reference()
+    job.write_text('[job]\nid = "toy"\n[toy]\ncount = 3\n')
+    with pytest.raises(ConfigError, match=r'toy: expected \[job\] scenario = "toy" to run a \[toy\] section'):
+        load_job_settings(job, environ={})
+    job.write_text('[job]\nid = "toy"\nscenario = "toy"\n[toys]\n')
+    with pytest.raises(ConfigError) as info:
+        load_job_settings(job, environ={})
+    assert str(info.value) == (f"{job}: toys: expected one of ['abnet', 'clusters', 'codec', 'electra', 'job', "
+                               f"'security', 'split', 'toy', 'transport'], got 'unknown key'")
+
+
+def test_the_declared_scenarios_are_gone_after_a_test_declared_one() -> None:
+    assert "toy" not in scenarios()
