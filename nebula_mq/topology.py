@@ -213,49 +213,12 @@ def message_id(job_id: str, flow: str, producer: str, seq: int) -> str:
     return f"{job_id}/{flow}/{producer}/{seq}"
 
 
-# --------------------------------------------------------------------------- the scenarios' flows
-
-
-def sub_discriminator_flow(index: int) -> str:
-    return f"sub-disc-{index}"
+# -------------------------------------- request/reply flows of a split model (the split and abnet scenarios)
 
 
 def reply_flow(requester: str) -> str:
     """Reply flow of one requester (an encoder worker id)."""
     return f"reply-{_check(requester, 'requester id')}"
-
-
-def electra_results_flow(generator: int | None = None) -> str:
-    """Generator micro-batches to the root discriminator: one flow for a process hosting
-    every generator (``None``), or generator ``k``'s own flow (M3 on separate clusters)."""
-    return "gen-results" if generator is None else f"gen-results-{generator}"
-
-
-def electra_sync_flow(generator: int | None = None) -> str:
-    """Sync tokens from the root discriminator back to the generator process(es)."""
-    return "sync" if generator is None else f"sync-{generator}"
-
-
-def electra_flows(gen_cluster: str, disc_cluster: str, n_sub: int) -> tuple[Flow, ...]:
-    """Scenario I: generator -> root discriminator -> n sub-discriminators; sync back."""
-    flows = [
-        Flow(electra_results_flow(), gen_cluster, disc_cluster),
-        Flow(electra_sync_flow(), disc_cluster, gen_cluster, FlowKind.SYNC),
-    ]
-    flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
-    return tuple(flows)
-
-
-def electra_m3_flows(gen_clusters: tuple[str, ...], disc_cluster: str, n_sub: int) -> tuple[Flow, ...]:
-    """Scenario I with M3 generators on their own clusters: generator ``k`` (on
-    ``gen_clusters[k]``) publishes on ``gen-results-<k>`` and gets its own ``sync-<k>``
-    tokens back, so each generator process consumes only its own sync stream."""
-    if not gen_clusters:
-        raise ValueError("at least one generator cluster")
-    flows = [Flow(electra_results_flow(k), c, disc_cluster) for k, c in enumerate(gen_clusters)]
-    flows += [Flow(electra_sync_flow(k), disc_cluster, c, FlowKind.SYNC) for k, c in enumerate(gen_clusters)]
-    flows += [Flow(sub_discriminator_flow(i), disc_cluster, disc_cluster) for i in range(n_sub)]
-    return tuple(flows)
 
 
 def activation_flow(tail_rank: int | None = None) -> str:

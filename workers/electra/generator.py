@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from nebula_mq import topology
 from nebula_mq.codecs import LZ4
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.device import use_device
@@ -53,7 +52,7 @@ from nebula_mq.transport.base import Transport
 from workers.base import role_worker
 from workers.electra.common import PADDLE_TURN, generator_id, generator_worker_id
 from workers.electra.data import load_streams
-from workers.electra.flows import flow_named, flows
+from workers.electra.flows import electra_results_flow, electra_sync_flow, flow_named, flows
 from workers.electra.job import load_job
 from workers.registry import role
 
@@ -83,8 +82,8 @@ class ElectraGenerator:
         with PADDLE_TURN:
             self.trainers = [GeneratorTrainer(self.cfg, k) for k in self.hosted]
         all_flows = flows(self.job)
-        self.results_flow = flow_named(all_flows, topology.electra_results_flow(slot))
-        self.sync_flow = flow_named(all_flows, topology.electra_sync_flow(slot))
+        self.results_flow = flow_named(all_flows, electra_results_flow(slot))
+        self.sync_flow = flow_named(all_flows, electra_sync_flow(slot))
         self.n = self.job.n
         self.total = settings.job.steps
         # One sync token a step: the root runs up to max_lead steps (and the one in flight, and

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from nebula_mq import topology
 from nebula_mq.codecs import LZ4
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
@@ -31,7 +30,7 @@ from nebula_mq.runtime.logs import get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.electra.common import generator_id
-from workers.electra.flows import flow_named, results_flows, sync_flows
+from workers.electra.flows import flow_named, results_flows, sub_discriminator_flow, sync_flows
 from workers.electra.sub import DiscriminatorRank
 from workers.registry import role
 
@@ -48,7 +47,7 @@ class ElectraRoot(DiscriminatorRank):
         super().__init__(settings, 0, ROLE, transport)
         self.results_flows = [flow_named(self.flows, name) for name in results_flows(self.job)]
         self.sync_flows = [flow_named(self.flows, name) for name in sync_flows(self.job)]
-        self.sub_flows = [flow_named(self.flows, topology.sub_discriminator_flow(r)) for r in range(1, self.world)]
+        self.sub_flows = [flow_named(self.flows, sub_discriminator_flow(r)) for r in range(1, self.world)]
         self.sync_out: list[Outbox] = []
         self.sub_out: list[Outbox] = []
 

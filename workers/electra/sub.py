@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nebula_mq import topology
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.device import use_device
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
@@ -52,7 +51,7 @@ from nebula_mq.transport.base import Transport
 from workers.base import role_worker
 from workers.electra.common import PADDLE_TURN, disc_rank_id
 from workers.electra.data import load_data, pretrained_discriminator
-from workers.electra.flows import flow_named, flows
+from workers.electra.flows import flow_named, flows, sub_discriminator_flow
 from workers.electra.job import load_job
 from workers.registry import role
 
@@ -168,7 +167,7 @@ class ElectraSub(DiscriminatorRank):
         super().__init__(settings, rank, ROLE, transport)
         if not 1 <= rank < self.world:
             raise WorkerError(f"sub-discriminator rank {rank} outside 1..{self.world - 1} (n_sub = {self.world})")
-        self.flow = flow_named(self.flows, topology.sub_discriminator_flow(rank))
+        self.flow = flow_named(self.flows, sub_discriminator_flow(rank))
 
     def inputs(self) -> StepInputs:
         return StepInputs((self.flow,), per_step=self.k_gen)

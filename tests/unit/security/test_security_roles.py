@@ -15,6 +15,7 @@ from nebula_mq.security.roles import (NOTHING, WorkerIdentity, federation_permis
                                       status_reader_permissions)
 from nebula_mq.stack.provision import definitions, publish_path
 from tests.fixtures.roles import decoder, encoder, generator, root_discriminator, sub_discriminator
+from workers.electra.flows import electra_flows
 
 A, B = "cluster-a", "cluster-b"
 FLOWS = topology.abnet_flows(A, B, ("enc-0", "enc-1"))
@@ -53,7 +54,7 @@ def test_decoder_reads_activations_and_writes_every_reply() -> None:
 @given(job=st.from_regex(r"[a-z0-9][a-z0-9-]{0,20}", fullmatch=True), n_sub=st.integers(1, 4),
        other=st.from_regex(r"[a-z0-9.\-]{1,40}", fullmatch=True))
 def test_electra_roles_never_reach_other_queues_or_jobs(job: str, n_sub: int, other: str) -> None:
-    flows = topology.electra_flows(A, B, n_sub)
+    flows = electra_flows(A, B, n_sub)
     roles = [generator("gen"), root_discriminator("disc", n_sub), *(sub_discriminator(f"s{i}", i) for i in range(n_sub))]
     for role in roles:
         p = permissions(job, role, flows)

@@ -121,7 +121,8 @@ def test_auto_n_is_measured_once_and_every_process_reads_the_same_value(tmp_path
 @given(clusters=st.lists(st.sampled_from(["cluster-a", "cluster-b", "cluster-c"]), min_size=1, max_size=4),
        n_sub=st.integers(1, 4))
 def test_m3_flows_give_each_generator_its_own_results_and_sync_streams(clusters: list[str], n_sub: int) -> None:
-    from nebula_mq.topology import FlowKind, electra_m3_flows
+    from nebula_mq.topology import FlowKind
+    from workers.electra.flows import electra_m3_flows
 
     fl = {f.name: f for f in electra_m3_flows(tuple(clusters), "cluster-b", n_sub)}
     assert len(fl) == 2 * len(clusters) + n_sub  # names unique within the job
