@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 class JobProcesses:
     def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None,
-                 metrics_port_base: int = 0, select: Callable[[Process], bool] | None = None) -> None:
+                 metrics_port_base: int = 0, select: Callable[[Process], bool] | None = None,
+                 broker_host: str = "") -> None:
         """``metrics_port_base``: serve worker ``i``'s metrics on that port + ``i`` (0: none);
         ``select``: the processes of the plan this machine runs (default: all of them, on a
-        stack that holds every cluster the job uses)."""
+        stack that holds every cluster the job uses); ``broker_host``: the workers reach the
+        stack's broker by this name from its certificate (another host of the cluster), not on
+        loopback."""
         from nebula_mq.errors import StackError
         from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
@@ -56,6 +59,7 @@ class JobProcesses:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
         self.metrics_port_base = metrics_port_base
+        self.broker_host = broker_host
 
     def _unknown_clusters(self, missing: list[str], needed: tuple[str, ...]) -> str:
         """Most often a typo in the job: say which key names it and the closest known cluster;
@@ -101,6 +105,8 @@ class JobProcesses:
         proc = next(p for p in self.processes if p.worker_id == worker_id)
         cmd = [sys.executable, "-m", "nebula_mq", "worker", self.config, "--role", proc.role, "--index",
                str(proc.index), "--stack", self.stack_dir]
+        if self.broker_host:
+            cmd += ["--broker-host", self.broker_host]
         port = self.metrics_ports().get(worker_id)
         return cmd + ["--metrics-port", str(port)] if port else cmd
 

@@ -16,6 +16,7 @@ from nebula_mq.security.certs import Identity
 from nebula_mq.stack.provision import Upstream, definitions, job_queue_pattern
 from nebula_mq.topology import Flow
 from tests.fixtures.stack import StackHandle
+from workers.electra.flows import electra_flows
 
 CLUSTERS = ("c0", "c1", "c2")
 flows_strategy = st.lists(
@@ -67,7 +68,7 @@ def test_upstream_uses_the_relay_and_loss_safe_link_settings() -> None:
 
 
 def test_permissions_cover_only_the_jobs_queues() -> None:
-    flows = topology.electra_flows("c0", "c1", 2)
+    flows = electra_flows("c0", "c1", 2)
     pattern = job_queue_pattern("j", flows)
     for f in flows:
         assert re.match(pattern, topology.queue_name("j", f.name))
