@@ -141,11 +141,28 @@ class QueueSampler:
         return True
 
     def sample(self) -> bool:
-        """Take one sample now, on the calling thread. Returns False when it failed: that is
-        logged (``queue_sample_failed``), never raised."""
-        queue: str | None = None
+        """Take one sample now, on the calling thread, and publish the worker's status with
+        it. Returns False when either failed: that is logged (``queue_sample_failed``,
+        ``status_publish_failed``), never raised. The status goes out even when the queue
+        depths could not be read (a rank host that cannot reach the management API): the job's
+        view hears the worker, without its queues."""
+        rows, sampled = self._sample_queues()
         try:
-            rows: list[dict[str, Any]] = []
+            self._publish_status(rows)
+        except NebulaError as exc:  # a broker hiccup costs a status message, never a step
+            log.warning("status_publish_failed", error=str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - nor does anything else
+            log.warning("status_publish_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
+            return False
+        return sampled
+
+    def _sample_queues(self) -> tuple[list[dict[str, Any]], bool]:
+        """The depth of every watched queue, appended to the rows file: (rows, True); or the
+        rows read before a failure, not written, and False."""
+        queue: str | None = None
+        rows: list[dict[str, Any]] = []
+        try:
             for queue in sorted({*self._queues(), self.dead_letter_queue}):
                 depth = self.probe.queue_depth(queue)
                 if depth is None:  # no such queue (yet)
@@ -160,19 +177,20 @@ class QueueSampler:
             self.rows.parent.mkdir(parents=True, exist_ok=True)
             with self.rows.open("a") as fh:
                 fh.writelines(json.dumps(row, sort_keys=True) + "\n" for row in rows)
-            self._publish_status(rows)
         except NebulaError as exc:  # a broker hiccup costs a sample, never a step
             log.warning("queue_sample_failed", queue=queue, error=str(exc))
-            return False
+            return rows, False
         except Exception as exc:  # noqa: BLE001 - nor does anything else (a full disk, a bug)
             log.warning("queue_sample_failed", queue=queue, error=f"{type(exc).__name__}: {exc}", exc_info=True)
-            return False
-        return True
+            return rows, False
+        return rows, True
 
     def _publish_status(self, rows: list[dict[str, Any]]) -> None:
         if self._status is None or not self.status_exchange:
             return
         status = self._status()
+        if not status:  # nothing reported yet: the next sample has something to say
+            return
         queues = {r["queue"]: {k: v for k, v in r.items() if k in ("messages", "bytes")} for r in rows}
         body = json.dumps({**status, "queues": queues, "sent": time.time()}, sort_keys=True).encode()
         self.probe.publish_status(self.status_exchange, str(status.get("worker", "")), body)

@@ -141,6 +141,6 @@ class Worker:
 
     def record_step(self, values: Mapping[str, float]) -> None:
         """``self.step`` is done with ``values``: reported, and the hooks told."""
-        self.sampler.tick()  # samples here only for a worker driven without `lifecycle`
         self.report.record(self.step, values)
+        self.sampler.tick()  # samples here only for a worker driven without `lifecycle`; its status is this step's
         self.hooks.on_step(self.step, self.report.values)

@@ -26,9 +26,12 @@ from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts
 pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 
 NAMES = (("a1.nebula.test", "a2.nebula.test"), ("b1.nebula.test", "b2.nebula.test"))
-SIDES = {"cluster-a": "head", "cluster-b": "tail"}
 WORKERS = ("head-0", "head-0-r1", "tail-0", "tail-0-r1")
 STEPS = 16
+
+
+def _cluster(worker: str) -> str:
+    return "cluster-a" if worker.startswith("head") else "cluster-b"
 
 
 def _job(tmp: Path, name: str, ranks: int) -> Path:
@@ -89,6 +92,12 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
         _finish(_start(hosts, stacks, single, ranks=1), single)
         clean = _job(tmp_path, "clean", ranks=2)
         _finish(_start(hosts, stacks, clean, ranks=2), clean)
+        for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters
+            out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
+            rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
+            assert set(rows) == set(WORKERS), (c, rows)
+            assert all(r["state"] == "finished" and r["step"] == STEPS for r in rows.values()), (c, rows)
+            assert {w: r["cluster"] for w, r in rows.items()} == {w: _cluster(w) for w in WORKERS}, rows
 
         killed = _job(tmp_path, "killed", ranks=2)
         procs = _start(hosts, stacks, killed, ranks=2)
@@ -104,9 +113,8 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
         assert "head-0-r1" in log_a2 and "restart" in log_a2, log_a2[-3000:]
 
     for worker in WORKERS:
-        cluster = "cluster-a" if worker.startswith("head") else "cluster-b"
-        c_ck = final_checkpoint(tmp_path / f"clean-{cluster}", worker)
-        k_ck = final_checkpoint(tmp_path / f"killed-{cluster}", worker)
+        c_ck = final_checkpoint(tmp_path / f"clean-{_cluster(worker)}", worker)
+        k_ck = final_checkpoint(tmp_path / f"killed-{_cluster(worker)}", worker)
         assert c_ck.step == k_ck.step == STEPS and c_ck.digest == k_ck.digest, worker
     # 2x2 trains the 1x1 model (to float tolerance), and the ranks of a side hold the same weights.
     for cluster, worker in (("cluster-a", "head-0"), ("cluster-b", "tail-0")):

@@ -186,3 +186,21 @@ def test_a_worker_stepped_without_main_samples_on_its_own_thread_and_survives_fa
     w.sampler.stop(final=True)  # a last sample, on this thread
     assert {row["queue"] for row in rows(w)} == {w.transport.queue_for(FLOW), w.transport.dead_letter_queue}
     assert probe(w).closed
+
+
+def test_the_status_goes_out_when_the_queues_cannot_be_read(tmp_path: Path) -> None:
+    """A rank on a host that cannot reach the broker's management API is still heard by the
+    job's status feed, without queue depths."""
+    def refused() -> None:
+        raise TransportError("management API GET queues: [Errno 111] Connection refused")
+
+    w = worker(tmp_path, {1: refused})
+    with capture_logs() as logs:
+        record_steps(w)  # the first step's sample fails
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["queue_sample_failed"]
+    [(exchange, key, body)] = probe(w).published
+    status = json.loads(body)
+    assert key == "dec-0" and status["worker"] == "dec-0" and status["queues"] == {}, status
+    assert exchange == w.sampler.status_exchange and rows(w) == []
+    w.sampler.stop(final=True)
+    assert len(probe(w).published) == 2 and json.loads(probe(w).published[1][2])["queues"], probe(w).published
