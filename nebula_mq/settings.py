@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nebula_mq import config
 # The [clusters.<name>] tables, re-exported: every module imports them from here.
@@ -180,13 +180,6 @@ class Settings:
 
     def scenario_section(self) -> Mapping[str, Any]:
         return self.section(self.job.scenario)
-
-    if not TYPE_CHECKING:  # typed code says settings.section("split"); tests and scripts may say settings.split
-        def __getattr__(self, name: str) -> Mapping[str, Any]:
-            sections = self.__dict__.get("sections", {})
-            if name in sections:
-                return sections[name]
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 CORE_KEYS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("sections", "source"))

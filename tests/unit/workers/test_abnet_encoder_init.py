@@ -41,7 +41,7 @@ preset = "tiny"
 
 
 def with_init(settings: Settings, init: str) -> Settings:
-    return dataclasses.replace(settings, abnet={**settings.abnet, "encoder_init": init})
+    return dataclasses.replace(settings, abnet={**settings.section("abnet"), "encoder_init": init})
 
 
 @pytest.fixture(scope="module")

@@ -164,7 +164,7 @@ def test_split_job_equals_the_joint_model_at_one_in_flight(trained_split_job: Se
 
 
 def _job_file(settings: Settings, where: Path) -> Path:
-    ab = settings.abnet
+    ab = settings.section("abnet")
     body = (f'[job]\nid = "{settings.job.id}"\nscenario = "abnet"\nseed = {settings.job.seed}\n'
             f'steps = {settings.job.steps}\nrun_dir = "{settings.run_dir}"\n\n'
             f'[codec]\nforward = "fp16"\nbackward = "none"\n\n[abnet]\n'

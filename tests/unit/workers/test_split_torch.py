@@ -90,7 +90,7 @@ def _head(tmp_path: Path, spec: Any, **split: Any) -> Any:
     settings = settings_for(tmp_path, steps=4)
     if split:
         settings = Settings(job=settings.job, codec=settings.codec, transport=settings.transport,
-                            split={**settings.split, **split})
+                            split={**settings.section("split"), **split})
     return SpecHead(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
 
 
