@@ -18,7 +18,7 @@ from typing import Any
 
 from nebula_mq.settings import BrokerSettings
 
-from .connection import open_connection
+from .connection import close_quietly, open_connection
 from .pika_errors import PIKA_ERRORS, translate
 
 PREFETCH = 500
@@ -58,10 +58,7 @@ def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s
     except PIKA_ERRORS as exc:
         raise translate(exc, f"read the status feed {stream!r}") from None
     finally:
-        try:
-            conn.close()
-        except PIKA_ERRORS:
-            pass
+        close_quietly(conn)
     return out
 
 
