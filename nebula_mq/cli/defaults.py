@@ -34,24 +34,27 @@ def announce_defaults(args: argparse.Namespace, out: TextIO | None = None) -> li
         if args.out is None and not os.environ.get("NEBULA_DATA_DIR"):
             lines += _line("the data", Path("run/data"), "--out DIR or $NEBULA_DATA_DIR")
     else:
+        job = getattr(args, "job", None) or getattr(args, "config", None) or (DEMO_JOB if command == "demo" else None)
+        job_lines = _job_line(job) if job is not None else []
+        if job_lines is None:
+            return []  # the command fails on its job file, in one line, and creates nothing
         stack = getattr(args, "stack", None)
         if stack in (None, DEFAULT_STACK) and not os.environ.get("NEBULA_RUN_DIR"):
             lines += _line("the local stack", Path(DEFAULT_STACK), "--stack DIR or $NEBULA_RUN_DIR")
-        job = getattr(args, "job", None) or getattr(args, "config", None) or (DEMO_JOB if command == "demo" else None)
-        if job is not None:
-            lines += _job_line(job)
+        lines += job_lines
     for line in lines:
         print(line, file=out or sys.stderr)
     return lines
 
 
-def _job_line(job: str) -> list[str]:
+def _job_line(job: str) -> list[str] | None:
+    """The line for the job's default run directory; None when the job file does not load."""
     from nebula_mq.settings import load_settings
 
     try:
         settings = load_settings(job)
     except (NebulaError, OSError):
-        return []  # the command itself reports a job file it cannot read, as one line
+        return None
     if settings.job.run_dir:
         return []
     return _line(f"job {settings.job.id}'s checkpoints, logs and reports", settings.run_dir,

@@ -70,6 +70,8 @@ def _up(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.logs import configure_logging, get_logger
     from nebula_mq.stack import Stack
     from nebula_mq.stack.layout import did_you_mean
+    from workers.plans import plan_for
+    from workers.registry import load_job_settings
 
     configure_logging("info")
     log = get_logger("nebula_mq.up")
@@ -77,15 +79,16 @@ def _up(args: argparse.Namespace) -> int:
     def mine(p: Any) -> bool:
         return bool(p.cluster == args.cluster and (args.ranks is None or p.index in args.ranks))
 
-    job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)
-    clusters = sorted({p.cluster for p in job.plan.processes})
+    plan = plan_for(load_job_settings(args.config))  # this host's part is checked before any stack is read
+    clusters = sorted({p.cluster for p in plan.processes})
     if args.cluster not in clusters:
         raise ConfigError("<command line>", "--cluster", f"a cluster of the job's workers ({', '.join(clusters)})"
                           f"{did_you_mean(args.cluster, clusters)}", args.cluster)
-    if not job.processes:
-        indices = sorted({p.index for p in job.plan.processes if p.cluster == args.cluster})
+    if not any(mine(p) for p in plan.processes):
+        indices = sorted({p.index for p in plan.processes if p.cluster == args.cluster})
         raise ConfigError("<command line>", "--ranks", f"ranks of {args.cluster}'s roles ({indices})",
                           ",".join(map(str, sorted(args.ranks or ()))))
+    job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)
     stack = Stack.open(args.stack)
     if args.broker_host:  # the broker host's `up` provisions the job and holds its key
         print(wait_for_job_key(job.settings, args.broker_host, KEY_WAIT_S), file=sys.stderr)

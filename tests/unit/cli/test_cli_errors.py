@@ -229,3 +229,15 @@ def test_a_grant_on_a_mistyped_root_or_dataset_creates_nothing(
     assert not (root / "owners").exists() and not (root / "grants").exists()  # no key, no grant
     assert main(["data-access", "grant", str(root), "alice", "job-1", "bible-es", *audit]) == 0
     assert "granted to job job-1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--cluster", "cluster-c"], "--cluster: expected a cluster of the job's workers (cluster-a, cluster-b) "
+                                 "(did you mean 'cluster-b'?), got 'cluster-c'"),
+    (["--cluster", "cluster-a", "--ranks", "7"], "--ranks: expected ranks of cluster-a's roles ([0]), got '7'"),
+])
+def test_up_names_a_cluster_or_rank_the_job_does_not_have_before_reading_any_stack(
+        job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str) -> None:
+    code = main(["up", str(job), "--stack", str(tmp_path / "no-stack"), *argv])
+    assert expected in one_error_line(capsys, code)
+    assert not (tmp_path / "no-stack").exists()

@@ -55,7 +55,7 @@ def test_chosen_places_and_commands_that_create_nothing_say_nothing(in_tmp: Path
 
 def test_a_job_file_the_command_cannot_read_is_left_to_its_own_error(in_tmp: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    assert said(["run", "missing.toml", "--stack", "s"]) == []
+    assert said(["run", "missing.toml"]) == []  # not even the default stack: the command fails first
     assert main(["up", "missing.toml", "--cluster", "cluster-a", "--stack", "s"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("nebula-mq: error:") and "missing.toml" in err[0], err
