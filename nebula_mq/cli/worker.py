@@ -106,6 +106,9 @@ def check_metrics_port(port: int) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.logs import configure_logging
+    from nebula_mq.runtime.signals import hold_stop_signals
+
+    hold_stop_signals()  # until the role's driver handles them: a stop during start-up is a clean stop
     from workers.plans import run_role
     from workers.registry import load_job_settings
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
 
 if TYPE_CHECKING:
@@ -113,7 +114,9 @@ class JobProcesses:
     def start(self, worker_id: str) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = self.command(worker_id)
-        with open(self.logs / f"{worker_id}.log", "ab") as out:
+        # The worker starts with SIGINT/SIGTERM held until its own handlers are in
+        # (runtime.signals): a stop while it imports paddle is a clean stop, not a fatal error.
+        with open(self.logs / f"{worker_id}.log", "ab") as out, stop_signals_held():
             child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.worker_env())
         self.children[worker_id] = child
         return child

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 FORCED_EXIT_STATUS = 130
@@ -51,8 +53,33 @@ class StopFlag:
         return [signal.Signals(s).name for s in self.signals]
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def hold_stop_signals() -> None:
+    """At a worker process's start: SIGINT and SIGTERM wait, pending, until the worker installs
+    its handlers (:func:`install_stop_handlers`). A stop asked for while the process starts (paddle
+    loads for seconds and puts its own C-level handlers in, which end the process with a fatal
+    error) is then the same clean stop as one asked for later. Threads started meanwhile keep
+    the signals blocked: the main thread, where Python runs handlers, receives them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held on this thread for the block (delivered after it): a worker
+    process started inside it begins with them held from its first instruction, as the
+    child inherits the mask, until its handlers are in."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def install_stop_handlers(flag: StopFlag) -> None:
-    """SIGTERM/SIGINT set ``flag``; a second SIGINT exits the process at once (130)."""
+    """SIGTERM/SIGINT set ``flag``; a second SIGINT exits the process at once (130). Signals
+    held since the process started (:func:`hold_stop_signals`) are delivered now, to these."""
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT and signal.SIGINT in flag.signals:
@@ -64,3 +91,4 @@ def install_stop_handlers(flag: StopFlag) -> None:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

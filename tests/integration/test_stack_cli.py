@@ -224,6 +224,31 @@ def test_ctrl_c_under_run_stops_every_worker_cleanly_and_a_second_one_at_once(
             proc.wait(10)
 
 
+def test_ctrl_c_while_the_workers_start_is_a_clean_stop(stack: StackHandle, tmp_path: Path) -> None:
+    """A Ctrl-C in the first second of the workers' lives, while they import paddle (whose own
+    handlers would end them with a fatal error): held until their handlers are in, it is one
+    stop request like any later one: every worker exits 0, ``run`` 130, nothing failed."""
+    job, run_dir, log = tmp_path / "job.toml", tmp_path / "run", tmp_path / "run.log"
+    job.write_text(CTRL_C_JOB.format(tag=f"early-{os.getpid()}", run_dir=run_dir))
+    proc = _start_run(job, stack, log)
+    try:
+        deadline = time.monotonic() + 60
+        while not all((run_dir / "logs" / f"{w}.log").exists() for w in ("enc-0", "dec-0")):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) == 130, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "enc-0: exit 0" in text and "dec-0: exit 0" in text and "failed" not in text, text[-3000:]
+        workers = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+        assert "FatalError" not in workers and "Traceback" not in workers, workers[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def test_run_restarts_a_worker_that_dies_and_the_job_still_finishes(stack: StackHandle, tmp_path: Path) -> None:
     """Supervision: a SIGKILLed worker is restarted by ``run`` (no one watching), resumes from
     its checkpoint, and the job ends with rc 0 at the last step."""

@@ -57,3 +57,23 @@ def test_a_second_sigint_exits_at_once_with_130_and_says_why() -> None:
     assert done.returncode == 130
     assert done.stdout.strip() == "first"
     assert "second interrupt" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_stop_while_paddle_loads_is_held_for_the_workers_handlers() -> None:
+    """SIGTERM and SIGINT arrive while the worker starts and paddle loads (it installs C-level
+    handlers that end the process with a fatal error): held, they reach the worker's own
+    handlers once installed, a stop request like any other."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os, signal
+        from nebula_mq.runtime.signals import StopFlag, hold_stop_signals, install_stop_handlers
+        hold_stop_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        import paddle  # noqa: F401
+        flag = StopFlag()
+        install_stop_handlers(flag)
+        print(flag.is_set(), sorted(flag.signal_names()))
+    """)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "True ['SIGINT', 'SIGTERM']", done.stdout
+    assert "FatalError" not in done.stderr, done.stderr[-2000:]
