@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
     _add_common(up)
     up.add_argument("--clusters", default="cluster-a,cluster-b", help="comma-separated cluster names")
     up.add_argument("--base-port", type=int, default=None,
-                    help="TLS port of the first node (default 5681; relays +10, dist +20000)")
+                    help="TLS port of the first node (default: the saved stack's, else 5681; relays +10, dist +20000)")
     up.add_argument("--prefix", default="nebula", help="Erlang node name prefix")
     up.add_argument("--listen", default="127.0.0.1", metavar="ADDR",
                     help="also accept AMQPS on this address of this host, for peers and workers on other hosts "
@@ -48,10 +48,10 @@ def register(subparsers: Any) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
+    from nebula_mq.stack import Stack
 
     clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
-    stack = Stack(args.stack, clusters, args.base_port or DEFAULT_BASE_PORT, args.prefix, args.listen, args.hostname,
+    stack = Stack(args.stack, clusters, args.base_port, args.prefix, args.listen, args.hostname,
                   args.management_listen)
     if args.foreground:
         stack.serve()

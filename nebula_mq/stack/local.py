@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
@@ -56,6 +56,16 @@ class QueueDepth:
     message_bytes: int
 
 
+T = TypeVar("T")
+
+
+def _given(value: T | None, saved: T | None, default: T) -> T:
+    """``value`` if given, else the saved stack's, else ``default``."""
+    if value is not None:
+        return value
+    return saved if saved is not None else default
+
+
 class Stack:
     """A set of local nodes, one per cluster, with the relays between them."""
 
@@ -63,22 +73,28 @@ class Stack:
         self,
         run_dir: str | os.PathLike[str] | None = None,
         clusters: Sequence[str] = DEFAULT_CLUSTERS,
-        base_port: int = DEFAULT_BASE_PORT,
-        prefix: str = DEFAULT_PREFIX,
-        listen: str = "127.0.0.1",
-        hostnames: Sequence[str] = (),
-        management_listen: str = "127.0.0.1",
+        base_port: int | None = None,
+        prefix: str | None = None,
+        listen: str | None = None,
+        hostnames: Sequence[str] | None = None,
+        management_listen: str | None = None,
     ) -> None:
         """Plan a stack in ``run_dir`` (default ``$NEBULA_RUN_DIR`` or ``run/stack``).
 
         ``listen`` and ``hostnames``: the address the nodes also listen on and the names
         their certificates carry, for a node that other hosts reach (one cluster per host).
-        If a stack with another layout is already running there, it keeps its own
-        layout (ports, prefix) until ``down``.
+        What is not given is the saved stack's (a stopped one started with ``--base-port``
+        comes back on its ports), else the default. If a stack with another layout is
+        already running there, it keeps its own layout (ports, prefix) until ``down``.
         """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
-        fresh = plan(root, clusters, base_port, prefix, listen, hostnames, management_listen)
+        fresh = plan(root, clusters,
+                     _given(base_port, saved.base_port if saved else None, DEFAULT_BASE_PORT),
+                     _given(prefix, saved.prefix if saved else None, DEFAULT_PREFIX),
+                     _given(listen, saved.listen if saved else None, "127.0.0.1"),
+                     _given(hostnames, saved.hostnames if saved else None, ()),
+                     _given(management_listen, saved.management_listen if saved else None, "127.0.0.1"))
         if saved is not None and saved != fresh and any(nodes.is_running(n) for n in saved.nodes):
             # A running stack keeps its layout; ask for `down` before changing it.
             self.layout = saved

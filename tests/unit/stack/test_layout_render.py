@@ -114,3 +114,17 @@ def test_port_free_sees_a_listener_and_with_reuse_addr_off_a_closed_connection()
     time.sleep(0.05)
     assert port_free(port)
     assert not port_free(port, reuse_addr=False)
+
+
+def test_a_stopped_stack_comes_back_on_its_own_ports_unless_told_otherwise(tmp_path: Path) -> None:
+    """`run`, `up` and `provision --stack` open a stopped stack by its directory alone: the layout
+    it was started with (`stack up --base-port 5671 --prefix t --listen ...`) stands, not the
+    defaults; what a caller gives explicitly wins."""
+    from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
+
+    started = Stack(tmp_path / "st", ("cluster-a",), 5671, "t", "0.0.0.0", ("broker-a.nebula.test",), "0.0.0.0")
+    started._prepare()  # saved, nothing running
+    again = Stack(tmp_path / "st", ("cluster-a",))
+    assert again.layout == started.layout
+    assert Stack(tmp_path / "st", ("cluster-a",), base_port=5771).layout.base_port == 5771
+    assert Stack(tmp_path / "fresh", ("cluster-a",)).layout.base_port == DEFAULT_BASE_PORT
