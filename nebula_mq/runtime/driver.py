@@ -216,8 +216,11 @@ class Driver:
 
     def checkpoint(self) -> None:
         arrays, meta = self.role.state()
-        self.worker.commit(arrays, meta)
+        # The steps' history rows first: a kill between the two redoes those steps from the
+        # older checkpoint and writes their rows again (a step's last row counts), while rows
+        # written after the checkpoint would be lost for good by a kill in between.
         self.worker.report.write_history()
+        self.worker.commit(arrays, meta)
 
     def open_inbox(self) -> OrderedInbox:
         inputs = self.role.inputs()

@@ -4,6 +4,7 @@ are the driver's."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,30 @@ def test_a_crash_loses_nothing_and_applies_nothing_twice(tmp_path: Path) -> None
     second = Summing(tmp_path, broker)
     assert second.run() == 0
     assert second.applied == [4, 5] and second.sum == 111111.0  # 4 again, from the step-4 state
+
+
+def test_a_kill_just_after_a_checkpoint_leaves_the_history_whole(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loss curve has every step whenever a worker dies: the rows a checkpoint covers are
+    written before it is saved (a kill between the two redoes those steps and their rows; the
+    report keeps a step's last row)."""
+    sender, broker = setup(tmp_path)
+    send(sender, list(range(STEPS)))
+    first = Summing(tmp_path, broker)
+    save = first.worker.store.save
+
+    def save_then_die(*args: Any, **kwargs: Any) -> Checkpoint:
+        save(*args, **kwargs)
+        raise SystemExit("killed just after the checkpoint is in place")
+
+    monkeypatch.setattr(first.worker.store, "save", save_then_die)
+    with pytest.raises(SystemExit):
+        first.run()
+    assert first.worker.store.steps() == [4]
+    second = Summing(tmp_path, broker)
+    assert second.run() == 0 and second.applied == [4, 5]
+    history = (tmp_path / "history" / "dec-0.jsonl").read_text().splitlines()
+    assert sorted({int(json.loads(line)["step"]) for line in history}) == list(range(1, STEPS + 1)), history
 
 
 def test_a_step_of_several_sources_waits_for_each_and_a_stranger_is_dead_lettered(tmp_path: Path) -> None:
