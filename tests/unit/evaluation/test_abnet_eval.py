@@ -71,7 +71,7 @@ def test_trained_pipeline_beam_decodes_eval_split_on_t(tmp_path: Path) -> None:
 
     def run(steps: int, where: Path) -> dict[str, object]:
         base = tiny_settings(where, steps=steps)
-        settings = dataclasses.replace(base, abnet={**base.abnet, "lr": 3e-3, "eval_samples": 40, "eval_beam": 2,
+        settings = dataclasses.replace(base, abnet={**base.section("abnet"), "lr": 3e-3, "eval_samples": 40, "eval_beam": 2,
                                                     "eval_max_len": 12})
         run_pair(settings, MemoryBroker())
         return json.loads((where / "eval.json").read_text())

@@ -137,7 +137,7 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
     from workers.split.head import Forward
 
     base = tiny_settings(tmp_path, steps=4)
-    settings = dataclasses.replace(base, abnet={**base.abnet, "on_collapse": on_collapse})
+    settings = dataclasses.replace(base, abnet={**base.section("abnet"), "on_collapse": on_collapse})
     enc = AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
     mask = np.ones((2, 5), dtype=np.float32)
     reply = (types.SimpleNamespace(meta={"loss": 2.5}),)  # the step's one reply
@@ -158,7 +158,7 @@ def feedback_settings(run_dir: Path, steps: int) -> Settings:
     base = tiny_settings(run_dir, steps=steps, forward="int8", backward="int8")
     import dataclasses
 
-    return dataclasses.replace(base, abnet={**base.abnet, "train_samples": 48,
+    return dataclasses.replace(base, abnet={**base.section("abnet"), "train_samples": 48,
                                             "forward_feedback": "delta", "backward_feedback": "residual"})
 
 

@@ -93,7 +93,7 @@ def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_pat
     run_pair(settings_for(tmp_path / "two", steps=12), MemoryBroker())
     one = settings_for(tmp_path / "one", steps=12)
     one = Settings(job=one.job, codec=one.codec, transport=one.transport,
-                   split={**one.split, "tail_cluster": "s"})
+                   split={**one.section("split"), "tail_cluster": "s"})
     broker = MemoryBroker()
     tail = SpecTail(one, mlp.build_tail(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
     head = SpecHead(one, mlp.build_head(one), MemoryTransport(broker, one.transport, one.job.id, "s"))

@@ -33,7 +33,7 @@ def trained_job(tmp_path: Path, run_pair: Any, head: str) -> Settings:
     at 30 on both sides)."""
     base = split_settings(tmp_path, steps=30)
     settings = Settings(job=base.job, codec=base.codec, transport=base.transport,
-                        split={**base.split, "head": f"{head}:build_head", "tail": "mlp_torch:build_tail"},
+                        split={**base.section("split"), "head": f"{head}:build_head", "tail": "mlp_torch:build_tail"},
                         source=str(SPLIT_EXAMPLE / "job.toml"))
     run_pair(settings, MemoryBroker())
     return settings
@@ -97,7 +97,7 @@ def test_load_before_any_checkpoint_pair_is_a_one_line_checkpoint_error(tmp_path
     from workers.split import load
 
     base = split_settings(tmp_path, steps=30)
-    settings = Settings(job=base.job, split={**base.split, "head": "mlp_torch:build_head"},
+    settings = Settings(job=base.job, split={**base.section("split"), "head": "mlp_torch:build_head"},
                         source=str(SPLIT_EXAMPLE / "job.toml"))
     with pytest.raises(CheckpointError, match=r"no checkpoint pair under .*checkpoints: head has \[\], tail has \[\]"):
         load(settings, "head")
