@@ -104,7 +104,8 @@ def load_job_settings(path: str | os.PathLike[str], environ: Mapping[str, str] |
     top-level tables checked against the declared scenarios: ``[job] scenario`` names one, and
     every table other than the core ones is that scenario's section. Another scenario's section,
     an unknown scenario or an unknown top-level key is a one-line :class:`ConfigError`, blamed
-    on the variable that set it. Every command that reads a job file reads it here."""
+    on the variable that set it. Every command that runs or reports on a job reads its file here
+    (``cli.defaults`` only peeks at ``[job] run_dir``, and leaves the errors to the command)."""
     return load_settings(path, environ, scenarios=scenarios())
 
 

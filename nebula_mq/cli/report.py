@@ -76,9 +76,9 @@ def _target(args: argparse.Namespace) -> tuple[Path, FeedWatch | None]:
             raise ConfigError("<command line>", "RUN_DIR|JOB.toml", "the job file with --feed (it names the "
                               "job whose feed to read)", args.target)
         return target, None
-    from nebula_mq.settings import load_settings
+    from workers.registry import load_job_settings
 
-    settings = load_settings(str(target))
+    settings = load_job_settings(str(target))
     if not args.feed:
         return settings.run_dir, None
     from nebula_mq.cli.status_feed import feed_reader

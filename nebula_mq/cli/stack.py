@@ -19,18 +19,20 @@ def register(subparsers: Any) -> None:
     up = sub.add_parser("up", help="start every node and relay, wait until ready; running nodes reload their "
                                    "certificates (after `certs import-ca`)")
     _add_common(up)
-    up.add_argument("--clusters", default="cluster-a,cluster-b", help="comma-separated cluster names")
+    up.add_argument("--clusters", default=None,
+                    help="comma-separated cluster names (default: the saved stack's, else cluster-a,cluster-b)")
     up.add_argument("--base-port", type=int, default=None,
                     help="TLS port of the first node (default: the saved stack's, else 5681; relays +10, dist +20000)")
-    up.add_argument("--prefix", default="nebula", help="Erlang node name prefix")
-    up.add_argument("--listen", default="127.0.0.1", metavar="ADDR",
+    up.add_argument("--prefix", default=None, help="Erlang node name prefix (default: the saved stack's, else nebula)")
+    up.add_argument("--listen", default=None, metavar="ADDR",
                     help="also accept AMQPS on this address of this host, for peers and workers on other hosts "
-                         "(default: loopback only)")
-    up.add_argument("--hostname", action="append", default=[], metavar="H",
-                    help="a name other hosts reach the node by, put in its certificate (repeatable)")
-    up.add_argument("--management-listen", default="127.0.0.1", metavar="ADDR",
-                    help="the management API's address (default loopback; a compose project's workers reach it "
-                         "on the project's own network)")
+                         "(default: the saved stack's, else loopback only)")
+    up.add_argument("--hostname", action="append", default=None, metavar="H",
+                    help="a name other hosts reach the node by, put in its certificate (repeatable; default: "
+                         "the saved stack's)")
+    up.add_argument("--management-listen", default=None, metavar="ADDR",
+                    help="the management API's address (default: the saved stack's, else loopback; a compose "
+                         "project's workers reach it on the project's own network)")
     up.add_argument("--foreground", action="store_true",
                     help="run the one cluster's node in the foreground, without a WAN relay (a container's main "
                          "process: docker-compose.yml)")
@@ -50,7 +52,7 @@ def register(subparsers: Any) -> None:
 def _up(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
-    clusters = tuple(c.strip() for c in args.clusters.split(",") if c.strip())
+    clusters = None if args.clusters is None else tuple(c.strip() for c in args.clusters.split(",") if c.strip())
     stack = Stack(args.stack, clusters, args.base_port, args.prefix, args.listen, args.hostname,
                   args.management_listen)
     if args.foreground:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.cli.options import add_stack_option, default_stack
-from nebula_mq.cli.run import positive_seconds
 from nebula_mq.cli.table import render
 
 from nebula_mq.runtime.metrics import read_metrics
@@ -31,13 +30,9 @@ def register(sub: Any) -> None:
     add_stack_option(p, "the local stack's directory, for queue depths (default $NEBULA_RUN_DIR or run/stack)",
                      default_stack())
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--feed", metavar="CLUSTER", default="",
-                   help="read the job's status feed from CLUSTER's broker: every worker of every cluster and "
-                        "host, with how long ago each was heard from (instead of this host's status files)")
-    p.add_argument("--lost-after", type=positive_seconds, default=60.0, metavar="SECONDS",
-                   help="with --feed: a running worker silent this long is LOST (default 60)")
-    p.add_argument("--since", type=positive_seconds, default=3600.0, metavar="SECONDS",
-                   help="with --feed: read the feed's messages of the last SECONDS (default 3600)")
+    from nebula_mq.cli.status_feed import add_feed_options
+
+    add_feed_options(p, "instead of this host's status files")
     p.set_defaults(func=_status)
 
 

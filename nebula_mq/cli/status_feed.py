@@ -17,16 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from nebula_mq.settings import BrokerSettings, Settings
-from nebula_mq.transport.status_feed import LIVE, latest
+from nebula_mq.transport.status_feed import latest
 
-__all__ = ["LIVE", "add_feed_options", "feed_reader", "feed_rows", "latest", "reader_broker", "table"]
+__all__ = ["add_feed_options", "feed_reader", "feed_rows", "latest", "reader_broker", "table"]
 
 # Reads the feed's messages of the last N seconds, oldest first (raises NebulaError).
 FeedReader = Callable[[float], list[dict[str, Any]]]
 
 
 def add_feed_options(parser: argparse.ArgumentParser, instead: str) -> None:
-    """``--feed CLUSTER``, ``--lost-after SECONDS``, ``--since SECONDS``, as ``status`` spells them."""
+    """``--feed CLUSTER``, ``--lost-after SECONDS``, ``--since SECONDS``: one spelling for
+    ``status`` and ``report`` (``instead``: what the feed replaces in the command's help)."""
     from nebula_mq.cli.run import positive_seconds
 
     parser.add_argument("--feed", metavar="CLUSTER", default="",

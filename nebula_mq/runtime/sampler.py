@@ -148,7 +148,7 @@ class QueueSampler:
         view hears the worker, without its queues."""
         rows, sampled = self._sample_queues()
         try:
-            self._publish_status(rows)
+            self._publish_status(rows if sampled else [])  # some queues' depths would mislead a sum
         except NebulaError as exc:  # a broker hiccup costs a status message, never a step
             log.warning("status_publish_failed", error=str(exc))
             return False
@@ -158,8 +158,8 @@ class QueueSampler:
         return sampled
 
     def _sample_queues(self) -> tuple[list[dict[str, Any]], bool]:
-        """The depth of every watched queue, appended to the rows file: (rows, True); or the
-        rows read before a failure, not written, and False."""
+        """The depth of every watched queue, appended to the rows file: (rows, True); or, when
+        a read failed, (the rows read before it, not written, False)."""
         queue: str | None = None
         rows: list[dict[str, Any]] = []
         try:

@@ -60,8 +60,10 @@ def hold_stop_signals() -> None:
     """At a worker process's start: SIGINT and SIGTERM wait, pending, until the worker installs
     its handlers (:func:`install_stop_handlers`). A stop asked for while the process starts (paddle
     loads for seconds and puts its own C-level handlers in, which end the process with a fatal
-    error) is then the same clean stop as one asked for later. Threads started meanwhile keep
-    the signals blocked: the main thread, where Python runs handlers, receives them."""
+    error) is then the same clean stop as one asked for later. Held signals of one kind merge:
+    two Ctrl-C while the worker starts are one stop request, not an exit at once. Threads
+    started meanwhile keep the signals blocked: the main thread, where Python runs handlers,
+    receives them."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
 

@@ -72,7 +72,7 @@ class Stack:
     def __init__(
         self,
         run_dir: str | os.PathLike[str] | None = None,
-        clusters: Sequence[str] = DEFAULT_CLUSTERS,
+        clusters: Sequence[str] | None = None,
         base_port: int | None = None,
         prefix: str | None = None,
         listen: str | None = None,
@@ -89,7 +89,7 @@ class Stack:
         """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
-        fresh = plan(root, clusters,
+        fresh = plan(root, _given(clusters, saved.clusters if saved else None, DEFAULT_CLUSTERS),
                      _given(base_port, saved.base_port if saved else None, DEFAULT_BASE_PORT),
                      _given(prefix, saved.prefix if saved else None, DEFAULT_PREFIX),
                      _given(listen, saved.listen if saved else None, "127.0.0.1"),

@@ -1,10 +1,12 @@
-"""Two hosts on one machine: a network namespace each, joined by a veth pair the kernel shapes.
+"""Hosts on one machine: a network namespace each, joined by veth pairs.
 
-:func:`host_pair` makes two :class:`Host` objects. Each has its own address on the link between
-them, its own loopback (its own epmd and port space) and its own ``/etc/hosts`` (``ip netns
-exec`` bind-mounts ``/etc/netns/<ns>/hosts``) naming both hosts by their link addresses, so
-programs in a namespace reach the other host by name, as on two machines. The link is shaped
-with ``tc tbf`` each way (this kernel has no ``netem``: no delay, rate only).
+:func:`host_pair` makes two :class:`Host` objects joined by a link the kernel shapes;
+:func:`cluster_hosts` makes two clusters of hosts (see there): a shaped WAN link between their
+first hosts, an unshaped LAN in each. Each host has its own address on its link, its own
+loopback (its own epmd and port space) and its own ``/etc/hosts`` (``ip netns exec``
+bind-mounts ``/etc/netns/<ns>/hosts``) naming the hosts it reaches, so programs in a namespace
+reach another host by name, as on separate machines. A shaped link is shaped with ``tc tbf``
+each way (this kernel has no ``netem``: no delay, rate only).
 
 With ``reach_from_here``, each namespace also gets an unshaped veth to this (the root)
 namespace, so a program here (a benchmark's producer and consumer) reaches each host's broker at
@@ -182,6 +184,9 @@ def cluster_hosts(tag: str, clusters: Sequence[Sequence[str]],
         yield hosts
     finally:
         _remove([h for hs in hosts for h in hs])
+        for dev in (hosts[0][0].dev, *(d for hs in hosts for h in hs[1:] for d in (h.dev, f"{h.dev}p"))):
+            # gone with its namespace; only a pair half-made (still here) is left behind
+            subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
 
 
 def _namespace(h: Host, names: dict[str, str]) -> None:

@@ -11,6 +11,7 @@ streams require (docs/RABBITMQ.md). ``latest`` turns the messages into one row p
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from datetime import datetime, timezone
@@ -63,11 +64,14 @@ def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s
 
 
 def newest(messages: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each worker's newest message (by its ``sent`` time), whatever the order they came in."""
+    """Each worker's newest message (by its ``sent`` time), whatever the order they came in. A
+    message without a worker or a finite ``sent`` time (not one of ours) is skipped."""
     out: dict[str, dict[str, Any]] = {}
     for m in messages:
-        worker = str(m.get("worker", ""))
-        if worker and float(m.get("sent", 0)) >= float(out.get(worker, {}).get("sent", -1)):
+        worker, sent = str(m.get("worker", "")), m.get("sent")
+        if not worker or isinstance(sent, bool) or not isinstance(sent, (int, float)) or not math.isfinite(sent):
+            continue
+        if sent >= out.get(worker, {}).get("sent", -1.0):
             out[worker] = m
     return out
 

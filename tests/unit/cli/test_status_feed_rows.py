@@ -30,3 +30,11 @@ def test_a_live_worker_silent_too_long_is_lost_but_a_finished_one_is_not() -> No
 
 def test_messages_that_are_not_a_workers_are_ignored() -> None:
     assert latest([{"state": "running"}, {"worker": ""}], now=1.0, lost_after=1.0) == []
+
+
+def test_a_message_without_a_finite_send_time_is_skipped_not_fatal() -> None:
+    """Anything on the stream that is not one of ours (a sent time of text, NaN, true) is passed
+    over; the workers' own messages still make their rows."""
+    odd = [{**msg("a", 0.0), "sent": bad} for bad in ("yesterday", float("nan"), True, None)]
+    rows = latest([*odd, msg("b", 9.0)], now=10.0, lost_after=60.0)
+    assert [(r["worker"], r["heard_s"]) for r in rows] == [("b", 1.0)]

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 PRELUDE = """
 import signal, structlog
 from nebula_mq.runtime.logs import configure_logging
@@ -59,6 +61,7 @@ def test_a_second_sigint_exits_at_once_with_130_and_says_why() -> None:
     assert "second interrupt" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.paddle
 def test_a_stop_while_paddle_loads_is_held_for_the_workers_handlers() -> None:
     """SIGTERM and SIGINT arrive while the worker starts and paddle loads (it installs C-level
     handlers that end the process with a fatal error): held, they reach the worker's own

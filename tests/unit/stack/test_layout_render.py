@@ -120,11 +120,14 @@ def test_a_stopped_stack_comes_back_on_its_own_ports_unless_told_otherwise(tmp_p
     """`run`, `up` and `provision --stack` open a stopped stack by its directory alone: the layout
     it was started with (`stack up --base-port 5671 --prefix t --listen ...`) stands, not the
     defaults; what a caller gives explicitly wins."""
+    from nebula_mq.cli import build_parser
     from nebula_mq.stack import DEFAULT_BASE_PORT, Stack
 
     started = Stack(tmp_path / "st", ("cluster-a",), 5671, "t", "0.0.0.0", ("broker-a.nebula.test",), "0.0.0.0")
     started._prepare()  # saved, nothing running
-    again = Stack(tmp_path / "st", ("cluster-a",))
-    assert again.layout == started.layout
+    assert Stack(tmp_path / "st").layout == started.layout  # clusters, ports, addresses, names: all kept
+    up = build_parser().parse_args(["stack", "up"])  # `stack up` alone gives none of them: the saved ones stand
+    assert all(getattr(up, k) is None for k in ("clusters", "base_port", "prefix", "listen", "hostname",
+                                                "management_listen"))
     assert Stack(tmp_path / "st", ("cluster-a",), base_port=5771).layout.base_port == 5771
     assert Stack(tmp_path / "fresh", ("cluster-a",)).layout.base_port == DEFAULT_BASE_PORT
