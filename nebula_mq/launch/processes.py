@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nebula_mq.launch.group_epochs import GroupEpochs
 from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
 
@@ -61,6 +62,7 @@ class JobProcesses:
         self.logs = self.settings.run_dir / "logs"
         self.metrics_port_base = metrics_port_base
         self.broker_host = broker_host
+        self.epochs = GroupEpochs(self.run_dir, {p.restart_group for p in self.processes if p.restart_group})
 
     def _unknown_clusters(self, missing: list[str], needed: tuple[str, ...]) -> str:
         """Most often a typo in the job: say which key names it and the closest known cluster;
@@ -139,17 +141,30 @@ class JobProcesses:
             return (worker_id,)
         return tuple(p.worker_id for p in self.processes if p.restart_group == proc.restart_group)
 
-    def kill_and_restart(self, worker_id: str, pause_s: float = 0.0) -> tuple[str, ...]:
-        """SIGKILL ``worker_id`` and its group, wait ``pause_s``, start them all again."""
+    def kill_and_restart(self, worker_id: str, pause_s: float = 0.0, *, tell_others: bool = True) -> tuple[str, ...]:
+        """SIGKILL ``worker_id`` and its group, wait ``pause_s``, start them all again; the
+        supervisors of the group's ranks on other hosts restart theirs too (``group_epochs``)."""
         members = self.group_of(worker_id)
         for member in members:
             self.signal(member, signal.SIGKILL)
         for member in members:
             self.wait(member)
+        group = next(p.restart_group for p in self.processes if p.worker_id == worker_id)
+        if group and tell_others:
+            self.epochs.bump(group)
         time.sleep(pause_s)
         for member in members:
             self.start(member)
         return members
+
+    def follow_group_restarts(self, pause_s: float = 1.0) -> list[str]:
+        """Restart this host's ranks of every group another host's supervisor restarted since
+        the last call; the workers restarted."""
+        restarted: list[str] = []
+        for group in self.epochs.moved():
+            first = next(p.worker_id for p in self.processes if p.restart_group == group)
+            restarted += self.kill_and_restart(first, pause_s, tell_others=False)
+        return restarted
 
     def signal(self, worker_id: str, sig: Signals) -> None:
         child = self.children[worker_id]

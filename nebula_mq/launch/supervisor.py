@@ -183,6 +183,10 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
                     reasons.append("stop grace exceeded")
                     job.signal_all(signal.SIGKILL)
                 time.sleep(0.2)
+                if not stopping:
+                    restarted = job.follow_group_restarts()
+                    if restarted:
+                        say(f"restarting {', '.join(restarted)}: another host restarted their group")
                 statuses = job.statuses()  # one read of the status files per tick
                 policy.poll(job.steps(statuses))
                 slowest = job.slowest_step(statuses)

@@ -3,9 +3,12 @@ only node on the WAN link, shaped by ``tc tbf``); the second reaches it over the
 unshaped LAN. A 2x2 split job runs every rank on a host of its own, each host started with one
 command: ``nebula-mq up JOB --cluster C --ranks I`` (``--broker-host`` on a host without the
 broker; the hosts of a cluster share a filesystem, the clusters share nothing: the job key
-crosses over the brokers, sealed). A SIGKILL of the remote rank mid-run is repaired by the
-supervisors of both its group's hosts, and the job ends bit-identical to an uninterrupted one,
-which itself trains the same model as the 1x1 job."""
+crosses over the brokers, sealed). Federation runs by the broker hosts' names, over TLS checked
+against them, and the activations cross the shaped link. A SIGKILL of the remote rank mid-run is
+repaired by the supervisors of both its group's hosts (the rank on the broker's host leaves at
+its next all-reduce), and the job ends bit-identical to an uninterrupted one, which itself
+trains the same model as the 1x1 job. (``test_up_two_hosts.py`` stops and resumes a host's
+``up`` with SIGTERM.)"""
 
 from __future__ import annotations
 
@@ -28,6 +31,13 @@ pytestmark = [pytest.mark.broker, pytest.mark.paddle]
 NAMES = (("a1.nebula.test", "a2.nebula.test"), ("b1.nebula.test", "b2.nebula.test"))
 WORKERS = ("head-0", "head-0-r1", "tail-0", "tail-0-r1")
 STEPS = 16
+
+
+def _metric(path: Path, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for f in text_string_to_metric_families(path.read_text()) for s in f.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def _cluster(worker: str) -> str:
@@ -91,7 +101,18 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
         single = _job(tmp_path, "single", ranks=1)
         _finish(_start(hosts, stacks, single, ranks=1), single)
         clean = _job(tmp_path, "clean", ranks=2)
+        a1, b1 = hosts["cluster-a"][0], hosts["cluster-b"][0]
+        wan_sent = a1.tx_bytes()
         _finish(_start(hosts, stacks, clean, ranks=2), clean)
+        # Both head ranks' messages crossed the WAN link from a1, federated by b1's broker, which
+        # reaches a1's by its name over TLS checked against that name (SNI).
+        published = sum(_metric(tmp_path / "clean-cluster-a" / "metrics" / f"{w}.prom", "nebula_wire_bytes_total",
+                                direction="out") for w in ("head-0", "head-0-r1"))
+        assert published > 10_000 and a1.tx_bytes() - wan_sent >= published, published
+        params = json.loads(b1.nebula("provision", str(clean), "--cluster", "cluster-b", "--dry-run").stdout)["parameters"]
+        uri = params[0]["value"]["uri"]
+        assert f"amqps://{a1.hostname}:{PORT}/" in uri and f"server_name_indication={a1.hostname}" in uri, uri
+        assert f"{b1.address}:" in a1.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
         for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters
             out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
             rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
