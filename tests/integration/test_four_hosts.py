@@ -7,8 +7,8 @@ crosses over the brokers, sealed). Federation runs by the broker hosts' names, o
 against them, and the activations cross the shaped link. A SIGKILL of the remote rank mid-run is
 repaired by the supervisors of both its group's hosts (the rank on the broker's host leaves at
 its next all-reduce), and the job ends bit-identical to an uninterrupted one, which itself
-trains the same model as the 1x1 job. (``test_up_two_hosts.py`` stops and resumes a host's
-``up`` with SIGTERM.)"""
+trains the same model as the 1x1 job. (A SIGTERM or Ctrl-C to ``up`` is ``run``'s stop, the
+same supervisor: ``test_stack_cli.py`` stops and resumes it.)"""
 
 from __future__ import annotations
 
