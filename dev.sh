@@ -56,7 +56,10 @@ case "$cmd" in
         # The whole suite is bounded too (each test is, by pytest-timeout): a run that
         # outlives NEBULA_TEST_TIMEOUT seconds is stopped (TERM, then KILL 30 s later).
         limit=${NEBULA_TEST_TIMEOUT:-3000}
-        timeout --kill-after=30 "$limit" "$VENV/bin/python" -m pytest "$@"
+        # Two pytest-xdist workers (NEBULA_TEST_WORKERS=0: one process): the tests that use
+        # both cores run in turn on one of them (tests/fixtures/lanes.py), the rest on the other.
+        workers=${NEBULA_TEST_WORKERS:-2}
+        timeout --kill-after=30 "$limit" "$VENV/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
         rc=$?
         # pytest exits 5 when no test was collected (e.g. a -k that matches nothing).
         if [ "$rc" -eq 5 ]; then echo "no tests collected"; rc=0; fi

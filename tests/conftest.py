@@ -56,6 +56,12 @@ def _kill_stray_children() -> Iterator[None]:
             pass
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The CPU-heavy group (``tests/fixtures/lanes.py``) first: it is the longest piece of work
+    one xdist worker runs in turn, so it starts at once while the other worker takes the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
 _exit_status: list[int] = []
 
 

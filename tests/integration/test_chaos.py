@@ -11,8 +11,9 @@ import pytest
 
 from nebula_mq.chaos import ChaosRunner, default_schedule, format_report
 from tests.fixtures.jobs import ABNET_JOB
+from tests.fixtures.lanes import CPU_HEAVY
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
 JOB = ABNET_JOB.format(job_id="chaostest", seed=5, steps=150, run_dir="{run_dir}", batch_size=8, extra="")
 

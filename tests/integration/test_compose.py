@@ -20,8 +20,9 @@ import pytest
 
 from nebula_mq.stack.layout import port_free
 from tests.fixtures.jobs import column, final_checkpoint, step_of
+from tests.fixtures.lanes import CPU_HEAVY
 
-pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(900), CPU_HEAVY]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "broker" / "docker" / "compose.sh"

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job
+from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
 NAMES = (("a1.nebula.test", "a2.nebula.test"), ("b1.nebula.test", "b2.nebula.test"))
 WORKERS = ("head-0", "head-0-r1", "tail-0", "tail-0-r1")

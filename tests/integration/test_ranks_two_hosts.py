@@ -16,9 +16,10 @@ import pytest
 
 from nebula_mq import topology
 from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job, wait_all
+from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.netns import Host, two_hosts
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
 CLUSTER = "cluster-a"
 PORT = 5671  # the broker's AMQPS port on host a

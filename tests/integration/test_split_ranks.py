@@ -16,8 +16,9 @@ from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
 from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, free_port_range, run_chaos,
                                  split_job)
+from tests.fixtures.lanes import CPU_HEAVY
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
 
 def run_to_end(config: Path, stack_dir: Path, timeout: float = 240, **env: str) -> JobProcesses:

@@ -10,9 +10,10 @@ import pytest
 
 from nebula_mq.chaos.schedule import Fault
 from tests.fixtures.jobs import copy_split_example, run_chaos, split_job
+from tests.fixtures.lanes import CPU_HEAVY
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
 
 @pytest.mark.parametrize("head", ["mlp_torch", "mlp"], ids=["torch", "paddle-head-torch-tail"])

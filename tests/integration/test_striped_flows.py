@@ -10,8 +10,9 @@ import pytest
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
 from tests.fixtures.jobs import copy_split_example, final_checkpoint, run_chaos, split_job
+from tests.fixtures.lanes import CPU_HEAVY
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
 
 WORKERS = ("head-0", "tail-0")
