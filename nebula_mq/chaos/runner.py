@@ -14,12 +14,16 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
 from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
 
+# How far past the next fault's step a worker may go while the injector is busy.
+HOLD_SLACK = 2
 COUNTERS = ("nebula_redeliveries_total", "nebula_duplicates_total", "nebula_dead_letters_total")
 
 
@@ -58,11 +62,20 @@ class ChaosReport:
                 and all(a == b == self.steps for a, b in self.final_steps.values()))
 
 
-def _instance(config: str, stack_dir: str, suffix: str) -> JobProcesses:
+def _instance(config: str, stack_dir: str, suffix: str, *, held: bool = False) -> JobProcesses:
+    """The job as instance ``suffix``; ``held``: its workers obey the step hold of
+    :func:`hold_file` (:mod:`nebula_mq.runtime.hold`)."""
     base = JobProcesses(config, stack_dir)
     job_id = f"{base.settings.job.id}-{suffix}"
-    run_dir = str(base.settings.run_dir / suffix)
-    return JobProcesses(config, stack_dir, env={"NEBULA__JOB__ID": job_id, "NEBULA__JOB__RUN_DIR": run_dir})
+    run_dir = base.settings.run_dir / suffix
+    env = {"NEBULA__JOB__ID": job_id, "NEBULA__JOB__RUN_DIR": str(run_dir)}
+    if held:
+        env[HOLD_FILE_ENV] = str(hold_file(run_dir).resolve())
+    return JobProcesses(config, stack_dir, env=env)
+
+
+def hold_file(run_dir: Path) -> Path:
+    return run_dir / "step-hold"
 
 
 def _counters(job: JobProcesses, worker: str) -> dict[str, float]:
@@ -105,17 +118,19 @@ class ChaosRunner:
             report.timed_out = "clean run"
             self.log(str(exc))
         report.clean_s = time.monotonic() - t0
-        chaos = _instance(self.config, self.stack_dir, "chaos")
+        chaos = _instance(self.config, self.stack_dir, "chaos", held=True)
         if not report.timed_out:
             chaos.provision()
             t0 = time.monotonic()
-            chaos.start_all()
-            self.log(f"chaos run: job {chaos.settings.job.id}, {len(self.schedule)} faults")
+            hold = hold_file(chaos.run_dir)
+            hold.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._inject_all(chaos, report, timeout)
+                self._inject_all(chaos, report, timeout, hold)
             except TimeoutError as exc:  # the report still says how far each worker got
                 report.timed_out = "chaos run"
                 self.log(str(exc))
+            finally:
+                set_hold(hold, None)
             report.chaos_s = time.monotonic() - t0
         for proc in chaos.plan.processes:
             w = proc.worker_id
@@ -128,9 +143,17 @@ class ChaosRunner:
         self._write(chaos, report)
         return report
 
-    def _inject_all(self, job: JobProcesses, report: ChaosReport, timeout: float) -> None:
+    def _inject_all(self, job: JobProcesses, report: ChaosReport, timeout: float, hold: Path) -> None:
+        """Start the job and inject each fault once the slowest worker reaches its step. No
+        worker goes more than ``HOLD_SLACK`` steps past the next fault's step before that fault
+        is in: a fault that blocks this loop (a broker restart, a long cut or stall) cannot let
+        the job end first and skip the faults after it."""
         pending = sorted(self.schedule, key=lambda f: f.at_step)
         open_records: list[FaultRecord] = []
+
+        def hold_for_next() -> None:
+            last = job.settings.job.steps - 1  # a fault planned near the end still comes before it
+            set_hold(hold, min(pending[0].at_step + HOLD_SLACK, last) if pending else None)
 
         def tick() -> None:
             step = job.slowest_step()
@@ -139,7 +162,9 @@ class ChaosRunner:
                     rec.recovered_after_s = time.time() - rec.ended
                     open_records.remove(rec)
             while pending and step >= pending[0].at_step:
-                rec = self._inject(job, pending.pop(0), report)
+                fault = pending.pop(0)
+                hold_for_next()
+                rec = self._inject(job, fault, report)
                 rec.step_at_end = job.slowest_step()
                 report.faults.append(rec)
                 open_records.append(rec)
@@ -151,6 +176,9 @@ class ChaosRunner:
                          + (w if len(members) == 1 else f"its group {', '.join(members)}"))
                 job.kill_and_restart(w)
 
+        hold_for_next()
+        job.start_all()
+        self.log(f"chaos run: job {job.settings.job.id}, {len(self.schedule)} faults")
         _run_to_end(job, timeout, tick)  # faults lifted after the last step stay "-"
         for fault in pending:
             self.log(f"not injected (the job ended first): {fault.describe()}")

@@ -1,7 +1,8 @@
 """What faults a chaos run injects, and when.
 
-Faults fire when the slowest worker of the job reaches a step, so a schedule
-means the same thing on a fast and a slow machine. Kinds:
+Faults fire when the slowest worker of the job reaches a step, and no worker goes more
+than ``runner.HOLD_SLACK`` steps past it before it has fired (:mod:`nebula_mq.runtime.hold`),
+so a schedule means the same thing on a fast, a slow and a loaded machine. Kinds:
 
 ``cut``      the WAN between the clusters is cut for ``duration_s``, then healed;
 ``restart``  the broker node of ``target`` (a cluster) is stopped and started;
@@ -48,7 +49,6 @@ def default_schedule(steps: int, clusters: tuple[str, str], workers: tuple[str, 
     plan.insert(4, ("restart", restart_cluster or clusters[1], 0.0))
     plan.insert(6, ("kill", workers[1], 1.0))
     plan.append(("stall", workers[1], stall_s))
-    # Spread over the first 70% of the job: a fault that blocks the runner (a broker
-    # restart) must not let the job finish before the later faults fire.
+    # Spread over the first 70% of the job: the steps after the last fault show the recovery.
     gap = max(1, int(steps * 0.7) // len(plan))
     return tuple(Fault(1 + i * gap, kind, target, dur) for i, (kind, target, dur) in enumerate(plan))

@@ -36,6 +36,7 @@ from nebula_mq import topology
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
+from nebula_mq.runtime.hold import StepHold
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
 from nebula_mq.runtime.worker import Worker
@@ -152,6 +153,7 @@ class Driver:
         self.extras = _Extras.of(role, worker)
         self.idle_polls = 0  # polls in a row that brought nothing to apply
         self.waiting: list[list[Received]] = []
+        self.hold = StepHold.from_environment()
 
     @property
     def worker_id(self) -> str:
@@ -287,6 +289,7 @@ class Driver:
         w.record_step(values)
         if w.step % w.checkpoint_every == 0 or w.step == self.role.total:
             self.checkpoint()
+        self.hold.wait(w.step, w.stop_requested.is_set)  # a chaos run's faults wait for nothing
 
 
 def drive(worker: Worker, role: StepRole) -> int:

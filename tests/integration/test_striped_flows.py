@@ -25,15 +25,15 @@ def test_a_striped_job_under_wan_cuts_and_a_restart_ends_bit_identical_to_one_qu
     checkpoints, bit for bit."""
     copy_split_example(tmp_path)  # the user's model, next to their job file
     striped = tmp_path / "striped.toml"
-    striped.write_text(split_job("stripes", tmp_path / "striped", seed=11, extra="stripes = 3"))
-    # A step takes milliseconds: faults far apart, so each lands before the job outruns it.
-    schedule = [Fault(20, "cut", "", 2.0), Fault(80, "restart", "cluster-b"), Fault(140, "cut", "", 1.5)]
+    striped.write_text(split_job("stripes", tmp_path / "striped", seed=11, steps=80, extra="stripes = 3"))
+    # The chaos run holds the job at each fault's step until the fault is in.
+    schedule = [Fault(10, "cut", "", 2.0), Fault(30, "restart", "cluster-b"), Fault(50, "cut", "", 1.5)]
     report, text, _logs = run_chaos(stack, striped, schedule, 400)
     assert report.complete and report.identical, text
     assert len(report.faults) == len(schedule), text
 
     plain = tmp_path / "plain.toml"
-    plain.write_text(split_job("one-queue", tmp_path / "plain", seed=11))
+    plain.write_text(split_job("one-queue", tmp_path / "plain", seed=11, steps=80))
     job = JobProcesses(str(plain), str(stack.run_dir))
     job.provision()
     job.start_all()
