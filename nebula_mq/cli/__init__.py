@@ -77,9 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _error(exc: NebulaError) -> int:
-    # One line: messages quoting a tool's multi-line output are joined.
+    # One line: messages quoting a tool's multi-line output are joined. A worker the launcher
+    # started writes into a JSON-lines log: there the line is a JSON object with the error's type.
+    from nebula_mq.runtime.logs import JSON_ERRORS_ENV, error_record
+
     text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    print(f"nebula-mq: error: {text}", file=sys.stderr)
+    if os.environ.get(JSON_ERRORS_ENV) == "1":
+        print(error_record(type(exc).__name__, text), file=sys.stderr)
+    else:
+        print(f"nebula-mq: error: {text}", file=sys.stderr)
     return 1
 
 

@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nebula_mq.launch.group_epochs import GroupEpochs
+from nebula_mq.runtime.logs import JSON_ERRORS_ENV
 from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
 
 if TYPE_CHECKING:
     from nebula_mq.config import EnvOverride
     from workers.processes import Process
+
+# How long an exited worker's log pipe gets to write what was left in the pipe.
+LOG_DRAIN_S = 10.0
 
 
 class JobProcesses:
@@ -59,6 +63,8 @@ class JobProcesses:
         if missing:  # a running stack keeps its layout
             raise StackError(self._unknown_clusters(missing, needed))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        # Each worker's log pipe (``launch.logpipe``), the process that writes its log file.
+        self.log_pipes: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
         self.metrics_port_base = metrics_port_base
         self.broker_host = broker_host
@@ -114,21 +120,52 @@ class JobProcesses:
         return cmd + ["--metrics-port", str(port)] if port else cmd
 
     def start(self, worker_id: str) -> subprocess.Popen[bytes]:
+        """Start ``worker_id``; its stdout and stderr go through a log pipe (``launch.logpipe``)
+        into ``<run_dir>/logs/<worker>.log``, so every line of that file is a JSON object."""
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = self.command(worker_id)
-        # The worker starts with SIGINT/SIGTERM held until its own handlers are in
-        # (runtime.signals): a stop while it imports paddle is a clean stop, not a fatal error.
-        with open(self.logs / f"{worker_id}.log", "ab") as out, stop_signals_held():
-            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.worker_env())
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            # The worker starts with SIGINT/SIGTERM held until its own handlers are in
+            # (runtime.signals): a stop while it imports paddle is a clean stop, not a fatal error.
+            # The log pipe ignores them: it ends when the worker's end of the pipes closes.
+            with open(self.logs / f"{worker_id}.log", "ab") as log, stop_signals_held():
+                pipe = subprocess.Popen(
+                    [sys.executable, "-m", "nebula_mq.launch.logpipe", str(log.name), worker_id, str(out_r),
+                     str(err_r)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(out_r, err_r))
+                self.log_pipes[worker_id] = pipe
+                child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                         env=self.worker_env())
+        finally:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
         self.children[worker_id] = child
         return child
 
     def worker_env(self) -> dict[str, str]:
         """Each worker's share of the cores (unless the user set it): the workers of a
-        local run would otherwise each start a thread per core and oversubscribe them."""
+        local run would otherwise each start a thread per core and oversubscribe them.
+        A worker prints a typed error as a JSON line (``runtime.logs.JSON_ERRORS_ENV``)."""
         from nebula_mq.models.cpu import thread_share_env
 
-        return {**thread_share_env(len(self.processes)), **self.env}
+        return {**thread_share_env(len(self.processes)), **self.env, JSON_ERRORS_ENV: "1"}
+
+    def drain_logs(self, worker_id: str | None = None, timeout: float = LOG_DRAIN_S) -> None:
+        """Wait until the log pipes of exited workers (``worker_id``'s, or all) have written
+        everything, at most ``timeout`` seconds in all. A pipe still held open by something
+        the worker started keeps running and ends with it."""
+        deadline = time.monotonic() + timeout
+        for worker, pipe in list(self.log_pipes.items()):
+            child = self.children.get(worker)
+            if worker_id not in (None, worker) or (child is not None and child.poll() is None):
+                continue
+            try:
+                pipe.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                continue
+            if self.log_pipes.get(worker) is pipe:
+                del self.log_pipes[worker]
 
     def start_all(self) -> None:
         for proc in self.processes:
@@ -189,10 +226,15 @@ class JobProcesses:
         while self.running() and not self.failed() and time.monotonic() < deadline:
             time.sleep(0.2)
         self.signal_all(signal.SIGKILL)
-        return {w: c.wait(10) for w, c in self.children.items()}
+        codes = {w: c.wait(10) for w, c in self.children.items()}
+        self.drain_logs()
+        return codes
 
     def wait(self, worker_id: str, timeout: float | None = None) -> int:
-        return self.children[worker_id].wait(timeout)
+        """``worker_id``'s exit code, once it has exited and its log pipe has written the rest."""
+        code = self.children[worker_id].wait(timeout)
+        self.drain_logs(worker_id)
+        return code
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         """Each worker's status file (empty for one not written yet)."""

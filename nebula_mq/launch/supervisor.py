@@ -215,6 +215,7 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
         policy.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
+        job.drain_logs()  # the workers' last lines are in their logs when the run reports
     interrupted = received.is_set()
     failed = reasons + [w for w in job.failed() if not (interrupted and job.children[w].returncode in FORCED)]
     return Outcome(interrupted, tuple(received.signals), tuple(failed))

@@ -5,21 +5,29 @@ workers bind them with :func:`bind_context` and the values travel through
 ``contextvars`` so library code (transport, codecs) inherits them.
 
 Libraries' records (pika's, and Python warnings such as paddle's) go through the
-same renderer, so a worker's log is JSON lines only. A library's exception becomes
-one ``error`` field (type and message), not a traceback: a broker outage used to
-leave about twenty pika tracebacks in every worker's log.
+same renderer. A library's exception becomes one ``error`` field (type and
+message), not a traceback: a broker outage used to leave about twenty pika
+tracebacks in every worker's log. What a worker writes outside structlog (paddle's
+glog lines, a crash's traceback) is wrapped into JSON by the launcher's log pipe
+(``launch.logpipe``), and a worker the launcher starts prints its one-line error as
+JSON too (:data:`JSON_ERRORS_ENV`, :func:`error_record`), so its log is JSON lines only.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+from datetime import datetime, timezone
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
 _configured = False
+# Set (to "1") by the launcher for the workers it starts: the command line's error is then
+# one JSON line (:func:`error_record`) instead of ``nebula-mq: error: ...``.
+JSON_ERRORS_ENV = "NEBULA_JSON_ERRORS"
 
 
 def configure_logging(
@@ -110,3 +118,11 @@ def bind_context(**values: Any) -> None:
 
 def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
+
+
+def error_record(error: str, message: str) -> str:
+    """The command line's error as one JSON line, with the fields bound so far (job, role...):
+    ``{"event": "error", "error": "ConfigError", "message": ..., "level": "error", ...}``."""
+    record = {**structlog.contextvars.get_contextvars(), "event": "error", "error": error, "message": message,
+              "level": "error", "timestamp": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
+    return json.dumps(record, sort_keys=True, default=str)
