@@ -10,8 +10,14 @@ regexes (:func:`permissions`):
 * configure: the queues of those flows and the job's dead-letter queue (the
   worker declares them, with the arguments of ``transport.declare``);
 * write: the exchanges of the flows it publishes to
-  (``topology.flow_exchange``) and the dead-letter exchange (condemning a
-  message republishes it there), nothing else. RabbitMQ checks publish rights
+  (``topology.flow_exchange``) and, for a role that consumes, the dead-letter
+  exchange, nothing else. A consumer condemns a message itself: the transport
+  republishes it to the dead-letter exchange with the ``x-nebula-reason`` and
+  ``x-nebula-detail`` headers, then acks it (``transport.consumer``); the
+  broker's own dead-lettering (a reject, without write permission) cannot add
+  them. A role that only publishes receives nothing to condemn, so it has no
+  write on the dead-letter exchange. Each dead letter a worker condemns is
+  audited (``message_dead_lettered``, ``workers.base``). RabbitMQ checks publish rights
   on the *exchange*, never on the queue, so write on ``amq.default`` would let
   a role publish into every queue of the job; each flow's direct exchange is
   bound to that flow's queue only (provisioned by ``stack.provision``). No
@@ -85,7 +91,8 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     pub = [topology.queue_name(job_id, f) for f in identity.publishes]
     sub = [topology.queue_name(job_id, f) for f in identity.consumes]
     pub_exchanges = [topology.flow_exchange(job_id, f) for f in identity.publishes]
-    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, dlx, status]),
+    condemns = [dlx] if identity.consumes else []  # only a consumer dead-letters (module doc)
+    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, *condemns, status]),
                        _alternation(sub))
 
 

@@ -145,3 +145,14 @@ def test_exchange_names_stay_out_of_the_queue_namespace() -> None:
     for bad in ("amq.gen-1", "nebula.j", "nebula.J.x", "other.j.activations", ""):
         with pytest.raises(ValueError):
             topology.exchange_for_queue(bad)
+
+
+def test_only_a_role_that_consumes_may_publish_dead_letters() -> None:
+    """A consumer condemns what it receives (the transport republishes it to the dead-letter
+    exchange with the reason); a role that only publishes has nothing to condemn."""
+    dlx = topology.dead_letter_exchange("j")
+    publisher = permissions("j", WorkerIdentity("pub-0", publishes=("activations",)), FLOWS)
+    assert not _allows(publisher.write, dlx) and _allows(publisher.write, topology.flow_exchange("j", "activations"))
+    assert not _allows(publisher.write, topology.dead_letter_queue("j")) and not _allows(publisher.write, "amq.default")
+    consumer = permissions("j", WorkerIdentity("dec-0", consumes=("activations",)), FLOWS)
+    assert _allows(consumer.write, dlx) and not _allows(consumer.write, topology.dead_letter_queue("j"))
