@@ -161,6 +161,13 @@ class AccessRefused(TransportError):
     reason = "access_refused"
 
 
+class StopDuringAlarm(TransportError):
+    """A stop was requested while the broker blocked publishing (a memory or disk alarm): the
+    wait for a confirm is abandoned, and the worker stops without a last checkpoint."""
+
+    reason = "stop_during_alarm"
+
+
 # --------------------------------------------------------------------------- operations
 
 

@@ -34,6 +34,7 @@ import structlog
 from nebula_mq import topology
 from nebula_mq.errors import TransportError
 
+from .alarm import BrokerAlarm
 from .closing import Closeable
 from .probe import QueueProbe, ReadThroughProbe
 
@@ -173,6 +174,8 @@ class Transport(Closeable):
         self.job_id = job_id
         # The cluster this worker runs on; decides which copy of a flow it declares.
         self.cluster = cluster
+        # The local broker's resource alarms, as this transport's publishers meet them.
+        self.alarm = BrokerAlarm(cluster)
 
     def queue_for(self, flow: topology.Flow | str) -> str:
         """Queue name of a flow (same name on both clusters)."""

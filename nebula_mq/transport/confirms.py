@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import pika
 
+from nebula_mq.errors import PublishRejected, TransportError, Unroutable
+
 from .base import Outgoing
 from .properties import message_properties
 from .retry import Patience
@@ -69,6 +71,20 @@ class Confirms:
         """The messages a confirm of ``tag`` settles (each one once)."""
         tags = [t for t in self._unconfirmed if t <= tag] if multiple else [tag]
         return [m for m in (self._unconfirmed.pop(t, None) for t in tags) if m is not None]
+
+    def outcomes(self, method: pika.spec.Basic.Ack | pika.spec.Basic.Nack) -> list[tuple[Unconfirmed, TransportError | None]]:
+        """Each message a confirm settles, with None when the broker holds it, or why it must go
+        again: nacked (the queue is full) or returned before its ack (no queue took it)."""
+        out: list[tuple[Unconfirmed, TransportError | None]] = []
+        for message in self.settle(method.delivery_tag, method.multiple):
+            if not isinstance(method, pika.spec.Basic.Ack):
+                out.append((message, PublishRejected(f"publish to {message.queue!r}: broker nacked (queue full)")))
+            elif message.returned:
+                message.returned = False
+                out.append((message, Unroutable(f"publish to {message.queue!r}: no queue took the message")))
+            else:
+                out.append((message, None))
+        return out
 
     def take_all(self) -> list[Unconfirmed]:
         """Every message still unconfirmed (their channel is gone), forgotten here."""

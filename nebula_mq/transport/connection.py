@@ -37,8 +37,10 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-# A broker under a memory/disk alarm blocks publishers; after this long we
-# drop the connection (and reconnect) so the stall shows up instead of hanging.
+# A broker under a memory or disk alarm blocks a connection at its first publish and stops
+# reading it. A connection that publishes only now and then (the control connections, the queue
+# probe's status messages) is dropped after this long blocked, so the thread that uses it is not
+# stuck for the whole alarm. Publishers wait alarms out instead (``alarm`` module).
 BLOCKED_CONNECTION_TIMEOUT_S = 60.0
 # How often the I/O loop looks at its stop flag when nothing happens.
 _POLL_S = 0.2
@@ -60,7 +62,10 @@ def ssl_context(broker: BrokerSettings) -> ssl.SSLContext:
     return ctx
 
 
-def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq") -> pika.ConnectionParameters:
+def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq", *,
+                          wait_out_alarms: bool = False) -> pika.ConnectionParameters:
+    """``wait_out_alarms``: never drop the connection while the broker blocks it (a publisher's);
+    otherwise after :data:`BLOCKED_CONNECTION_TIMEOUT_S`."""
     try:
         broker.validate()
     except ValueError as exc:
@@ -79,7 +84,7 @@ def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq") -> pi
         credentials=credentials,
         ssl_options=ssl_options,
         heartbeat=broker.heartbeat_s,
-        blocked_connection_timeout=BLOCKED_CONNECTION_TIMEOUT_S,
+        blocked_connection_timeout=None if wait_out_alarms else BLOCKED_CONNECTION_TIMEOUT_S,
         connection_attempts=1,  # our own loop retries, with jitter
         socket_timeout=10,
         client_properties={"connection_name": name},

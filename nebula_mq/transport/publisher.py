@@ -18,7 +18,8 @@ Every decision about a message that did not make it is taken here, in the I/O th
   dedupe);
 * after ``publish_patience_s`` the handle fails with ``BackpressureTimeout``, or ``ConnectionLost``
   when the broker was out of reach; a channel the broker closes (403, 404) fails the messages that
-  were on it with the translated error.
+  were on it with the translated error;
+* a **resource alarm** (``connection.blocked``) is waited out, for as long as it lasts (``alarm``).
 
 How long each wait is, what it counts and when to give up is the message's ``retry.Patience``,
 the same decisions the in-memory transport of the unit tests takes. The window itself, on the
@@ -38,21 +39,21 @@ from collections import deque
 import pika
 import pika.channel
 import pika.frame
-import pika.spec
 import structlog
 from pika.adapters.select_connection import IOLoop
 
-from nebula_mq.errors import ConnectionLost, PublishRejected, TransportError, Unroutable
+from nebula_mq.errors import ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base
+from .alarm import CLOSE_BLOCKED_S, BrokerAlarm
 from .backoff import Backoff
 from .confirms import Confirms, Unconfirmed
 from .connection import connection_parameters
 from .pika_errors import PIKA_ERRORS, translate
 from .retry import Patience, PublishStats
 from .routing import Routes
-from .window import PublishWindow
+from .window import InterruptibleHandle, PublishWindow
 
 log = structlog.get_logger(__name__)
 
@@ -76,12 +77,14 @@ class RabbitPublisher(base.Publisher):
     """
 
     def __init__(
-        self, broker: BrokerSettings, settings: TransportSettings, name: str, routes: Routes | None = None
+        self, broker: BrokerSettings, settings: TransportSettings, name: str, routes: Routes | None = None,
+        alarm: BrokerAlarm | None = None,
     ) -> None:
         self._broker = broker
         self._settings = settings
         self.name = name
-        self._params = connection_parameters(broker, name)  # bad settings fail here, in the caller
+        self.alarm = alarm if alarm is not None else BrokerAlarm(f"{broker.host}:{broker.port}")
+        self._params = connection_parameters(broker, name, wait_out_alarms=True)  # bad settings fail here
         # Shared with the transport's other publishers: one passive declare per queue.
         self._routes = routes if routes is not None else Routes()
         self.stats = PublishStats()
@@ -129,19 +132,20 @@ class RabbitPublisher(base.Publisher):
         exchange = self._routes.learn(self._broker, outgoing.queue, self.name, patience_s, Backoff(*_RECONNECT),
                                       lambda: self._closing)
         message = Unconfirmed.of(outgoing, exchange, Patience(outgoing.queue, outgoing.message_id, patience_s,
-                                                              self.stats))
+                                                              self.stats, self.alarm.clock))
         message.future.add_done_callback(lambda _f: self._window.settle(message))
         if not self._window.admit(message, len(message.body),
-                                  lambda: self._ioloop.add_callback_threadsafe(lambda: self._dispatch(message))):
+                                  lambda: self._ioloop.add_callback_threadsafe(lambda: self._dispatch(message)),
+                                  self.alarm.check_stop):
             raise TransportError(f"{self.name}: publisher is closed")
-        return base.PublishHandle(message.future, outgoing.message_id)
+        return InterruptibleHandle(message.future, outgoing.message_id, self.alarm.check_stop)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message submitted so far is confirmed; raise the first failure."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for message in self._window.pending():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            base.PublishHandle(message.future, message.message_id).wait(left)
+            InterruptibleHandle(message.future, message.message_id, self.alarm.check_stop).wait(left)
 
     @property
     def in_flight(self) -> int:
@@ -171,6 +175,7 @@ class RabbitPublisher(base.Publisher):
             self._ioloop.start()
         finally:
             self._window.close()
+            self.alarm.unblocked(self.name)  # the connection is gone with the thread
             self._fail_all(ConnectionLost(f"{self.name}: publisher closed"))
             self._ioloop.close()
             self._started.set()
@@ -184,11 +189,12 @@ class RabbitPublisher(base.Publisher):
             on_close_callback=self._on_closed, custom_ioloop=self._ioloop)
 
     def _on_open(self, conn: pika.connection.Connection) -> None:
+        self.alarm.watch(conn, self.name)
         conn.channel(on_open_callback=self._on_channel_open)
 
     def _on_channel_open(self, channel: pika.channel.Channel) -> None:
         channel.add_on_close_callback(self._on_channel_closed)
-        channel.add_on_return_callback(self._on_return)
+        channel.add_on_return_callback(lambda _ch, _method, props, _body: self._confirms.returned(props.message_id))
         channel.confirm_delivery(self._on_confirm, callback=lambda _frame: self._on_confirm_mode(channel))
 
     def _on_confirm_mode(self, channel: pika.channel.Channel) -> None:
@@ -215,6 +221,7 @@ class RabbitPublisher(base.Publisher):
     def _on_closed(self, _conn: pika.connection.Connection, reason: BaseException) -> None:
         self.connected.clear()
         self._channel = None
+        self.alarm.unblocked(self.name)  # a new connection starts unblocked
         lost = translate(reason, self.name)
         if not self._closing:
             log.warning("connection lost", connection=self.name, error=str(lost))
@@ -251,19 +258,10 @@ class RabbitPublisher(base.Publisher):
             return
         self._confirms.sent(message)
 
-    def _on_return(self, _channel: pika.channel.Channel, _method: pika.spec.Basic.Return,
-                   props: pika.spec.BasicProperties, _body: bytes) -> None:
-        self._confirms.returned(props.message_id)
-
     def _on_confirm(self, frame: pika.frame.Method) -> None:
-        method = frame.method
-        ack = isinstance(method, pika.spec.Basic.Ack)
-        for message in self._confirms.settle(method.delivery_tag, method.multiple):
-            if not ack:
-                self._retry(message, PublishRejected(f"publish to {message.queue!r}: broker nacked (queue full)"))
-            elif message.returned:
-                message.returned = False
-                self._retry(message, Unroutable(f"publish to {message.queue!r}: no queue took the message"))
+        for message, why in self._confirms.outcomes(frame.method):
+            if why is not None:
+                self._retry(message, why)
             elif not message.future.done():
                 message.patience.published()
                 message.future.set_result(None)
@@ -296,5 +294,7 @@ class RabbitPublisher(base.Publisher):
         self._fail_all(ConnectionLost(f"{self.name}: publisher closed"))
         if self._conn is not None and not (self._conn.is_closing or self._conn.is_closed):
             self._conn.close()  # _on_closed stops the loop
+            if self.alarm.blocks(self.name):  # the broker reads the close only after the alarm
+                self._ioloop.call_later(CLOSE_BLOCKED_S, self._ioloop.stop)
         else:
             self._ioloop.stop()

@@ -93,7 +93,7 @@ class RabbitTransport(base.Transport):
             child.close()
 
     def publisher(self) -> RabbitPublisher:
-        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub"), self._routes))
+        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub"), self._routes, self.alarm))
 
     def consume(self, queue: str, prefetch: int | None = None) -> RabbitConsumer:
         return self._adopt(
@@ -167,7 +167,7 @@ class RabbitTransport(base.Transport):
             publisher = self._dead_letters
         if publisher is None:
             publisher = self._adopt(
-                RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes)
+                RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes, self.alarm)
             )
             with self._lock:
                 self._dead_letters = publisher

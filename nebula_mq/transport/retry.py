@@ -12,13 +12,16 @@ raises), so unit tests exercise the decisions the real broker meets.
   jittered backoff from 20 ms doubling up to 0.5 s.
 * When to give up: once ``publish_patience_s`` since the message was submitted are spent, with
   ``BackpressureTimeout``, or ``ConnectionLost`` when the last thing that happened was that the
-  broker was out of reach.
+  broker was out of reach. Those seconds are read on the publisher's ``clock``: for the
+  RabbitMQ publisher, one that stands still while the broker blocks publishing (a resource
+  alarm, ``alarm.BrokerAlarm.clock``), so an alarm of any length is waited out.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -67,11 +70,14 @@ class PublishStats:
 class Patience:
     """The patience of one message, from its submission on; see the module docstring."""
 
-    def __init__(self, queue: str, message_id: str, patience_s: float, stats: PublishStats) -> None:
+    def __init__(self, queue: str, message_id: str, patience_s: float, stats: PublishStats,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: monotonic seconds, the time the patience is measured in."""
         self.queue = queue
         self.message_id = message_id
         self.patience_s = patience_s
-        self.deadline = time.monotonic() + patience_s
+        self._clock = clock
+        self.deadline = clock() + patience_s
         self._stats = stats
         self._backoff = Backoff(initial=0.02, maximum=0.5)
 
@@ -84,7 +90,7 @@ class Patience:
         sending again, or None when the patience is spent (then fail with ``gave_up``)."""
         delay = self._backoff.next_delay()
         self._stats.count_wait(why, delay)
-        remaining = self.deadline - time.monotonic()
+        remaining = self.deadline - self._clock()
         return min(delay, remaining) if remaining > 0 else None
 
     def gave_up(self, why: TransportError) -> TransportError:
