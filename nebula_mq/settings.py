@@ -30,6 +30,10 @@ from nebula_mq.errors import ConfigError
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Where a worker computes (``nebula_mq.models.device``): cpu, gpu (this rank's), gpu:N, auto.
 DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
+#: The brokers' ``max_message_size`` (RabbitMQ's default, 128 MiB): ``nebula_mq.stack`` renders it
+#: into every node's rabbitmq.conf, and no job's ``[transport] max_message_bytes`` may exceed it (a
+#: larger publish would make the broker close the channel).
+BROKER_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ class TransportSettings:
     publish_window: int = 64
     # Bytes of those publishes in flight (one larger message still goes, alone).
     publish_window_bytes: int = 64 * 1024 * 1024
-    # Largest envelope accepted on decode (RabbitMQ's own default cap is 128 MiB).
+    # Largest envelope sent or accepted: a larger one is refused before it is published, naming
+    # a codec that would fit. At most the brokers' max_message_size, 134217728 (128 MiB).
     max_message_bytes: int = 96 * 1024 * 1024
     # Most bytes one envelope may decode to, every tensor and intermediate array counted
     # (0 = 4 x max_message_bytes): a malformed or hostile frame cannot exhaust memory.
@@ -85,6 +90,9 @@ class TransportSettings:
         return self.max_decoded_bytes or 4 * self.max_message_bytes
 
     def validate(self) -> None:
+        if not 1 <= self.max_message_bytes <= BROKER_MAX_MESSAGE_BYTES:
+            raise InvalidField("max_message_bytes", f"a number of bytes in 1..{BROKER_MAX_MESSAGE_BYTES} "
+                               "(the brokers' max_message_size, 128 MiB)", self.max_message_bytes)
         if self.max_decoded_bytes < 0:
             raise InvalidField("max_decoded_bytes", "a number of bytes >= 0 (0: 4 x max_message_bytes)",
                                self.max_decoded_bytes)

@@ -20,6 +20,7 @@ from typing import NoReturn
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, Identity
 from nebula_mq.security.revocation import ensure_crls
+from nebula_mq.settings import BROKER_MAX_MESSAGE_BYTES
 from nebula_mq.stack.layout import NodeLayout, port_free
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
@@ -73,6 +74,7 @@ def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1", manage
         cert_file=server.cert_file,
         key_file=server.key_file,
         default_pass=secrets.token_hex(16),
+        max_message_size=BROKER_MAX_MESSAGE_BYTES,
     )
     if not node.config_file.exists():
         node.config_file.write_text(conf)
