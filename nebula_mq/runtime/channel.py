@@ -34,6 +34,7 @@ from nebula_mq.transport.base import Delivery
 from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors, unpack_tensors
 from nebula_mq.wire.envelope import TensorRecord
+from nebula_mq.wire.limits import check_outgoing
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
@@ -79,9 +80,11 @@ class Outbox:
     def send(self, *, step: int, micro_batch: int, tensors: Mapping[str, tuple[np.ndarray, Codec]] | None = None,
              encoded: EncodedTensors | None = None, meta: Mapping[str, Any] | None = None,
              reply_to: str | None = None, correlation_id: str | None = None) -> str:
-        """Encode and publish; returns the message id. It returns once the message is handed to
-        the publisher's window of confirms: :meth:`flush`, which ``Worker.commit`` calls before
-        every checkpoint, returns once the broker holds it. Until then the role computes on.
+        """Encode and publish; returns the message id. A frame above ``[transport]
+        max_message_bytes`` raises ``MessageTooLarge`` with nothing published. It returns once
+        the message is handed to the publisher's window of confirms: :meth:`flush`, which
+        ``Worker.commit`` calls before every checkpoint, returns once the broker holds it.
+        Until then the role computes on.
 
         ``tensors`` are encoded here, each with its codec; ``encoded`` were encoded by
         the flow's :class:`nebula_mq.codecs.flow.FlowCompression` (once, with its state).
@@ -97,6 +100,8 @@ class Outbox:
         body = encode_envelope(env, signer=auth.signer())
         if self.worker.settings.security.encrypt_payloads:
             body = auth.seal(body)
+        # Refused here, before anything is published: MessageTooLarge names a codec that fits.
+        check_outgoing(env, len(body), self.worker.settings.transport.max_message_bytes)
         self.publisher.publish_async(self.worker.transport.queue_for(stripe), body, env.message_id,
                                      correlation_id=correlation_id, reply_to=reply_to)
         raw = sum(math.prod(r.shape) * np.dtype(r.dtype).itemsize for r in records)
