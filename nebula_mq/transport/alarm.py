@@ -21,13 +21,15 @@ One :class:`BrokerAlarm` per transport (its cluster's broker) gathers the state 
 publishers' connections, logs one warning when the first is blocked and one when the last is
 unblocked, and tells its listeners (the worker's status: ``broker_alarm``).
 
-Federation on RabbitMQ 3.10.8, measured with a node of the stack in alarm (memory, then disk;
-``tests/integration/test_broker_alarms.py``): the federation links ignore alarms. A
-*downstream* broker in alarm keeps pulling: messages published upstream cross and are
-delivered to its consumers while its own publishers are blocked (the link's local side is an
-internal connection that is never blocked), so an alarm does not stop a flow into the cluster,
-and a disk alarm does not stop its queues from growing. An *upstream* broker in alarm blocks
-its publishers only: the link goes on consuming what its queue already holds.
+Federation on RabbitMQ 3.10.8, measured on the two TLS nodes of a stack with one in a memory,
+then a disk alarm: the federation links ignore alarms at both ends. A *downstream* broker in
+alarm goes on pulling: messages published upstream crossed and were delivered to its consumers
+within a second, the link's status stayed ``running``, while a publisher of its own on that
+broker was blocked (the link writes into it over an internal connection, which the alarm does
+not block; ``tests/integration/test_broker_alarms.py`` keeps this). So an alarm does not stop a
+flow into the cluster, and a disk alarm does not stop its queues growing. An *upstream* broker
+in alarm blocks its own publishers only: the link went on consuming the messages its queue
+already held and delivering them downstream.
 """
 
 from __future__ import annotations
