@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -57,6 +58,10 @@ class Reporter:
         self.checkpoint: int | None = None  # the step of the last checkpoint this process wrote
         self._recent: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (time, step) of recent steps
         self.last: dict[str, Any] = {}  # the status last written: what the status feed publishes
+        # The cluster whose broker blocks our publishers now (a memory or disk alarm), and why.
+        self.alarm: tuple[str, str] | None = None
+        self._status_call: tuple[str, dict[str, Any]] | None = None  # the last status(state, extra)
+        self._status_lock = threading.Lock()  # the training thread and a publisher's I/O thread write it
 
     def hooks(self) -> list[Hook]:
         """The hooks that report what the worker's messages and steps do."""
@@ -98,16 +103,31 @@ class Reporter:
 
     def status(self, state: str, **extra: Any) -> None:
         """The status file ``nebula-mq status`` reads: state, step, values, and ``extra``; the
-        same body is what the sampler publishes to the job's status feed."""
+        same body is what the sampler publishes to the job's status feed. While the local broker
+        blocks our publishers it also says so: ``broker_alarm`` (the cluster) and
+        ``broker_alarm_reason`` (``low on memory``, ``low on disk``)."""
         path = status_dir(self.settings) / f"{self.worker_id}.json"
-        body = {
-            "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
-            "job": self.settings.job.id, "pid": os.getpid(), "host": socket.gethostname(), "state": state,
-            "step": self.step, "total": self.settings.job.steps, "updated": time.time(), "values": self.values,
-            "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **extra,
-        }
-        write_json_atomic(path, body, sort_keys=True)
-        self.last = body  # one assignment: the sampler thread reads whole bodies only
+        with self._status_lock:
+            self._status_call = (state, extra)
+            alarm = {} if self.alarm is None else {"broker_alarm": self.alarm[0], "broker_alarm_reason": self.alarm[1]}
+            body = {
+                "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
+                "job": self.settings.job.id, "pid": os.getpid(), "host": socket.gethostname(), "state": state,
+                "step": self.step, "total": self.settings.job.steps, "updated": time.time(), "values": self.values,
+                "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **alarm, **extra,
+            }
+            write_json_atomic(path, body, sort_keys=True)
+            self.last = body  # one assignment: the sampler thread reads whole bodies only
+
+    def broker_alarm(self, cluster: str, reason: str | None) -> None:
+        """``cluster``'s broker blocks our publishers for ``reason`` now, or no longer (None): the
+        status says so at once, in the state it had (``transport.alarm.BrokerAlarm`` calls it, from
+        a publisher's I/O thread)."""
+        with self._status_lock:
+            self.alarm = None if reason is None else (cluster, reason)
+            call = self._status_call
+        if call is not None:
+            self.status(call[0], **call[1])
 
     def write_history(self) -> Path:
         """The rows since the last call (loss curves, for reports), appended as JSON lines."""

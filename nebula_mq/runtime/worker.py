@@ -17,6 +17,11 @@ plain object) with a worker inside :meth:`Worker.lifecycle`. SIGTERM and SIGINT 
 flag; the driver checks it between micro-batches, finishes what is in flight, commits, and
 exits 0. A restart resumes from the last checkpoint: safe at any moment, since anything not
 in a checkpoint is still unacked on the broker.
+
+While the local broker blocks publishing (a memory or disk alarm: ``transport.alarm``) the
+publishers wait as long as it lasts, and the status says ``broker_alarm``. A stop requested
+then cannot wait for the confirms a checkpoint needs: the publishers' waits end with
+``StopDuringAlarm``, and the worker stops (exit 0) without a last checkpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any, final
 import numpy as np
 
 from nebula_mq import topology
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, StopDuringAlarm
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
@@ -98,6 +103,9 @@ class Worker:
             self.hooks, run_dir / "queues" / f"{worker_id}.jsonl",
             lambda depth: self.report.dead_letters(dead_letter_queue, depth), name=f"queue-sampler-{worker_id}",
             status=lambda: dict(self.report.last), status_exchange=topology.status_exchange(settings.job.id))
+        # A broker alarm shows in the status; a stop requested during one ends the publishers' waits.
+        self.transport.alarm.subscribe(lambda reason: self.report.broker_alarm(self.transport.alarm.where, reason))
+        self.transport.alarm.stop_when(self.stop_requested.is_set)
         self.step = 0
         bind_context(job=settings.job.id, role=self.role, worker=worker_id, cluster=cluster)
 
@@ -117,7 +125,11 @@ class Worker:
         with self.transport:
             self.sampler.start()
             try:
-                code = body()
+                try:
+                    code = body()
+                except StopDuringAlarm as exc:  # no last checkpoint: the unconfirmed sends go again on restart
+                    log.warning("stopped_during_broker_alarm", error=str(exc), step=self.step)
+                    code = 0
                 self.report.status("finished" if code == 0 and not self.stop_requested.is_set() else "stopped")
                 # One last sample: the queues as the worker leaves them, and its last status to the feed.
                 self.sampler.stop(final=True)
