@@ -27,13 +27,14 @@ HELPERS = {
     "nebula_mq/codecs/base.py", "nebula_mq/codecs/cast.py", "nebula_mq/codecs/checks.py",
     "nebula_mq/codecs/decoding.py", "nebula_mq/codecs/int8.py", "nebula_mq/codecs/lossless.py",
     "nebula_mq/codecs/quantise.py", "nebula_mq/codecs/schedule.py", "nebula_mq/wire/tree.py",
+    "nebula_mq/wire/limits.py",  # the size check before a send (it refuses; it decides nothing)
     # what a step reports: logs, metrics, progress, status, tensorboard
     "nebula_mq/runtime/hooks.py", "nebula_mq/runtime/logs.py", "nebula_mq/runtime/metrics.py",
     "nebula_mq/runtime/reporter.py", "nebula_mq/runtime/tracking.py", "nebula_mq/runtime/worker.py",
     "nebula_mq/runtime/sampler.py", "nebula_mq/runtime/progress.py", "nebula_mq/atomic.py",
     # the step's bookkeeping: stop flags, agreement, deferred acks, the checkpoint store
     "nebula_mq/runtime/signals.py", "nebula_mq/runtime/agreement.py", "nebula_mq/runtime/checkpoint.py",
-    "nebula_mq/runtime/window.py",
+    "nebula_mq/runtime/window.py", "nebula_mq/runtime/hold.py",
     # names, keys and settings read on the way
     "nebula_mq/security/auth.py", "nebula_mq/security/keys.py", "nebula_mq/settings.py",
     "nebula_mq/topology.py", "workers/split/job.py", "workers/split/routing.py",
