@@ -113,3 +113,22 @@ def status_reader_permissions(job_id: str) -> Permissions:
     declares nothing and acks only what it read)."""
     return Permissions(NOTHING, NOTHING, _alternation([topology.status_stream(job_id)]))
 
+
+
+def dead_letter_auditor(job_id: str) -> str:
+    """The CN ``nebula-mq audit dead-letters`` reads a cluster's dead-letter queue as."""
+    topology.vhost(job_id)  # validates the job id
+    return f"{job_id}.dead-letter-auditor"
+
+
+def dead_letter_auditor_permissions(job_id: str) -> Permissions:
+    """:func:`dead_letter_auditor`'s: read the dead-letter queue (``basic.get``, then a nack with
+    requeue, which is not permission-checked), nothing else."""
+    return Permissions(NOTHING, NOTHING, _alternation([topology.dead_letter_queue(job_id)]))
+
+
+def dead_letter_writers(job_id: str, identities: Iterable[str], flows: Sequence[Flow]) -> frozenset[str]:
+    """Those of ``identities`` whose permissions let them publish into the dead-letter exchange:
+    the roles that consume (and a plain CN, with the job's every right)."""
+    dlx = topology.dead_letter_exchange(job_id)
+    return frozenset(str(i) for i in identities if re.fullmatch(permissions(job_id, i, flows).write, dlx))

@@ -18,7 +18,10 @@ Semantics every implementation honours:
   Consumers discard repeats by ``message_id`` (see ``dedup.Deduplicator``);
   federation repeats arrive with ``redelivered = False``.
 * ``Delivery.dead_letter`` moves a condemned message to the cluster's
-  dead-letter queue (with the reason in headers) and only then acks it.
+  dead-letter queue (with the reason in headers) and only then acks it. A
+  dead letter carries the AMQP ``user_id`` of the connection that condemned it
+  (``Transport.connection_user``; the broker refuses any other), so a message
+  in the dead-letter queue without one was not put there by ``dead_letter``.
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class Outgoing:
     correlation_id: str | None = None
     # Queue name of the requester's reply flow (request/reply only).
     reply_to: str | None = None
+    # The connection's user name, on dead letters only (``identity`` module).
+    user_id: str | None = None
 
 
 class Publisher(Closeable):
@@ -232,11 +237,18 @@ class Transport(Closeable):
         original_queue: str = "",
         headers: Mapping[str, Any] | None = None,
     ) -> None:
-        """Put a message straight into the dead-letter queue (confirmed)."""
+        """Put a message straight into the dead-letter queue (confirmed), stamped with this
+        transport's ``connection_user`` as its ``user_id``."""
         headers = dead_letter_headers(headers, message_id, reason, detail, original_queue)
-        self._dead_letter_publisher().publish(self.dead_letter_queue, body, message_id, headers)
+        outgoing = Outgoing(self.dead_letter_queue, body, message_id, headers, user_id=self.connection_user())
+        self._dead_letter_publisher()._submit(outgoing).wait()
         log.error("message dead-lettered", queue=original_queue, message_id=message_id,
                   reason=reason, detail=detail)
+
+    def connection_user(self) -> str | None:
+        """The user name the broker knows this transport's connections by (None: no broker
+        checks one, as in memory)."""
+        return None
 
     @abc.abstractmethod
     def _dead_letter_publisher(self) -> Publisher:

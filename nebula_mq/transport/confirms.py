@@ -36,7 +36,8 @@ class Unconfirmed:
     def of(cls, outgoing: Outgoing, exchange: str, patience: Patience) -> Unconfirmed:
         """``outgoing``, to be published through ``exchange``."""
         body = outgoing.body if isinstance(outgoing.body, bytes) else bytes(outgoing.body)
-        props = message_properties(outgoing.message_id, outgoing.headers, outgoing.correlation_id, outgoing.reply_to)
+        props = message_properties(outgoing.message_id, outgoing.headers, outgoing.correlation_id, outgoing.reply_to,
+                                   outgoing.user_id)
         return cls(exchange, outgoing.queue, body, props, patience)
 
     @property

@@ -22,6 +22,7 @@ from nebula_mq.settings import BrokerSettings
 
 from . import base
 from .connection import IoThread, OnIoThread
+from .identity import connection_user
 from .properties import message_properties
 from .routing import Routes
 
@@ -82,7 +83,8 @@ class RabbitDelivery(base.Delivery):
         self._claim()
         consumer = self._consumer
         headers = base.dead_letter_headers(self.headers, self.message_id, reason, detail, self.queue)
-        props = message_properties(self.message_id, headers, self.correlation_id, None)
+        # user_id: the broker checks it is this connection's user, so it proves who condemned it.
+        props = message_properties(self.message_id, headers, self.correlation_id, None, consumer.user_id)
 
         def do() -> bool:
             if not self._live():
@@ -120,6 +122,7 @@ class RabbitConsumer(OnIoThread, base.Consumer):
     ) -> None:
         self.queue = queue
         self.dead_letter_queue = dead_letter_queue
+        self.user_id = connection_user(broker)  # stamped on every dead letter (``identity`` module)
         # How dead letters reach the dead-letter queue (its exchange when provisioned).
         self._routes = routes if routes is not None else Routes()
         self._conn: pika.BlockingConnection | None = None

@@ -47,6 +47,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare
 from .connection import close_quietly, open_connection
+from .identity import connection_user
 from .management import QueueSizes
 from .consumer import RabbitConsumer
 from .pika_errors import PIKA_ERRORS, translate
@@ -160,6 +161,10 @@ class RabbitTransport(base.Transport):
             close_quietly(conn)
 
     # ------------------------------------------------------------------ dead letters
+
+    def connection_user(self) -> str:
+        """The certificate's CN (EXTERNAL auth), or the plaintext user: each dead letter's ``user_id``."""
+        return connection_user(self.broker)
 
     def _dead_letter_publisher(self) -> RabbitPublisher:
         """One publisher of its own, made on the first dead letter and kept until ``close``."""
