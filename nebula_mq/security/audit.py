@@ -12,11 +12,19 @@ Several processes may append to one log: each append takes an exclusive
 ``flock`` on the file, reads the last record's hash and writes one line, so
 the chain stays linear. Events: ``job_submitted``, ``data_grant``,
 ``data_revoke``, ``data_access`` / ``data_access_denied``, ``connection_*``,
-``cert_issued`` / ``cert_rotated`` / ``cert_revoked``, ``message_rejected``.
+``cert_issued`` / ``cert_rotated`` / ``cert_revoked``, ``message_rejected``,
+``message_dead_lettered``, ``dead_letter_unvouched``.
+
+A record that cannot be written (a full disk, a read-only or missing directory) is an
+:class:`AuditError` naming the log and the cause ("no space left on device"), never a record
+dropped: a partly written line is cut off again, so the chain stays valid and the next append,
+once there is room, continues it. A worker stops on it (an unaudited security event is a
+security failure).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -71,8 +79,11 @@ class _ChainedFile:
         self.path = path
 
     def msg(self, **event: Any) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+        except OSError as exc:
+            raise _unwritable(self.path, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             last = _last_line(fd)
@@ -86,14 +97,39 @@ class _ChainedFile:
                 seq, prev_hash = 0, GENESIS
             record = {**event, "seq": seq, "prev": prev_hash}
             record["hash"] = record_hash(record)
-            os.write(fd, _canonical(record) + b"\n")
-            os.fsync(fd)
+            _append(self.path, fd, _canonical(record) + b"\n")
         finally:
             os.close(fd)  # also releases the lock
 
     info = msg
     warning = msg
     error = msg
+
+
+def _unwritable(path: Path, exc: OSError) -> AuditError:
+    cause = "no space left on device" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return AuditError(f"{path}: cannot write the audit log: {cause}; the record was not written")
+
+
+def _append(path: Path, fd: int, line: bytes) -> None:
+    """Write and fsync ``line`` whole (the caller holds the lock), or cut the file back to where
+    it was and raise :class:`AuditError`: a full disk can take part of a line, and a part line
+    would end the chain."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    try:
+        done = 0
+        while done < len(line):
+            n = os.write(fd, line[done:])
+            if n == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += n
+        os.fsync(fd)
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # the error below names the cause; a part line fails verify_chain at that line
+        raise _unwritable(path, exc) from None
 
 
 def _no_reserved(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
