@@ -85,6 +85,8 @@ def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]
             "compute_share": compute / (compute + wait) if compute + wait else None,
             "duplicates": m.get("nebula_duplicates_total", 0.0),
             "dead_letters": m.get("nebula_dead_letters_total", 0.0),
+            # While the local broker blocks the worker's publishers (runtime.reporter): cluster, reason.
+            "broker_alarm": st.get("broker_alarm"), "broker_alarm_reason": st.get("broker_alarm_reason"),
         })
     return rows
 
@@ -120,7 +122,7 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for name, d in sorted(qs.items()):
                 print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
-        for line in dead_letter_alarms(queues, settings.transport.dead_letter_alarm):
+        for line in [*broker_alarms(rows), *dead_letter_alarms(queues, settings.transport.dead_letter_alarm)]:
             print(line)
     if not rows:
         print(f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
@@ -139,6 +141,8 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
         print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps, "
               f"as {args.feed}'s broker hears it")
         print(feed_table(rows))
+        for line in broker_alarms(rows):
+            print(line)
         lost = [r["worker"] for r in rows if r["state"] == "LOST"]
         if lost:
             print(f"LOST: {', '.join(lost)}: silent for more than {args.lost_after:g} s", file=sys.stderr)
@@ -148,6 +152,18 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def broker_alarms(rows: list[dict[str, Any]]) -> list[str]:
+    """An ALARM line per cluster whose broker blocks the publishers of a live worker (a memory or
+    disk alarm; the status files' ``broker_alarm`` and ``broker_alarm_reason``), naming them."""
+    blocked: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.get("broker_alarm") and r.get("state") in (*LIVE_STATES, "LOST"):
+            key = (str(r["broker_alarm"]), str(r.get("broker_alarm_reason") or "resource alarm"))
+            blocked.setdefault(key, []).append(str(r["worker"]))
+    return [f"ALARM {cluster}: {reason} (publishing blocked: {', '.join(sorted(workers))})"
+            for (cluster, reason), workers in sorted(blocked.items())]
 
 
 def dead_letter_alarms(queues: dict[str, Any], bound: int) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nebula_mq.settings import BrokerSettings, Settings
-from nebula_mq.transport.status_feed import latest
+from nebula_mq.transport.status_feed import latest, newest
 
 __all__ = ["add_feed_options", "feed_reader", "feed_rows", "latest", "reader_broker", "table"]
 
@@ -82,4 +82,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def feed_rows(settings: Settings, cluster: str, stack_dir: str, since_s: float, lost_after: float) -> list[dict[str, Any]]:
-    return latest(feed_reader(settings, cluster, stack_dir)(since_s), time.time(), lost_after)
+    return with_alarms(feed_reader(settings, cluster, stack_dir)(since_s), time.time(), lost_after)
+
+
+def with_alarms(messages: list[dict[str, Any]], now: float, lost_after: float) -> list[dict[str, Any]]:
+    """``latest``'s rows, each with its newest message's ``broker_alarm`` and
+    ``broker_alarm_reason`` (set while the worker's local broker blocks its publishers)."""
+    last = newest(messages)
+    rows = latest(messages, now, lost_after)
+    for row in rows:
+        m = last.get(row["worker"], {})
+        row["broker_alarm"], row["broker_alarm_reason"] = m.get("broker_alarm"), m.get("broker_alarm_reason")
+    return rows
