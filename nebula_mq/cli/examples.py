@@ -10,6 +10,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "audit verify": ("nebula-mq audit verify --log run/jobs/demo/audit/audit.jsonl",),
     "audit show": ("nebula-mq audit show --log run/jobs/demo/audit/audit.jsonl --event message_dead_lettered",),
     "audit scan-broker": ("nebula-mq audit scan-broker --stack run/stack",),
+    "audit dead-letters": ("nebula-mq audit dead-letters config/demo.toml --log run/jobs/demo/audit/audit.jsonl",),
     "bench codecs": ("nebula-mq bench codecs --quick --json-out run/bench/codecs.json", "nebula-mq bench codecs --peers"),
     "bench transport": ("nebula-mq bench transport --quick",),
     "bench scenario1": ("nebula-mq bench scenario1 --n 1,2 --delay-ms 20",),
