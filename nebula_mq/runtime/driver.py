@@ -182,7 +182,7 @@ class Driver:
         role.open()
         self.restore()
         if w.step > 0:  # resumed: say so, at the restored step, until the next step is done
-            w.report.status("resuming")
+            w.status("resuming")
         inbox = self.open_inbox()
         try:
             while self.keep_going():
@@ -221,7 +221,7 @@ class Driver:
         # The steps' history rows first: a kill between the two redoes those steps from the
         # older checkpoint and writes their rows again (a step's last row counts), while rows
         # written after the checkpoint would be lost for good by a kill in between.
-        self.worker.report.write_history()
+        self.worker.write_history()
         self.worker.commit(arrays, meta)
 
     def open_inbox(self) -> OrderedInbox:

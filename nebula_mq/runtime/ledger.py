@@ -5,7 +5,9 @@ A worker's inboxes hand it deliveries whose effect is applied in memory (``defer
 :meth:`Ledger.commit` first waits until the broker holds every message the worker sent
 (its open outboxes' confirms), then writes the checkpoint, then lets the worker's group
 reach the same point (``before_ack``), and only then acks. Anything not in a durable
-checkpoint is still unacked on the broker, so a restart at any moment loses nothing.
+checkpoint is still unacked on the broker, so a restart at any moment loses nothing. A
+checkpoint that cannot be written (a full disk) raises before any ack, and the deliveries
+stay pending: unacked, delivered again to whoever resumes from the last good checkpoint.
 """
 
 from __future__ import annotations

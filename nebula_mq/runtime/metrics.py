@@ -7,6 +7,10 @@ each step, so ``nebula-mq status`` can read a worker's figures without a port.
 Every series carries the worker's identity (``job``, ``worker``, ``role``,
 ``cluster``), so one Prometheus scraping every worker of every job can tell
 them apart without relabelling.
+
+On a full disk the textfile is not written (one ``write_skipped`` warning until it is
+written again; ``write_to_textfile`` removes its temporary file): the figures stay in the
+registry, served over HTTP, and the next step's write brings the file up to date.
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ from typing import TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server, write_to_textfile
 from prometheus_client.metrics import MetricWrapperBase
 
+from nebula_mq.atomic import SkipWhenFull
 from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.hooks import Hook, MessageEvent
+from nebula_mq.runtime.logs import get_logger
+
+log = get_logger(__name__)
 
 
 IDENTITY = ("job", "worker", "role", "cluster")
@@ -35,6 +43,7 @@ class MetricsHook(Hook):
         self.registry = CollectorRegistry()
         r = self.registry
         self.textfile = Path(textfile) if textfile else None
+        self.textfile_write = SkipWhenFull("metrics", _skipped)
         given = dict(identity or {})
         self.identity = tuple(given.get(k, role if k == "role" else "") for k in IDENTITY)
 
@@ -118,9 +127,19 @@ class MetricsHook(Hook):
             self.of(self.queue_bytes, queue).set(message_bytes)
 
     def flush(self) -> None:
-        if self.textfile is not None:
-            self.textfile.parent.mkdir(parents=True, exist_ok=True)
-            write_to_textfile(str(self.textfile), self.registry)
+        """Write the textfile (skipped on a full disk)."""
+        textfile = self.textfile
+        if textfile is None:
+            return
+
+        def write() -> None:
+            textfile.parent.mkdir(parents=True, exist_ok=True)
+            write_to_textfile(str(textfile), self.registry)
+        self.textfile_write(write)
+
+
+def _skipped(what: str, problem: str) -> None:
+    log.warning("write_skipped", what=what, error=problem, hint="the disk is full: the next step writes it again")
 
 
 def read_metrics(path: Path) -> dict[str, float]:

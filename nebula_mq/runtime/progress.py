@@ -11,6 +11,10 @@ never branches on whether a bar is shown::
         for _ in range(steps):
             ...
             bar.update()
+
+A line that cannot be written because the disk holding the stream is full is skipped
+(one ``write_skipped`` warning until a line is written again): progress is never worth
+stopping the work for.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from nebula_mq.atomic import SkipWhenFull
+from nebula_mq.runtime.logs import get_logger
+
+log = get_logger(__name__)
 
 # Off a terminal: one line at most this often (seconds).
 LINE_EVERY_S = 30.0
@@ -41,6 +49,7 @@ class Progress:
         self.postfix: dict[str, float | str] = {}
         self.phase = ""
         self._t0 = self._last_line = time.monotonic()
+        self._line_write = SkipWhenFull("progress", _skipped)
 
     @property
     def shown(self) -> bool:
@@ -52,6 +61,10 @@ class Progress:
             self._bar.update(n)
         elif self.stream is not None and time.monotonic() - self._last_line >= self.every_s:
             self._last_line = time.monotonic()
+            self._line_write(self._write_line)
+
+    def _write_line(self) -> None:
+        if self.stream is not None:
             self.stream.write(self.line() + "\n")
             self.stream.flush()
 
@@ -82,6 +95,10 @@ class Progress:
         self.postfix = dict(values)
         if self._bar is not None:
             self._bar.set_postfix(values, refresh=False)
+
+
+def _skipped(what: str, problem: str) -> None:
+    log.warning("write_skipped", what=what, error=problem, hint="the disk is full: the work goes on")
 
 
 def _duration(seconds: float) -> str:

@@ -8,6 +8,10 @@ it is maintained (2.6.x), and it needs only numpy, protobuf and packaging, which
 already brings. VisualDL, Paddle's own viewer, would add Flask, pandas and matplotlib to
 every worker and has had no release since 2023; a home-made event writer would be a
 substitute for a real component.
+
+The event file is a report, not the source of truth: on a full disk its writes (on the
+writer's thread and at close) are skipped, with one ``write_skipped`` warning until one
+succeeds again, and the training goes on (``atomic.SkipWhenFull``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.atomic import SkipWhenFull
 from nebula_mq.runtime.hooks import Hook
 from nebula_mq.runtime.logs import get_logger
 
@@ -36,13 +41,29 @@ class TensorBoardHook(Hook):
         self.logdir = logdir
         self.make_writer = SummaryWriter
         self.writer: Any = None
+        # Creating the writer (the training thread) and writing its file (the writer's thread).
+        self.create, self.file_write = SkipWhenFull("tensorboard", _skipped), SkipWhenFull("tensorboard", _skipped)
 
     def on_step(self, step: int, values: Mapping[str, float]) -> None:
         if self.writer is None:
-            self.writer = self.make_writer(str(self.logdir), flush_secs=FLUSH_S)
+            self.writer = self.create(self._open)
+            if self.writer is None:  # a full disk: the next step tries again
+                return
         for name, value in values.items():
             if math.isfinite(value):
                 self.writer.add_scalar(name, value, step)
+
+    def _open(self) -> Any:
+        writer = self.make_writer(str(self.logdir), flush_secs=FLUSH_S)
+        # The record writer's file operations skip on a full disk: raised on tensorboardX's
+        # thread, the error would end that thread, and then the next events would fill its
+        # queue and block the training thread.
+        records = getattr(getattr(getattr(getattr(writer, "file_writer", None), "event_writer", None),
+                                  "_ev_writer", None), "_py_recordio_writer", None)
+        for name in ("write", "flush", "close") if records is not None else ():
+            method = getattr(records, name)
+            setattr(records, name, lambda *args, _method=method: self.file_write(lambda: _method(*args)))
+        return writer
 
     def close(self) -> None:
         if self.writer is None:
@@ -55,6 +76,10 @@ class TensorBoardHook(Hook):
         if queue is not None:
             queue.join_thread()
         self.writer = None
+
+
+def _skipped(what: str, problem: str) -> None:
+    log.warning("write_skipped", what=what, error=problem, hint="the disk is full: the training goes on without it")
 
 
 def tensorboard_hook(logdir: Path) -> TensorBoardHook | None:

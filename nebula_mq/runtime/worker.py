@@ -22,16 +22,25 @@ While the local broker blocks publishing (a memory or disk alarm: ``transport.al
 publishers wait as long as it lasts, and the status says ``broker_alarm``. A stop requested
 then cannot wait for the confirms a checkpoint needs: the publishers' waits end with
 ``StopDuringAlarm``, and the worker stops (exit 0) without a last checkpoint.
+
+A full disk (``ENOSPC``, ``EDQUOT``, ``EROFS``) stops the worker at its next checkpoint with
+one ``CheckpointError`` (``CheckpointStore.save``): the last good checkpoint is intact and
+nothing after it was acked, so the same command resumes once there is space. What a worker
+writes besides (status file, history rows, metrics, tensorboard) is skipped meanwhile, with
+one ``write_skipped`` warning each (``atomic.SkipWhenFull``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
 
 from nebula_mq import topology
+from nebula_mq.atomic import SkipWhenFull, disk_full
 from nebula_mq.errors import ConfigError, StopDuringAlarm
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -46,6 +55,12 @@ from nebula_mq.transport.base import Transport
 from nebula_mq.wire.auth import EnvelopeAuth
 
 log = get_logger(__name__)
+
+
+def write_skipped(what: str, problem: str) -> None:
+    """One warning for a report skipped on a full disk (until it is written again)."""
+    log.warning("write_skipped", what=what, error=problem,
+                hint="the disk is full: the worker goes on, and stops at its next checkpoint if it stays full")
 
 
 def make_transport(settings: Settings, cluster: str) -> Transport:
@@ -88,6 +103,8 @@ class Worker:
         run_dir = settings.run_dir
         self.ledger = Ledger(CheckpointStore(run_dir / "checkpoints" / worker_id))
         self.report = Reporter(settings, cluster, worker_id, role)
+        # The status file and the history rows are reports, not the source of truth: a full disk skips them.
+        self.status_file, self.history_file = SkipWhenFull("status", write_skipped), SkipWhenFull("history", write_skipped)
         self.hooks = Hooks([*self.report.hooks(), *hooks])
         self.transport = transport if transport is not None else make_transport(settings, cluster)
         self.auth = auth
@@ -104,7 +121,8 @@ class Worker:
             lambda depth: self.report.dead_letters(dead_letter_queue, depth), name=f"queue-sampler-{worker_id}",
             status=lambda: dict(self.report.last), status_exchange=topology.status_exchange(settings.job.id))
         # A broker alarm shows in the status; a stop requested during one ends the publishers' waits.
-        self.transport.alarm.subscribe(lambda reason: self.report.broker_alarm(self.transport.alarm.where, reason))
+        self.transport.alarm.subscribe(
+            lambda reason: self.status_file(lambda: self.report.broker_alarm(self.transport.alarm.where, reason)))
         self.transport.alarm.stop_when(self.stop_requested.is_set)
         self.step = 0
         bind_context(job=settings.job.id, role=self.role, worker=worker_id, cluster=cluster)
@@ -121,7 +139,7 @@ class Worker:
     def lifecycle(self, body: Callable[[], int]) -> int:
         """Run ``body`` (a driver's loop) to completion or to a stop request with the transport
         open, its queues sampled on the sampler's thread (``runtime.sampler``) meanwhile."""
-        self.report.status("starting")
+        self.status("starting")
         with self.transport:
             self.sampler.start()
             try:
@@ -130,13 +148,13 @@ class Worker:
                 except StopDuringAlarm as exc:  # no last checkpoint: the unconfirmed sends go again on restart
                     log.warning("stopped_during_broker_alarm", error=str(exc), step=self.step)
                     code = 0
-                self.report.status("finished" if code == 0 and not self.stop_requested.is_set() else "stopped")
+                self.status("finished" if code == 0 and not self.stop_requested.is_set() else "stopped")
                 # One last sample: the queues as the worker leaves them, and its last status to the feed.
                 self.sampler.stop(final=True)
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
             except BaseException:
-                self.report.status("failed")
+                self.status("failed")  # skipped on a full disk: the error raised is what counts
                 self.sampler.stop(final=True, timeout=2.0)  # tell the feed, if the broker still answers
                 raise
             finally:
@@ -144,8 +162,30 @@ class Worker:
                 self.hooks.close()
         return code
 
+    def status(self, state: str, **extra: Any) -> None:
+        """Write the status file (``Reporter.status``); skipped on a full disk."""
+        self.status_file(lambda: self.report.status(state, **extra))
+
+    def write_history(self) -> None:
+        """Append the history rows since the last call (``Reporter.write_history``). On a full
+        disk the file is cut back to its length before (a torn row would swallow the next one
+        appended) and the rows are kept for the next call."""
+        path = self.settings.run_dir / "history" / f"{self.worker_id}.jsonl"
+        before = path.stat().st_size if path.exists() else 0
+
+        def write() -> None:
+            try:
+                self.report.write_history()
+            except OSError as exc:
+                if disk_full(exc) and path.exists():
+                    with contextlib.suppress(OSError):
+                        os.truncate(path, before)
+                raise
+        self.history_file(write)
+
     def commit(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> Checkpoint:
-        """Checkpoint at ``self.step`` and ack what it covers (``Ledger.commit``), agreed with the group."""
+        """Checkpoint at ``self.step`` and ack what it covers (``Ledger.commit``), agreed with the group.
+        A failed checkpoint (a full disk) raises ``CheckpointError`` before anything is acked."""
         ck = self.ledger.commit(self.step, arrays, meta, self.agreement.before_ack)
         self.report.checkpoint = self.step
         log.info("checkpoint", step=self.step, digest=ck.digest[:16])
@@ -153,6 +193,6 @@ class Worker:
 
     def record_step(self, values: Mapping[str, float]) -> None:
         """``self.step`` is done with ``values``: reported, and the hooks told."""
-        self.report.record(self.step, values)
+        self.status_file(lambda: self.report.record(self.step, values))  # its status write may be skipped
         self.sampler.tick()  # samples here only for a worker driven without `lifecycle`; its status is this step's
         self.hooks.on_step(self.step, self.report.values)
