@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nebula_mq.errors import AuditError
 from nebula_mq.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -59,7 +60,8 @@ class Hook:
 
 
 class Hooks(Hook):
-    """Fans every call out to a list of hooks, isolating their failures."""
+    """Fans every call out to a list of hooks, isolating their failures (all but an
+    :class:`~nebula_mq.errors.AuditError`: a record the audit log lost stops the worker)."""
 
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self.hooks = list(hooks)
@@ -71,6 +73,8 @@ class Hooks(Hook):
         for hook in self.hooks:
             try:
                 getattr(hook, name)(*args)
+            except AuditError:
+                raise  # an audit record that cannot be written stops the worker: nothing goes unaudited
             except Exception:  # noqa: BLE001 - a broken hook must not stop training
                 log.exception("hook_failed", hook=type(hook).__name__, point=name)
 
