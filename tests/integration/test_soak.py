@@ -1,0 +1,46 @@
+"""``nebula-mq chaos --soak``, CI-sized: a split job for two and a half minutes under a random
+fault of every kind (WAN cut, SIGKILL, broker restart, memory alarm), on the real TLS stack.
+Nothing may grow without bound, the step rate may not decay, no worker may exit on its own and
+nothing may be dead-lettered. ``README.md`` quotes the 60-minute soak."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.jobs import copy_split_example, split_job
+
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, pytest.mark.timeout(420)]
+
+MINUTES = 2.5
+
+
+def test_a_short_soak_under_every_kind_of_fault_shows_no_growth(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    copy_split_example(tmp_path)
+    config = tmp_path / "job.toml"
+    config.write_text(split_job("soak", tmp_path / "run", seed=3))
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "nebula_mq", "chaos", str(config), "--stack", str(stack.run_dir),
+             "--soak", str(MINUTES), "--fault-every", "18", "--sample-every", "4", "--seed", "2"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=360)
+    finally:
+        stack.clean_wan()
+    text = out.stdout + out.stderr[-3000:]
+    assert out.returncode == 0 and "soak passed" in out.stdout, text
+    report = json.loads((tmp_path / "run" / "soak" / "soak.json").read_text())
+    kinds = {"WAN cut": 0, "SIGKILL": 0, "broker restart": 0, "memory alarm": 0}
+    for fault in report["faults"]:
+        for kind in kinds:
+            kinds[kind] += kind in fault
+    assert all(kinds.values()), (kinds, text)
+    series = {t["series"] for t in report["trends"]}
+    for owner in ("head-0", "tail-0", "cluster-a", "cluster-b"):
+        assert {f"{owner} rss_mb", f"{owner} fds"} <= series, (owner, sorted(series))
+    assert {"cluster-b dead_letters", "cluster-a queued", "job steps_per_s"} <= series, sorted(series)
+    assert all(t["samples"] >= 5 for t in report["trends"] if t["kind"] != "steps_per_s"), text
+    assert report["steps"] > 50 and not report["unplanned_exits"], text
