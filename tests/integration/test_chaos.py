@@ -15,13 +15,14 @@ from tests.fixtures.lanes import CPU_HEAVY
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
-JOB = ABNET_JOB.format(job_id="chaostest", seed=5, steps=150, run_dir="{run_dir}", batch_size=8, extra="")
+STEPS = 90
+JOB = ABNET_JOB.format(job_id="chaostest", seed=5, steps=STEPS, run_dir="{run_dir}", batch_size=8, extra="")
 
 
 def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     config = tmp_path / "job.toml"
     config.write_text(JOB.format(run_dir=tmp_path / "run"))
-    schedule = default_schedule(150, ("cluster-a", "cluster-b"), ("enc-0", "dec-0"),
+    schedule = default_schedule(STEPS, ("cluster-a", "cluster-b"), ("enc-0", "dec-0"),
                                 cut_s=(1, 1, 2, 2, 3), stall_s=5)
     kinds = [f.kind for f in schedule]
     assert kinds.count("cut") == 5 and kinds.count("restart") == 1 and kinds.count("kill") == 2

@@ -95,10 +95,10 @@ def test_2x2_abnet_under_chaos_ends_bit_identical_to_a_clean_2x2_run(stack, tmp_
     port = free_port_range(8)
     ranks = (f"encoder_ranks = 2\ndecoder_ranks = 2\nhead_gloo_port = {port}\ntail_gloo_port = {port + 4}\n"
              "group_timeout_s = 60")
-    config.write_text(ABNET_JOB.format(job_id="ranks-chaos", seed=5, steps=48, run_dir=tmp_path / "run", batch_size=8,
+    config.write_text(ABNET_JOB.format(job_id="ranks-chaos", seed=5, steps=36, run_dir=tmp_path / "run", batch_size=8,
                                        extra=ranks))
-    schedule = [Fault(6, "cut", "", 2.0), Fault(14, "kill", "enc-0-r1", 0.5),
-                Fault(22, "restart", "cluster-b"), Fault(30, "kill", "dec-0", 0.5)]
+    schedule = [Fault(5, "cut", "", 2.0), Fault(11, "kill", "enc-0-r1", 0.5),
+                Fault(17, "restart", "cluster-b"), Fault(23, "kill", "dec-0", 0.5)]
     report, text, logs = run_chaos(stack, config, schedule, 420)
     assert set(report.digests) == {"enc-0", "enc-0-r1", "dec-0", "dec-0-r1"}, text
     assert report.complete and report.identical, text
