@@ -148,11 +148,15 @@ class ChaosRunner:
         worker goes more than ``HOLD_SLACK`` steps past the next fault's step before that fault
         is in: a fault that blocks this loop (a broker restart, a long cut or stall) cannot let
         the job end first and skip the faults after it."""
-        pending = sorted(self.schedule, key=lambda f: f.at_step)
+        last = job.settings.job.steps - 1
+        pending = sorted((f for f in self.schedule if f.at_step <= last), key=lambda f: f.at_step)
+        for fault in self.schedule:
+            if fault.at_step > last:  # held before the last step, the job would wait for it for ever
+                self.log(f"not injected (planned after the job's last step but one): {fault.describe()}")
         open_records: list[FaultRecord] = []
 
         def hold_for_next() -> None:
-            last = job.settings.job.steps - 1  # a fault planned near the end still comes before it
+            # A fault planned near the end still comes before the last step.
             set_hold(hold, min(pending[0].at_step + HOLD_SLACK, last) if pending else None)
 
         def tick() -> None:

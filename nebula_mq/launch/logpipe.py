@@ -107,13 +107,25 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def pump(source: BinaryIO, stream: str, worker: str, log_fd: int, lock: threading.Lock) -> None:
-    """Copy ``source`` to ``log_fd`` line by line, wrapped, until end of file."""
+def pump(source: BinaryIO, stream: str, worker: str, log_fd: int, lock: threading.Lock,
+         dropped: list[int]) -> None:
+    """Copy ``source`` to ``log_fd`` line by line, wrapped, until end of file. A line the log
+    cannot take (a full or read-only disk) is dropped and counted, and reading goes on: a pipe
+    nobody reads would block the worker at its next log line. The first line that fits again is
+    preceded by one ``log_lines_dropped`` record."""
     state = StreamState()
     for raw in iter(source.readline, b""):
         line = wrap_line(raw, stream, worker, state)
         with lock:  # one line per write; the two streams never tear each other's lines
-            _write_all(log_fd, line)
+            try:
+                if dropped[0]:
+                    note = {"event": "log_lines_dropped", "lines": dropped[0], "level": "warning",
+                            "worker": worker, "timestamp": _now()}
+                    _write_all(log_fd, json.dumps(note, sort_keys=True).encode() + b"\n")
+                    dropped[0] = 0
+                _write_all(log_fd, line)
+            except OSError:
+                dropped[0] += 1
 
 
 def main(argv: Sequence[str]) -> int:
@@ -124,7 +136,8 @@ def main(argv: Sequence[str]) -> int:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     lock = threading.Lock()
     streams = [(os.fdopen(out_fd, "rb"), "stdout"), (os.fdopen(err_fd, "rb"), "stderr")]
-    threads = [threading.Thread(target=pump, args=(f, name, worker, log_fd, lock), name=f"logpipe-{name}")
+    dropped = [0]  # lines the log could not take since the last one it did, both streams
+    threads = [threading.Thread(target=pump, args=(f, name, worker, log_fd, lock, dropped), name=f"logpipe-{name}")
                for f, name in streams]
     for t in threads:
         t.start()

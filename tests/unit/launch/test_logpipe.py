@@ -1,11 +1,15 @@
-"""The log pipe's wrapping of one line (``nebula_mq.launch.logpipe.wrap_line``)."""
+"""The log pipe (``nebula_mq.launch.logpipe``): the wrapping of one line, and a log that cannot
+be written."""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
+from pathlib import Path
 from typing import Any
 
-from nebula_mq.launch.logpipe import StreamState, wrap_line
+from nebula_mq.launch.logpipe import StreamState, pump, wrap_line
 
 
 def _wrap(lines: list[bytes], stream: str = "stderr") -> list[dict[str, Any]]:
@@ -57,3 +61,32 @@ def test_no_text_is_lost_not_utf8_a_brace_a_line_without_newline() -> None:
     bad, brace, last = _wrap([b"caf\xe9 \xff\n", b"{not json}\n", b"no newline at the end"], stream="stdout")
     assert bad["line"] == "caf\\xe9 \\xff" and bad["event"] == "stdout"
     assert brace["line"] == "{not json}" and last["line"] == "no newline at the end"
+
+
+def test_a_log_that_cannot_be_written_never_blocks_the_worker(tmp_path: Path) -> None:
+    """A full disk (``/dev/full``: every write fails with ENOSPC) drops and counts the lines; the
+    pipe is still read, so the writer never blocks. The next line that fits says how many went."""
+    read_fd, write_fd = os.pipe()
+    full = os.open("/dev/full", os.O_WRONLY)
+    dropped = [0]
+    with os.fdopen(read_fd, "rb") as source:
+        reader = threading.Thread(target=pump, args=(source, "stderr", "tail-0", full, threading.Lock(), dropped),
+                                  daemon=True)
+        reader.start()
+        with os.fdopen(write_fd, "wb") as sink:  # 20,000 lines: far more than a pipe buffers
+            for i in range(20_000):
+                sink.write(b'{"event": "step", "step": %d}\n' % i)
+        reader.join(30)
+        assert not reader.is_alive()
+    os.close(full)
+    assert dropped == [20_000]
+
+    log = tmp_path / "tail-0.log"
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as source, open(log, "wb") as out:
+        with os.fdopen(write_fd, "wb") as sink:
+            sink.write(b'{"event": "resumed"}\n')
+        pump(source, "stderr", "tail-0", out.fileno(), threading.Lock(), dropped)
+    first, second = (json.loads(line) for line in log.read_text().splitlines())
+    assert first["event"] == "log_lines_dropped" and first["lines"] == 20_000
+    assert second == {"event": "resumed"} and dropped == [0]
