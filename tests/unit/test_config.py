@@ -158,7 +158,7 @@ def test_an_unknown_top_level_key_is_named_with_the_known_ones(tmp_path: Path, t
         load_job_settings(path, environ={})
     assert (info.value.source, info.value.key, info.value.got) == (str(path), key, "unknown key")
     assert str(info.value) == (f"{path}: {key}: expected one of ['abnet', 'clusters', 'codec', 'electra', 'job', "
-                               f"'security', 'split', 'transport'], got 'unknown key'")
+                               f"'replicas', 'security', 'split', 'transport'], got 'unknown key'")
 
 
 def test_an_unknown_top_level_table_from_the_environment_is_the_variables(tmp_path: Path) -> None:
@@ -207,11 +207,11 @@ def test_an_undeclared_scenario_is_one_line_listing_the_declared_ones(tmp_path: 
     path = write(tmp_path, GOOD.replace('scenario = "abnet"', 'scenario = "gan"'))
     with pytest.raises(ConfigError) as info:
         load_job_settings(path, environ={})
-    assert str(info.value) == f"{path}: job.scenario: expected one of ['abnet', 'electra', 'split'], got 'gan'"
+    assert str(info.value) == f"{path}: job.scenario: expected one of ['abnet', 'electra', 'replicas', 'split'], got 'gan'"
     with pytest.raises(ConfigError) as info:
         load_job_settings(write(tmp_path, '[job]\nid = "x"\n'), environ={"NEBULA__JOB__SCENARIO": "gan"})
     assert str(info.value) == ("environment variable NEBULA__JOB__SCENARIO: job.scenario: expected one of "
-                               "['abnet', 'electra', 'split'], got 'gan'")
+                               "['abnet', 'electra', 'replicas', 'split'], got 'gan'")
 
 
 @pytest.mark.parametrize(("line", "got"), [("abnet = 3", "3"), ("split = 'x'", "'x'")])

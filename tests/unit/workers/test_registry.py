@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_scenario_is_a_subpackage_with_a_plan_and_roles() -> None:
-    assert scenarios() == ["abnet", "electra", "split"]
+    assert scenarios() == ["abnet", "electra", "replicas", "split"]
 
 
 def test_plans_come_without_paddle_and_roles_only_from_their_scenario() -> None:
@@ -92,12 +92,15 @@ def test_a_second_declaration_of_a_scenario_is_refused() -> None:
 def test_one_record_carries_each_scenarios_section_plan_and_roles() -> None:
     from workers.abnet.job import AbnetJob
     from workers.electra.common import ElectraJob
+    from workers.replicas.job import ReplicasJob
     from workers.split.job import SplitJob
 
     records = {name: scenario_named(name) for name in scenarios()}
-    assert {n: r.section for n, r in records.items()} == {"abnet": AbnetJob, "electra": ElectraJob, "split": SplitJob}
+    assert {n: r.section for n, r in records.items()} == {"abnet": AbnetJob, "electra": ElectraJob,
+                                                          "replicas": ReplicasJob, "split": SplitJob}
     assert {n: r.role_modules for n, r in records.items()} == {
-        "abnet": ("encoder", "decoder"), "electra": ("generator", "root", "sub"), "split": ("head", "tail")}
+        "abnet": ("encoder", "decoder"), "electra": ("generator", "root", "sub"), "replicas": ("replica",),
+        "split": ("head", "tail")}
     assert all(r.plan.__module__ == f"workers.{n}.plan" for n, r in records.items())
 
 
@@ -158,7 +161,7 @@ def test_a_scenario_declared_anywhere_brings_its_section_into_job_files(tmp_path
     with pytest.raises(ConfigError) as info:
         load_job_settings(job, environ={})
     assert str(info.value) == (f"{job}: toys: expected one of ['abnet', 'clusters', 'codec', 'electra', 'job', "
-                               f"'security', 'split', 'toy', 'transport'], got 'unknown key'")
+                               f"'replicas', 'security', 'split', 'toy', 'transport'], got 'unknown key'")
 
 
 def test_the_declared_scenarios_are_gone_after_a_test_declared_one() -> None:

@@ -1,0 +1,193 @@
+"""The replicas job (DiLoCo across clusters, workers/replicas) over the in-memory transport: each
+replica in its own thread on its own cluster, on the split example's MLP as one whole model
+(examples/split_mlp/mlp_replicas.py). Real brokers: tests/integration/test_replicas_e2e.py."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nebula_mq.runtime.checkpoint import CheckpointStore
+from nebula_mq.runtime.hooks import Hook, MessageEvent
+from nebula_mq.settings import JobSettings, Settings, TransportSettings
+from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from tests.fixtures.pairs import SPLIT_EXAMPLE, drivers
+from tests.fixtures.threads import StopAt, history, run_workers
+from workers.replicas.job import ReplicaSpec, load_job
+
+pytestmark = pytest.mark.paddle
+
+sys.path.insert(0, str(SPLIT_EXAMPLE))  # the example's modules, as its job files import them
+
+THREE = ("cluster-a", "cluster-b", "cluster-c")
+Builder = Callable[[Settings, int], ReplicaSpec]
+
+
+def settings_for(run_dir: Path, steps: int, clusters: Sequence[str] = THREE, **section: Any) -> Settings:
+    return Settings(job=JobSettings(id="unit-replicas", scenario="replicas", seed=7, steps=steps, run_dir=str(run_dir)),
+                    transport=TransportSettings(publish_patience_s=30.0),
+                    replicas={"clusters": list(clusters), "inner_steps": 5, "checkpoint_every": 2, "codec": "int8",
+                              **section})
+
+
+class Rounds(Hook):
+    """The digest of a replica's outer weights (and of its model's) after every round."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
+        self.outer: dict[int, str] = {}
+        self.model: dict[int, str] = {}
+
+    @staticmethod
+    def digest(arrays: Mapping[str, np.ndarray]) -> str:
+        h = hashlib.sha256()
+        for k in sorted(arrays):
+            h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
+        return h.hexdigest()
+
+    def on_step(self, step: int, values: object) -> None:
+        self.outer[step] = self.digest(self.replica.start)
+        self.model[step] = self.digest(self.replica.weights())
+
+
+class StopAfterSending(Hook):
+    """Requests a stop once the replica has sent round ``round_``'s pseudo-gradient, before it
+    is applied: the checkpoint then holds a round produced and not applied."""
+
+    def __init__(self, worker: Any, round_: int) -> None:
+        self.worker, self.round = worker, round_
+
+    def on_published(self, event: MessageEvent) -> None:
+        if event.step >= self.round:
+            self.worker.stop_requested.set()
+
+
+def build(settings: Settings, index: int, broker: MemoryBroker, builder: Builder | None = None) -> Any:
+    from mlp_replicas import build_replica
+
+    from workers.replicas.replica import Replica
+
+    cluster = load_job(settings).clusters[index]
+    spec = (builder or build_replica)(settings, index)
+    return Replica(settings, spec, index, MemoryTransport(broker, settings.transport, settings.job.id, cluster))
+
+
+def replicas(settings: Settings, broker: MemoryBroker, builder: Builder | None = None) -> list[Any]:
+    return [build(settings, c, broker, builder) for c in range(load_job(settings).n)]
+
+
+def run(settings: Settings, broker: MemoryBroker, builder: Builder | None = None) -> list[Any]:
+    roles = replicas(settings, broker, builder)
+    for r in roles:
+        r.worker.hooks.add(Rounds(r))
+    run_workers(drivers(*roles))
+    return roles
+
+
+def hooks_of(role: Any) -> Rounds:
+    return next(h for h in role.worker.hooks.hooks if isinstance(h, Rounds))
+
+
+@pytest.mark.parametrize("clusters", [THREE[:2], THREE], ids=["two", "three"])
+def test_replicas_train_and_hold_identical_weights_after_every_outer_step(tmp_path: Path,
+                                                                          clusters: tuple[str, ...]) -> None:
+    roles = run(settings_for(tmp_path, steps=8, clusters=clusters), MemoryBroker())
+    assert [r.worker.step for r in roles] == [8] * len(clusters)
+    first = hooks_of(roles[0])
+    assert sorted(first.outer) == list(range(1, 9))
+    for r in roles[1:]:
+        assert hooks_of(r).outer == first.outer  # every round, bit for bit
+    for r in roles:
+        assert hooks_of(r).model == first.outer  # and the model took the outer weights
+    for c in range(len(clusters)):
+        curve = history(tmp_path, f"replica-{c}")
+        assert len(curve) == 8 and np.mean(curve[-2:]) < 0.6 * np.mean(curve[:2]), curve
+        sent = history(tmp_path, f"replica-{c}", "sent_bytes")
+        raw = history(tmp_path, f"replica-{c}", "raw_bytes")
+        assert all(s < 0.3 * w for s, w in zip(sent, raw))  # int8: about a quarter of float32
+    finals = [CheckpointStore(tmp_path / "checkpoints" / f"replica-{c}").latest() for c in range(len(clusters))]
+    assert all(ck is not None and ck.step == 8 for ck in finals)
+    outer = [{k: v for k, v in ck.arrays.items() if k.startswith("outer/param/")} for ck in finals if ck]
+    assert all(Rounds.digest(o) == Rounds.digest(outer[0]) for o in outer)
+
+
+def run_one_interrupted(settings: Settings, broker: MemoryBroker, stopper: Callable[[Any], Hook]) -> int:
+    """Replica 1 stops (its hook asks, as SIGTERM would) and is started again from its
+    checkpoint while replicas 0 and 2 run on: they wait for its pseudo-gradients meanwhile.
+    Returns the round whose pseudo-gradient the stop's checkpoint holds unapplied (-1: none)."""
+    roles = replicas(settings, broker)
+    others = [roles[0], roles[2]]
+    errors: list[BaseException] = []
+
+    def rest() -> None:
+        try:
+            run_workers(drivers(*others), timeout=120.0)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    thread = threading.Thread(target=rest, daemon=True)
+    thread.start()
+    roles[1].worker.hooks.add(stopper(roles[1].worker))
+    run_workers(drivers(roles[1]), timeout=120.0)
+    stopped_at = roles[1].worker.step
+    stop = CheckpointStore(settings.run_dir / "checkpoints" / "replica-1").latest()
+    assert stop is not None and stop.step == stopped_at
+    again = build(settings, 1, broker)
+    run_workers(drivers(again), timeout=120.0)
+    thread.join(130.0)
+    assert not thread.is_alive() and not errors, errors
+    assert stopped_at < settings.job.steps == again.worker.step
+    return int(stop.meta["produced"])
+
+
+@pytest.mark.parametrize(("stopper", "unapplied"), [(lambda w: StopAt(w, 3), -1), (lambda w: StopAfterSending(w, 3), 3)],
+                         ids=["between-rounds", "after-sending"])
+def test_a_replica_stopped_and_resumed_ends_bit_identical_to_an_uninterrupted_run(
+        tmp_path: Path, stopper: Callable[[Any], Hook], unapplied: int) -> None:
+    """Stopped between two rounds, it trains its next round after the restart; stopped after
+    sending round 3 (checkpoints fall every 2), its checkpoint holds that round's decoded
+    pseudo-gradient and it neither retrains nor resends it."""
+    run(settings_for(tmp_path / "a", steps=7), MemoryBroker())
+    assert run_one_interrupted(settings_for(tmp_path / "c", steps=7), MemoryBroker(), stopper) == unapplied
+    for c in range(3):
+        a = CheckpointStore(tmp_path / "a" / "checkpoints" / f"replica-{c}").latest()
+        b = CheckpointStore(tmp_path / "c" / "checkpoints" / f"replica-{c}").latest()
+        assert a is not None and b is not None and a.step == b.step == 7 and a.digest == b.digest, c
+    assert history(tmp_path / "c", "replica-1") == history(tmp_path / "a", "replica-1")
+
+
+def same_data(settings: Settings, index: int) -> ReplicaSpec:
+    """Every replica trains on shard 0: their pseudo-gradients are equal."""
+    from mlp_replicas import build_replica
+
+    spec = build_replica(settings, index)
+    return ReplicaSpec(spec.model, spec.loss, lambda _shard, step: spec.batch(0, step))
+
+
+def test_outer_lr_one_without_momentum_on_equal_shards_is_plain_local_training(tmp_path: Path) -> None:
+    """The sanity identity: with equal pseudo-gradients, no compression, outer lr 1 and no
+    momentum, the outer step gives every replica its own inner weights back (to float32
+    rounding of θ − (θ − θ_c)), so the job trains as one model with its inner optimizer."""
+    import paddle
+    from mlp_replicas import build_replica
+
+    settings = settings_for(tmp_path, steps=4, clusters=THREE[:2], codec="none", outer_lr=1.0, outer_momentum=0.0)
+    roles = run(settings, MemoryBroker(), same_data)
+    spec = build_replica(settings, 0)
+    opt = paddle.optimizer.Adam(learning_rate=load_job(settings).inner_lr, parameters=spec.model.parameters())
+    for step in range(4 * 5):
+        (x,), (y,) = spec.batch(0, step)
+        loss = spec.loss(spec.model(paddle.to_tensor(x)), paddle.to_tensor(y))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+    local = {name: p.numpy() for name, p in spec.model.named_parameters()}
+    for name, value in roles[0].start.items():
+        np.testing.assert_allclose(value, local[name], rtol=0, atol=1e-5)

@@ -1,0 +1,156 @@
+"""The ``[replicas]`` section and what a replicas job is: one full replica of a user's model per
+cluster, synchronised every ``inner_steps`` by an outer step (DiLoCo).
+
+Cluster ``c`` (``clusters[c]``) runs the worker ``replica-<c>``; its pseudo-gradient goes to
+every other cluster ``d`` on the flow ``pseudograd-<c>-<d>`` (one flow per ordered pair of
+clusters, federated like every cross-cluster flow). The order of ``clusters`` is the order in
+which every replica sums the pseudo-gradients, so it is part of the job.
+
+What the user supplies is a :class:`ReplicaSpec`, made by the function ``[replicas] model``
+names (``module:function``, with ``module`` next to the job file or in ``model_dir``). This
+module imports no framework: the launcher reads it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nebula_mq import config, topology
+from nebula_mq.config import InvalidField
+from nebula_mq.errors import ConfigError
+from nebula_mq.models.frameworks import FRAMEWORKS
+from nebula_mq.settings import Settings
+
+# batch(shard, step) -> (inputs, targets): the arrays of inner step ``step`` of the replica
+# training on shard ``shard`` (its cluster's index); deterministic in both.
+BatchFn = Callable[[int, int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]
+# loss(model output, *targets as tensors) -> scalar tensor (the model's framework).
+LossFn = Callable[..., Any]
+# optimizer_fn(trainable parameters, lr) -> the inner optimizer, of the model's framework.
+OptimizerFn = Callable[[list[Any], float], Any]
+
+ROLE = "replica"
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """A user's whole model on one cluster: ``loss(model(*inputs), *targets)`` on ``batch``."""
+
+    model: Any  # a paddle.nn.Layer or a torch.nn.Module, built the same on every cluster
+    loss: LossFn
+    batch: BatchFn
+    optimizer_fn: OptimizerFn | None = None  # None: Adam at [replicas] inner_lr
+
+
+@dataclass(frozen=True)
+class ReplicasJob:
+    """DiLoCo across clusters: a full replica per cluster, an outer Nesterov step every
+    ``inner_steps`` on the average of every cluster's compressed pseudo-gradient."""
+
+    # One replica per cluster, in the order every replica sums the pseudo-gradients.
+    clusters: tuple[str, ...] = ("cluster-a", "cluster-b")
+    # Inner optimizer steps between two outer steps (DiLoCo's H); [job] steps counts outer rounds.
+    inner_steps: int = 10
+    # Learning rate handed to the inner optimizer (Adam unless the model's spec gives one).
+    inner_lr: float = 3e-3
+    # The outer step's learning rate (DiLoCo: 0.7).
+    outer_lr: float = 0.7
+    # The outer step's momentum (DiLoCo: 0.9); 0 = plain averaging scaled by outer_lr.
+    outer_momentum: float = 0.9
+    # Nesterov momentum, as torch.optim.SGD(nesterov=True); false = heavy-ball momentum.
+    nesterov: bool = True
+    # Codec chain of every pseudo-gradient, e.g. "int8", "int4", "none".
+    codec: str = "int8"
+    # Carry what the codec dropped from a pseudo-gradient into the same cluster's next one.
+    error_feedback: bool = True
+    # "module:function" returning a ReplicaSpec from (settings, cluster index).
+    model: str = ""
+    # Where model's module is, relative to the job file ("" = next to the job file).
+    model_dir: str = ""
+    # The model's framework, "paddle" or "torch"; "" = whichever the model is.
+    framework: str = ""
+    # Outer rounds between checkpoints (and at the last round).
+    checkpoint_every: int = 5
+
+    def validate(self) -> None:
+        from nebula_mq.codecs import parse_codec
+        from nebula_mq.errors import CodecError
+
+        if len(self.clusters) < 2 or len(set(self.clusters)) != len(self.clusters):
+            raise InvalidField("clusters", "two or more distinct cluster names", list(self.clusters))
+        if self.inner_steps < 1:
+            raise InvalidField("inner_steps", "an integer >= 1", self.inner_steps)
+        for name in ("inner_lr", "outer_lr"):
+            if not getattr(self, name) > 0:
+                raise InvalidField(name, "a number > 0", getattr(self, name))
+        if not 0 <= self.outer_momentum < 1:
+            raise InvalidField("outer_momentum", "a number in [0, 1)", self.outer_momentum)
+        try:
+            parse_codec(self.codec)
+        except CodecError as exc:
+            raise InvalidField("codec", f"a codec chain like 'int8' ({exc})", self.codec) from None
+        if self.framework not in ("", *FRAMEWORKS):
+            raise InvalidField("framework", f"one of {list(FRAMEWORKS)} or empty", self.framework)
+        if self.checkpoint_every < 1:
+            raise InvalidField("checkpoint_every", "an integer >= 1", self.checkpoint_every)
+
+    @property
+    def n(self) -> int:
+        return len(self.clusters)
+
+    def peers(self, c: int) -> tuple[int, ...]:
+        """Every other replica's index, in cluster order."""
+        return tuple(d for d in range(self.n) if d != c)
+
+    def flows(self) -> tuple[topology.Flow, ...]:
+        """One flow per ordered pair of clusters, by sender then receiver."""
+        return tuple(pseudograd_flow(self, c, d) for c in range(self.n) for d in self.peers(c))
+
+    def outgoing(self, c: int) -> tuple[topology.Flow, ...]:
+        return tuple(pseudograd_flow(self, c, d) for d in self.peers(c))
+
+    def incoming(self, c: int) -> tuple[topology.Flow, ...]:
+        return tuple(pseudograd_flow(self, d, c) for d in self.peers(c))
+
+
+def replica_id(c: int) -> str:
+    """The worker id of cluster ``c``'s replica: names its checkpoints, logs and identity."""
+    return f"replica-{c}"
+
+
+def pseudograd_flow(job: ReplicasJob, src: int, dst: int) -> topology.Flow:
+    """Replica ``src``'s pseudo-gradients to replica ``dst``."""
+    return topology.Flow(f"pseudograd-{src}-{dst}", job.clusters[src], job.clusters[dst])
+
+
+def load_job(settings: Settings) -> ReplicasJob:
+    return config.build(ReplicasJob, dict(settings.section("replicas")), settings.source or "<settings>",
+                        "replicas.")
+
+
+def load_spec(settings: Settings, c: int) -> ReplicaSpec:
+    """The :class:`ReplicaSpec` the job's ``[replicas] model`` function makes for replica ``c``;
+    anything else is a one-line ConfigError."""
+    where, target = settings.source or "<settings>", load_job(settings).model
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(where, "replicas.model", "'package.module:function'", target or "<empty>")
+    if settings.source:  # the user's module sits next to the job file, or in model_dir
+        home = str((Path(settings.source).resolve().parent / load_job(settings).model_dir).resolve())
+        if home not in sys.path:
+            sys.path.append(home)
+    try:
+        builder = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(where, "replicas.model", "an importable 'module:function'", f"{target} ({exc})") from None
+    spec = builder(settings, c)
+    if not isinstance(spec, ReplicaSpec):
+        raise ConfigError(where, "replicas.model", "a function returning ReplicaSpec", type(spec).__name__)
+    return spec
