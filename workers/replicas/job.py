@@ -138,12 +138,13 @@ def load_job(settings: Settings) -> ReplicasJob:
 def load_spec(settings: Settings, c: int) -> ReplicaSpec:
     """The :class:`ReplicaSpec` the job's ``[replicas] model`` function makes for replica ``c``;
     anything else is a one-line ConfigError."""
-    where, target = settings.source or "<settings>", load_job(settings).model
+    job = load_job(settings)
+    where, target = settings.source or "<settings>", job.model
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
         raise ConfigError(where, "replicas.model", "'package.module:function'", target or "<empty>")
     if settings.source:  # the user's module sits next to the job file, or in model_dir
-        home = str((Path(settings.source).resolve().parent / load_job(settings).model_dir).resolve())
+        home = str((Path(settings.source).resolve().parent / job.model_dir).resolve())
         if home not in sys.path:
             sys.path.append(home)
     try:

@@ -24,8 +24,9 @@ after its checkpoint) sends the same bytes under the same message id, which rece
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,15 @@ from workers.split.job import micro_batch_seed
 log = get_logger(__name__)
 
 PARAM = "model/param/"  # the model's weights in the checkpoint (the framework's names)
+START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from
+
+
+def digest(weights: Mapping[str, np.ndarray]) -> str:
+    """A short digest of named weights: equal for bit-identical weights."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(name.encode() + b"\0" + np.ascontiguousarray(weights[name], np.float32).tobytes())
+    return h.hexdigest()[:32]
 
 
 class Replica:
@@ -128,7 +138,8 @@ class Replica:
         encoded, self.own = self.compression.encode(r, delta)
         self.worker.hooks.on_compute(time.perf_counter() - t0)
         for outbox in self.outboxes:
-            outbox.send(step=r, micro_batch=r, encoded=encoded, meta={"loss": float(np.mean(losses))})
+            outbox.send(step=r, micro_batch=r, encoded=encoded,
+                        meta={"loss": float(np.mean(losses)), START: digest(self.start)})
         wire = sum(enc.nbytes for _, enc in encoded.values())
         self.round_values = {"loss": float(np.mean(losses)), "last_inner_loss": losses[-1],
                              "sent_bytes": float(wire * len(self.outboxes)),
@@ -141,6 +152,11 @@ class Replica:
         if self.produced != r:
             raise WorkerError(f"{self.worker.worker_id}: round {r} applied before its own pseudo-gradient was made")
         t0 = time.perf_counter()
+        mine = digest(self.start)
+        for p in parts:
+            if p.meta.get(START) != mine:
+                raise WorkerError(f"{self.worker.worker_id}: round {r}: {p.envelope.producer} started from other "
+                                  "weights than this replica (the model must be built the same on every cluster)")
         received = iter(self.compression.decode(p.tensors, self.start) for p in parts)  # peers, in cluster order
         deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in range(self.job.n)]
         mean = average(deltas)
@@ -167,9 +183,9 @@ class Replica:
         self.start = {k: np.array(ck.arrays[f"outer/param/{k}"], np.float32) for k in names}
         self.outer.restore(ck.arrays, "outer/momentum")
         self.compression.restore(ck.arrays, names, "pseudograd")
-        self.produced = int(ck.meta.get("produced", -1))
-        self.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in names} if self.produced == ck.step else {}
-        self.produced = self.produced if self.own else -1
+        # A round sent and not applied when the checkpoint was written: its own pseudo-gradient.
+        self.produced = ck.step if int(ck.meta.get("produced", -1)) == ck.step else -1
+        self.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in names} if self.produced >= 0 else {}
         self.round_values = {k: float(v) for k, v in dict(ck.meta.get("round_values", {})).items()}
 
 

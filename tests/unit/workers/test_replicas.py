@@ -210,3 +210,19 @@ def test_torch_replicas_train_and_hold_identical_weights(tmp_path: Path) -> None
     assert hooks_of(roles[0]).outer == hooks_of(roles[1]).outer == hooks_of(roles[0]).model
     curve = history(tmp_path, "replica-0")
     assert np.mean(curve[-2:]) < 0.7 * np.mean(curve[:2]), curve
+
+
+def test_a_replica_built_with_other_weights_stops_the_job_naming_it(tmp_path: Path) -> None:
+    """Every replica must start from the same weights: each message carries the digest of the
+    weights its round started from, and a replica that differs is named, not averaged."""
+    import mlp
+    import paddle
+    from mlp_replicas import build_replica
+
+    def odd_one(settings: Settings, index: int) -> ReplicaSpec:
+        spec = build_replica(settings, index)
+        model = paddle.nn.Sequential(mlp.bottom(seed=5), mlp.top(seed=6)) if index == 1 else spec.model
+        return ReplicaSpec(model, spec.loss, spec.batch)
+
+    with pytest.raises(AssertionError, match="replica-1 started from other weights"):
+        run(settings_for(tmp_path, steps=3, clusters=THREE[:2]), MemoryBroker(), odd_one)
