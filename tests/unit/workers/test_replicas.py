@@ -118,44 +118,94 @@ def test_replicas_train_and_hold_identical_weights_after_every_outer_step(tmp_pa
     assert all(Rounds.digest(o) == Rounds.digest(outer[0]) for o in outer)
 
 
-def run_one_interrupted(settings: Settings, broker: MemoryBroker, stopper: Callable[[Any], Hook]) -> int:
-    """Replica 1 stops (its hook asks, as SIGTERM would) and is started again from its
-    checkpoint while replicas 0 and 2 run on: they wait for its pseudo-gradients meanwhile.
-    Returns the round whose pseudo-gradient the stop's checkpoint holds unapplied (-1: none)."""
+class Duplicates(Hook):
+    """How many repeats a worker dropped."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_duplicate(self, event: MessageEvent) -> None:
+        self.count += 1
+
+
+class Crash(Exception):
+    """A replica's process dying mid-round (its batch function raises)."""
+
+
+def crashing(at: int) -> Builder:
+    """The example's spec, whose inner step ``at`` crashes the replica."""
+    from mlp_replicas import build_replica
+
+    def build_spec(settings: Settings, index: int) -> ReplicaSpec:
+        spec = build_replica(settings, index)
+
+        def batch(shard: int, step: int) -> Any:
+            if step == at:
+                raise Crash(f"inner step {step}")
+            return spec.batch(shard, step)
+        return ReplicaSpec(spec.model, spec.loss, batch)
+    return build_spec
+
+
+def run_one_interrupted(settings: Settings, broker: MemoryBroker, stopper: Callable[[Any], Hook] | None,
+                        builder: Builder | None = None) -> tuple[int, int, int, bool]:
+    """Replica 1 stops (its hook asks, as SIGTERM would) or crashes (its ``builder``'s data
+    raises: no last checkpoint, its consumers closed without acks) and is started again from
+    its checkpoint while replicas 0 and 2 run on, waiting for its pseudo-gradients meanwhile.
+    Returns (the step it stopped at, the step of its last checkpoint then, the round whose
+    pseudo-gradient that checkpoint holds unapplied or -1, whether the others dropped a repeat)."""
     roles = replicas(settings, broker)
-    others = [roles[0], roles[2]]
+    roles[1] = build(settings, 1, broker, builder)
+    repeats = Duplicates()
+    for r in (roles[0], roles[2]):
+        r.worker.hooks.add(repeats)
     errors: list[BaseException] = []
 
     def rest() -> None:
         try:
-            run_workers(drivers(*others), timeout=120.0)
+            run_workers(drivers(roles[0], roles[2]), timeout=120.0)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             errors.append(exc)
 
+    def first() -> None:
+        try:
+            drivers(roles[1])[0].main()
+        except Crash:
+            pass
+
     thread = threading.Thread(target=rest, daemon=True)
     thread.start()
-    roles[1].worker.hooks.add(stopper(roles[1].worker))
-    run_workers(drivers(roles[1]), timeout=120.0)
+    if stopper is not None:
+        roles[1].worker.hooks.add(stopper(roles[1].worker))
+    crashed = threading.Thread(target=first, daemon=True)
+    crashed.start()
+    crashed.join(120.0)
+    assert not crashed.is_alive()
     stopped_at = roles[1].worker.step
     stop = CheckpointStore(settings.run_dir / "checkpoints" / "replica-1").latest()
-    assert stop is not None and stop.step == stopped_at
+    assert stop is not None
     again = build(settings, 1, broker)
     run_workers(drivers(again), timeout=120.0)
     thread.join(130.0)
     assert not thread.is_alive() and not errors, errors
     assert stopped_at < settings.job.steps == again.worker.step
-    return int(stop.meta["produced"])
+    return stopped_at, stop.step, int(stop.meta["produced"]), repeats.count > 0
 
 
-@pytest.mark.parametrize(("stopper", "unapplied"), [(lambda w: StopAt(w, 3), -1), (lambda w: StopAfterSending(w, 3), 3)],
-                         ids=["between-rounds", "after-sending"])
+@pytest.mark.parametrize(("stopper", "builder", "expected"), [
+    (lambda w: StopAt(w, 3), None, (3, 3, -1, False)),
+    (lambda w: StopAfterSending(w, 3), None, (3, 3, 3, False)),
+    (None, crashing(27), (5, 4, -1, True))], ids=["between-rounds", "after-sending", "crash"])
 def test_a_replica_stopped_and_resumed_ends_bit_identical_to_an_uninterrupted_run(
-        tmp_path: Path, stopper: Callable[[Any], Hook], unapplied: int) -> None:
+        tmp_path: Path, stopper: Callable[[Any], Hook] | None, builder: Builder | None,
+        expected: tuple[int, int, int, bool]) -> None:
     """Stopped between two rounds, it trains its next round after the restart; stopped after
     sending round 3 (checkpoints fall every 2), its checkpoint holds that round's decoded
-    pseudo-gradient and it neither retrains nor resends it."""
+    pseudo-gradient and it neither retrains nor resends it; crashed in round 5's inner steps,
+    it resumes from step 4 and redoes round 4: the others drop the pseudo-gradient it sends
+    again, and the broker delivers again theirs of round 4, unacked when it crashed."""
     run(settings_for(tmp_path / "a", steps=7), MemoryBroker())
-    assert run_one_interrupted(settings_for(tmp_path / "c", steps=7), MemoryBroker(), stopper) == unapplied
+    assert run_one_interrupted(settings_for(tmp_path / "c", steps=7), MemoryBroker(), stopper, builder) == expected
     for c in range(3):
         a = CheckpointStore(tmp_path / "a" / "checkpoints" / f"replica-{c}").latest()
         b = CheckpointStore(tmp_path / "c" / "checkpoints" / f"replica-{c}").latest()
