@@ -10,13 +10,15 @@ minutes in the application thread without the broker declaring us dead.
 The thread reconnects with exponential backoff and jitter when the connection
 drops, and runs its ``on_connect`` hook (open channels, re-subscribe) on every
 new connection. ``generation`` counts connections, so callers can tell that a
-delivery tag belongs to a connection that no longer exists.
+delivery tag belongs to a connection that no longer exists. An expired client
+certificate ends the thread instead (no attempt can succeed): ``failed`` holds the
+``CertificateError``, ``call`` raises it, and ``on_failed`` wakes whoever waits
+for deliveries (the consumer's ``get``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import ssl
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,11 +26,13 @@ from typing import Any, TypeVar
 import pika
 import structlog
 
-from nebula_mq.errors import AccessRefused, ConnectionLost, TransportError
+from nebula_mq.errors import AccessRefused, CertificateError, ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings
 
 from .backoff import Backoff
+from .identity import check_not_expired
 from .pika_errors import PIKA_ERRORS, translate
+from .tls import ssl_context as ssl_context  # where callers have always found it
 
 # What a connection attempt may raise: ours (TLS, refused) and pika's.
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (TransportError, *PIKA_ERRORS)
@@ -44,22 +48,6 @@ T = TypeVar("T")
 BLOCKED_CONNECTION_TIMEOUT_S = 60.0
 # How often the I/O loop looks at its stop flag when nothing happens.
 _POLL_S = 0.2
-
-
-def ssl_context(broker: BrokerSettings) -> ssl.SSLContext:
-    """Client context: our CA only, our certificate, TLS >= 1.2, hostname checked."""
-    try:
-        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=broker.ca_file)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.check_hostname = True
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        ctx.load_cert_chain(broker.cert_file, broker.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise TransportError(
-            f"cannot load TLS identity (ca={broker.ca_file!r}, cert={broker.cert_file!r}, "
-            f"key={broker.key_file!r}): {exc}"
-        ) from None
-    return ctx
 
 
 def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq", *,
@@ -91,6 +79,20 @@ def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq", *,
     )
 
 
+def expired_certificate(broker: BrokerSettings) -> CertificateError | None:
+    """Why no connection to ``broker`` can succeed, if that is an expired client certificate
+    (a publisher asks once an attempt failed: its parameters were built at its start)."""
+    if not broker.tls:
+        return None
+    try:
+        check_not_expired(broker.cert_file)
+    except CertificateError as exc:
+        return exc
+    except TransportError:  # unreadable now (half rotated): the next attempt reads it again
+        pass
+    return None
+
+
 def open_connection(broker: BrokerSettings, name: str = "nebula-mq") -> pika.BlockingConnection:
     params = connection_parameters(broker, name)
     try:
@@ -115,10 +117,14 @@ class IoThread:
         broker: BrokerSettings,
         name: str,
         on_connect: Callable[[pika.BlockingConnection], None],
+        on_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self._broker = broker
         self.name = name
         self._on_connect = on_connect
+        self._on_failed = on_failed
+        # Why no connection can be made any more (an expired certificate); None while one can.
+        self.failed: CertificateError | None = None
         self._lock = threading.Lock()
         self._conn: pika.BlockingConnection | None = None
         self._pending: set[concurrent.futures.Future[Any]] = set()
@@ -164,6 +170,8 @@ class IoThread:
         with self._lock:
             conn = self._conn
             if conn is None:
+                if self.failed is not None:
+                    raise self.failed
                 raise ConnectionLost(f"{self.name}: not connected")
             self._pending.add(future)
             try:
@@ -203,6 +211,10 @@ class IoThread:
             try:
                 conn = open_connection(self._broker, self.name)
                 self._on_connect(conn)
+            except CertificateError as exc:
+                close_quietly(conn)
+                self._fail(exc)
+                return
             except _CONNECT_ERRORS as exc:
                 err = translate(exc, f"{self.name}: connect")
                 close_quietly(conn)
@@ -222,6 +234,16 @@ class IoThread:
             self._started.set()
             self._loop(conn)
         self._started.set()
+
+    def _fail(self, err: CertificateError) -> None:
+        """No connection can be made any more: said once, and the callers told."""
+        self.failed = err
+        if not self._started.is_set():
+            self._start_error = err
+            self._started.set()
+            return
+        log.error("cannot reconnect", connection=self.name, error=str(err))
+        self._on_failed()
 
     def _loop(self, conn: pika.BlockingConnection) -> None:
         try:

@@ -132,7 +132,8 @@ class RabbitConsumer(OnIoThread, base.Consumer):
         self._channel: BlockingChannel | None = None
         self._dl_channel: BlockingChannel | None = None
         self._closed = False
-        self._io = IoThread(broker, name, self._on_connect)
+        # An expired certificate ends the I/O thread: a waiting get() wakes and raises it.
+        self._io = IoThread(broker, name, self._on_connect, on_failed=lambda: self._inbox.put(None))
         self._io.start()
 
     def _on_connect(self, conn: pika.BlockingConnection) -> None:
@@ -160,13 +161,15 @@ class RabbitConsumer(OnIoThread, base.Consumer):
         while True:
             if self._closed:
                 raise TransportError(f"consumer of {self.queue!r} is closed")
+            if self._io.failed is not None:
+                raise self._io.failed
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 delivery = self._inbox.get(timeout=remaining)
             except queue_mod.Empty:
                 return None
             if delivery is None:
-                continue  # woken by close(): the loop head raises
+                continue  # woken by close() or a failed I/O thread: the loop head raises
             if delivery._channel is self._channel:
                 return delivery
             # From a connection that died: the broker delivers it again.

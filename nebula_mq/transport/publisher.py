@@ -42,14 +42,14 @@ import pika.frame
 import structlog
 from pika.adapters.select_connection import IOLoop
 
-from nebula_mq.errors import ConnectionLost, TransportError
+from nebula_mq.errors import CertificateError, ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base
 from .alarm import CLOSE_BLOCKED_S, BrokerAlarm
 from .backoff import Backoff
 from .confirms import Confirms, Unconfirmed
-from .connection import connection_parameters
+from .connection import connection_parameters, expired_certificate
 from .pika_errors import PIKA_ERRORS, translate
 from .retry import Patience, PublishStats
 from .routing import Routes
@@ -126,7 +126,7 @@ class RabbitPublisher(base.Publisher):
     def _submit(self, outgoing: base.Outgoing) -> base.PublishHandle:
         """Submit one message; blocks only while the window is full. See the module docstring."""
         if self._closing:
-            raise TransportError(f"{self.name}: publisher is closed")
+            raise self._start_error or TransportError(f"{self.name}: publisher is closed")
         patience_s = self._settings.publish_patience_s
         # The exchange into the queue, learned once per queue and transport.
         exchange = self._routes.learn(self._broker, outgoing.queue, self.name, patience_s, Backoff(*_RECONNECT),
@@ -176,7 +176,7 @@ class RabbitPublisher(base.Publisher):
         finally:
             self._window.close()
             self.alarm.unblocked(self.name)  # the connection is gone with the thread
-            self._fail_all(ConnectionLost(f"{self.name}: publisher closed"))
+            self._fail_all(self._start_error or ConnectionLost(f"{self.name}: publisher closed"))
             self._ioloop.close()
             self._started.set()
 
@@ -208,8 +208,8 @@ class RabbitPublisher(base.Publisher):
             self._send(self._waiting.popleft())
 
     def _on_open_error(self, _conn: pika.connection.Connection, exc: BaseException) -> None:
-        err = translate(exc, f"{self.name}: connect")
-        if not self._started.is_set():
+        err = expired_certificate(self._broker) or translate(exc, f"{self.name}: connect")
+        if not self._started.is_set() or isinstance(err, CertificateError):  # no retry can succeed
             self._start_error = err
             self._closing = True
             self._ioloop.stop()
