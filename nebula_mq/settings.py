@@ -114,10 +114,16 @@ class SecuritySettings:
     encrypt_payloads: bool = False
     # Messages signed longer ago than this (or before the job's key incarnation) are replays.
     replay_window_s: float = 24 * 3600.0
+    # A worker whose client certificate expires within this many days says so: a log warning at
+    # start and then once a day, its status (and `nebula-mq status`), and the gauge
+    # nebula_certificate_expiry_timestamp_seconds. 0 = only once it has expired.
+    cert_warn_days: float = 14.0
 
     def validate(self) -> None:
         if self.replay_window_s <= 0:
             raise InvalidField("replay_window_s", "a number of seconds > 0", self.replay_window_s)
+        if self.cert_warn_days < 0:
+            raise InvalidField("cert_warn_days", "a number of days >= 0", self.cert_warn_days)
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,8 @@ def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]
             "dead_letters": m.get("nebula_dead_letters_total", 0.0),
             # While the local broker blocks the worker's publishers (runtime.reporter): cluster, reason.
             "broker_alarm": st.get("broker_alarm"), "broker_alarm_reason": st.get("broker_alarm_reason"),
+            # The end of its client certificate, and near it a warning (runtime.cert_expiry).
+            "cert_expires_in_days": st.get("cert_expires_in_days"), "cert_warning": st.get("cert_warning"),
         })
     return rows
 
@@ -122,7 +124,8 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for name, d in sorted(qs.items()):
                 print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
-        for line in [*broker_alarms(rows), *dead_letter_alarms(queues, settings.transport.dead_letter_alarm)]:
+        for line in [*broker_alarms(rows), *certificate_warnings(rows),
+                     *dead_letter_alarms(queues, settings.transport.dead_letter_alarm)]:
             print(line)
     if not rows:
         print(f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
@@ -164,6 +167,12 @@ def broker_alarms(rows: list[dict[str, Any]]) -> list[str]:
             blocked.setdefault(key, []).append(str(r["worker"]))
     return [f"ALARM {cluster}: {reason} (publishing blocked: {', '.join(sorted(workers))})"
             for (cluster, reason), workers in sorted(blocked.items())]
+
+
+def certificate_warnings(rows: list[dict[str, Any]]) -> list[str]:
+    """A CERTIFICATE line per worker whose client certificate expires within ``[security]
+    cert_warn_days`` or has expired (the status files' ``cert_warning``)."""
+    return [f"CERTIFICATE {r['worker']}: {r['cert_warning']}" for r in rows if r.get("cert_warning")]
 
 
 def dead_letter_alarms(queues: dict[str, Any], bound: int) -> list[str]:

@@ -72,6 +72,9 @@ class MetricsHook(Hook):
         self.values = gauge("nebula_value", "Last value of a training quantity (loss...)", ("name",))
         self.dead_letter_alarm = gauge("nebula_dead_letter_alarm",
                                        "1 while the dead-letter queue holds more than [transport] dead_letter_alarm")
+        # Set from the worker's status writes, with TLS only (runtime.cert_expiry).
+        self.certificate_expiry = gauge("nebula_certificate_expiry_timestamp_seconds",
+                                        "When the client certificate this worker logs in with expires (unix time)")
         self.started = gauge("nebula_started_timestamp", "Worker start time")
         self.of(self.started).set(time.time())
         for unlabelled in (self.steps, self.step, self.compute_s, self.wait_s, self.dead_letter_alarm):

@@ -1,5 +1,6 @@
 """What a worker tells the people running it: its status file, progress lines, step history,
-metrics (textfile and HTTP), tensorboard scalars and the dead-letter alarm.
+metrics (textfile and HTTP), tensorboard scalars, the dead-letter alarm and its client
+certificate's end (``runtime.cert_expiry``).
 
 Nothing here touches the broker: the queue depths reach the metrics from the sampler's own
 thread (``runtime.sampler``), and every write here is a local file, atomic where another
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, final
 
 from nebula_mq.atomic import write_json_atomic
+from nebula_mq.runtime.cert_expiry import CertificateExpiry
 from nebula_mq.runtime.hooks import Hook
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.metrics import MetricsHook
@@ -62,6 +64,11 @@ class Reporter:
         self.alarm: tuple[str, str] | None = None
         self._status_call: tuple[str, dict[str, Any]] | None = None  # the last status(state, extra)
         self._status_lock = threading.Lock()  # the training thread and a publisher's I/O thread write it
+        # The end of the client certificate this worker logs in with (TLS only).
+        cluster_settings = settings.clusters.get(cluster)
+        broker = cluster_settings.broker if cluster_settings is not None else None
+        self.certificate = (CertificateExpiry(broker.cert_file, settings.security.cert_warn_days)
+                            if broker is not None and broker.tls and broker.cert_file else None)
 
     def hooks(self) -> list[Hook]:
         """The hooks that report what the worker's messages and steps do."""
@@ -105,19 +112,29 @@ class Reporter:
         """The status file ``nebula-mq status`` reads: state, step, values, and ``extra``; the
         same body is what the sampler publishes to the job's status feed. While the local broker
         blocks our publishers it also says so: ``broker_alarm`` (the cluster) and
-        ``broker_alarm_reason`` (``low on memory``, ``low on disk``)."""
+        ``broker_alarm_reason`` (``low on memory``, ``low on disk``). With TLS it carries the
+        client certificate's end (``cert_expires_in_days``, ``cert_not_after``, and near it
+        ``cert_warning``: ``runtime.cert_expiry``)."""
         path = status_dir(self.settings) / f"{self.worker_id}.json"
         with self._status_lock:
             self._status_call = (state, extra)
             alarm = {} if self.alarm is None else {"broker_alarm": self.alarm[0], "broker_alarm_reason": self.alarm[1]}
+            cert = self._certificate()
             body = {
                 "worker": self.worker_id, "role": self.role, "cluster": self.cluster,
                 "job": self.settings.job.id, "pid": os.getpid(), "host": socket.gethostname(), "state": state,
                 "step": self.step, "total": self.settings.job.steps, "updated": time.time(), "values": self.values,
-                "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **alarm, **extra,
+                "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **alarm, **cert, **extra,
             }
             write_json_atomic(path, body, sort_keys=True)
             self.last = body  # one assignment: the sampler thread reads whole bodies only
+
+    def _certificate(self) -> dict[str, Any]:
+        """The certificate's status fields, its gauge set to the same ``notAfter``."""
+        fields = self.certificate.fields() if self.certificate is not None else {}
+        if fields and self.certificate is not None and self.certificate.not_after is not None:
+            self.metrics.of(self.metrics.certificate_expiry).set(self.certificate.not_after.timestamp())
+        return fields
 
     def broker_alarm(self, cluster: str, reason: str | None) -> None:
         """``cluster``'s broker blocks our publishers for ``reason`` now, or no longer (None): the
