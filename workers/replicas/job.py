@@ -14,6 +14,7 @@ module imports no framework: the launcher reads it.
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,11 @@ def load_spec(settings: Settings, c: int) -> ReplicaSpec:
         builder = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(where, "replicas.model", "an importable 'module:function'", f"{target} ({exc})") from None
+    try:
+        inspect.signature(builder).bind(settings, c)
+    except (TypeError, ValueError):
+        raise ConfigError(where, "replicas.model", "a function(settings, cluster index) returning ReplicaSpec",
+                          target) from None
     spec = builder(settings, c)
     if not isinstance(spec, ReplicaSpec):
         raise ConfigError(where, "replicas.model", "a function returning ReplicaSpec", type(spec).__name__)

@@ -276,3 +276,24 @@ def test_a_replica_built_with_other_weights_stops_the_job_naming_it(tmp_path: Pa
 
     with pytest.raises(AssertionError, match="replica-1 started from other weights"):
         run(settings_for(tmp_path, steps=3, clusters=THREE[:2]), MemoryBroker(), odd_one)
+
+
+def test_the_shipped_job_finds_its_model_beside_the_example_and_bad_builders_are_one_line(tmp_path: Path) -> None:
+    import dataclasses
+
+    from nebula_mq.errors import ConfigError
+    from workers.registry import load_job_settings
+    from workers.replicas.job import load_spec
+
+    shipped = load_job_settings(SPLIT_EXAMPLE.parents[1] / "config" / "replicas.toml", environ={})
+    spec = load_spec(shipped, 2)  # model_dir = "../examples/split_mlp", relative to the job file
+    assert isinstance(spec, ReplicaSpec) and type(spec.model).__name__ == "Sequential"
+    for target, expected in (("nowhere:build", "an importable 'module:function'"),
+                             ("mlp:build_head", "a function(settings, cluster index)"),
+                             ("mlp_replicas:whole", "a function(settings, cluster index)"),
+                             ("mlp_replicas:shard_batch", "a function returning ReplicaSpec"),
+                             ("mlp", "'package.module:function'")):
+        bad = dataclasses.replace(shipped, replicas={**shipped.section("replicas"), "model": target})  # type: ignore[call-arg]
+        with pytest.raises(ConfigError) as info:
+            load_spec(bad, 0)
+        assert info.value.key == "replicas.model" and expected in str(info.value), str(info.value)
