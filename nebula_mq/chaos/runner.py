@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.chaos.rotation import rotate_certificates
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
 from nebula_mq.runtime.checkpoint import CheckpointStore
@@ -212,6 +213,8 @@ class ChaosRunner:
                 self._sample(job, rec)
                 time.sleep(max(0.0, min(5.0, end - time.monotonic())))
             job.signal(fault.target, signal.SIGCONT)
+        elif fault.kind == "rotate":
+            self.log("  " + rotate_certificates(job, fault.target))
         rec.ended = time.time()
         return rec
 

@@ -8,7 +8,10 @@ so a schedule means the same thing on a fast, a slow and a loaded machine. Kinds
 ``restart``  the broker node of ``target`` (a cluster) is stopped and started;
 ``kill``     worker ``target`` gets SIGKILL and is started again ``duration_s`` later;
 ``stall``    worker ``target`` is frozen (SIGSTOP) for ``duration_s``, then resumed
-             (a consumer that stops consuming without dropping its connection).
+             (a consumer that stops consuming without dropping its connection);
+``rotate``   worker ``target``'s client certificate and its broker's server certificate are
+             rotated (the old serials revoked) and the broker closes the job's connections, so
+             they handshake again with the new certificates (:mod:`rotation`).
 """
 
 from __future__ import annotations
@@ -18,20 +21,20 @@ from typing import Literal
 
 from nebula_mq.errors import ConfigError
 
-Kind = Literal["cut", "restart", "kill", "stall"]
+Kind = Literal["cut", "restart", "kill", "stall", "rotate"]
 
 
 @dataclass(frozen=True)
 class Fault:
     at_step: int  # fires once the slowest worker has reached this step
     kind: Kind
-    # Cluster name (restart), worker id (kill, stall), or "" for the WAN (cut).
+    # Cluster name (restart), worker id (kill, stall, rotate), or "" for the WAN (cut).
     target: str = ""
     duration_s: float = 0.0
 
     def describe(self) -> str:
         what = {"cut": "WAN cut", "restart": "broker restart", "kill": "SIGKILL",
-                "stall": "consumer stall"}[self.kind]
+                "stall": "consumer stall", "rotate": "certificate rotation"}[self.kind]
         target = f" {self.target}" if self.target else ""
         span = f" for {self.duration_s:g} s" if self.duration_s else ""
         return f"step {self.at_step}: {what}{target}{span}"

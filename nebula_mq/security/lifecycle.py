@@ -4,9 +4,13 @@ Rotation without losing in-flight messages: messages live in durable queues,
 not in connections, and an established TLS connection is not re-checked. A
 rotation writes a new key and certificate and revokes the old serial, so the
 worker keeps its open connection (and its unacked deliveries) until it
-reconnects, and the next connection must present the new certificate. Brokers
-read certificate files at every handshake (``bypass_pem_cache``), so a rotated
-*server* certificate also applies to the next connection without a restart.
+reconnects, and the next connection must present the new certificate (the
+transport reads its identity files at every handshake, ``transport.tls``).
+Brokers read certificate files at every handshake (``bypass_pem_cache``), so a
+rotated *server* certificate also applies to the next connection without a
+restart; its old serial goes into the CRL too, as a record: nothing checks a
+broker's certificate against a CRL (workers and federation links verify it
+against the CA bundle only).
 """
 
 from __future__ import annotations
@@ -82,17 +86,18 @@ def _names(ident: Identity) -> list[str]:
 def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
            revoke_old: bool = True, hostnames: Sequence[str] = ()) -> Identity:
     """New key and certificate for ``cn`` (``"server"`` for the broker, keeping its names and
-    adding ``hostnames``); the old one is revoked."""
+    adding ``hostnames``); the old serial is revoked unless ``revoke_old`` is false."""
     ca = _ca(certs_dir, cluster)
     server = cn == "server"
     if hostnames and not server:
         raise CertificateError("--hostname is for a broker's certificate (CN server)")
     old = _serial(ca.identity(cn))
     ident = ca.reissue_server([*_names(ca.server()), *hostnames]) if server else ca.reissue_client(cn)
-    if old is not None and revoke_old and not server:
+    revoked = old is not None and revoke_old
+    if revoked:
         revoke(certs_dir, ca, cn, serial=old)
     audit.record("cert_rotated", cluster=cluster, cn=cn, old_serial=str(old), serial=str(_serial(ident)),
-                 old_revoked=bool(old is not None and revoke_old and not server))
+                 old_revoked=revoked)
     return ident
 
 
