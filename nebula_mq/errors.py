@@ -222,3 +222,11 @@ class TrainingDiverged(WorkerError):
     """Training reached a state it cannot learn from (e.g. a collapsed encoder)."""
 
     reason = "diverged"
+
+
+class BrokerDataLost(TransportError):
+    """A broker came back without the job: its vhost, users, queues and messages are gone (its
+    message store was wiped while it was stopped). Nothing that broker held will arrive, so the
+    worker that waits for it stops and names what it needed; waiting would never end."""
+
+    reason = "broker_data_lost"

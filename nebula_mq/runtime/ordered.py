@@ -15,7 +15,12 @@ when it has applied one; the inbox decides everything else:
 * **flow control**: the broker's prefetch covers what the role holds on purpose,
   or the broker would stop delivering while the role waits for the very message
   that lets it checkpoint (a deadlock);
-* **acks**: only after the checkpoint that holds the effect (``Worker.commit``).
+* **acks**: only after the checkpoint that holds the effect (``Worker.commit``);
+* **a broker that lost the job** (wiped while stopped): while the role waits with its
+  consumers disconnected, a :class:`~nebula_mq.runtime.lost_broker.BrokerWatch` asks the
+  broker whether it still holds the job, and stops the role with one ``BrokerDataLost`` naming
+  the micro-batches each stream still needs once it does not; at the opening, a broker that is
+  not the incarnation of the worker's checkpoints (wiped, then provisioned again) stops it too.
 
 The window and the prefetch reserve come from one formula, :class:`FlowWindow`:
 a peer runs at most ``ahead`` messages ahead of the next one to apply, and up to
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from nebula_mq import topology
 from nebula_mq.errors import NebulaError, OutOfWindow, ReplayedMessage
 from nebula_mq.runtime.channel import Inbox, Received
+from nebula_mq.runtime.lost_broker import BrokerWatch
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
@@ -128,6 +134,12 @@ class OrderedInbox:
         self._next = 0  # round robin over the queues, so no stream starves another
         self.orders: list[InOrderBuffer[Received]] = [InOrderBuffer(first, window=window.window)
                                                        for _ in range(streams)]
+        self.watch = BrokerWatch(worker, [i.consumer for i in self.inboxes])
+        try:
+            self.watch.opened(self.needs)  # BrokerDataLost for a broker wiped and provisioned again
+        except NebulaError:
+            self.close()
+            raise
 
     def next(self, timeout: float) -> Received | None:
         """The next trusted, new delivery of any queue, not yet ordered (for a role that handles
@@ -135,7 +147,22 @@ class OrderedInbox:
         t0 = time.perf_counter()
         received = self._get(timeout)
         self.worker.hooks.on_wait(time.perf_counter() - t0)
+        if received is None:
+            self.watch.check(self.needs)  # raises BrokerDataLost once the broker lost the job
         return received
+
+    def needs(self) -> str:
+        """What the role waits for, e.g. ``micro-batches 41.. of flow 'activations' (applied up
+        to 40)``; a stream each where the streams differ."""
+        flows = ", ".join(repr(name) for name in dict.fromkeys(i.flow.name for i in self.inboxes))
+        nexts = [order.next_index for order in self.orders]
+        if len(set(nexts)) == 1:
+            what = f"micro-batches {nexts[0]}.."
+            applied = f"applied up to {nexts[0] - 1}" if nexts[0] > 0 else "none applied"
+        else:
+            what = "micro-batches " + ", ".join(f"{n}.. (stream {k})" for k, n in enumerate(nexts))
+            applied = "each stream applied up to the one before"
+        return f"{what} of flow{'s' if ', ' in flows else ''} {flows} ({applied})"
 
     def _get(self, timeout: float) -> Received | None:
         if len(self.inboxes) == 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import ssl
 import subprocess
@@ -237,3 +238,13 @@ def stop(node: NodeLayout, timeout: float = 60.0) -> None:
         time.sleep(0.1)
     if is_running(node):
         raise StackError(f"{node.node}: still running {timeout}s after stop")
+
+
+def wipe_data(node: NodeLayout) -> None:
+    """Delete a stopped node's data (its mnesia directory: vhosts, users, permissions, queues and
+    the message store), as a lost disk or a re-installed host would; the next ``start`` boots it
+    empty. Its configuration and certificates stay."""
+    if is_running(node):
+        raise StackError(f"{node.node}: stop it before wiping its data")
+    shutil.rmtree(node.mnesia_base, ignore_errors=True)
+    node.mnesia_base.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,10 @@ Per cluster ``C`` (see the layout in ``nebula_mq.topology``):
 * the job's monitoring user ``topology.monitoring_user(job)``: a password login for the
   management API only (tag ``management``), with permissions that match nothing, so it
   sees the job's vhost and its queues and can change, publish or consume nothing;
+* the job's *incarnation* marker on C: an internal exchange with a fresh token per
+  provisioning (``transport.job_presence``). A broker wiped and provisioned again lacks the
+  markers its workers noted beside their checkpoints, so they stop with ``BrokerDataLost``
+  instead of waiting for messages it no longer holds;
 * for each cluster ``S`` that has flows *into* C: upstream ``nebula-upstream-S``
   pointing at S through the emulated WAN relay, and a policy making exactly those
   flows' queues federated queues here. Flows whose destination is not C never
@@ -50,6 +54,7 @@ from nebula_mq.security.roles import (Permissions, WorkerIdentity, federation_pe
                                       status_reader_permissions)
 from nebula_mq.settings import TransportSettings
 from nebula_mq.transport import declare
+from nebula_mq.transport.job_presence import incarnation_exchange, new_incarnation
 from nebula_mq.topology import Flow
 
 # Federation link tuning (docs/RABBITMQ.md): on-confirm loses nothing; never clean up the
@@ -159,9 +164,11 @@ def definitions(
     upstreams: Mapping[str, Upstream],
     max_queue_bytes: int = TransportSettings().max_queue_bytes,
     monitoring_password: str = "",
+    incarnation: str | None = None,
 ) -> dict[str, Any]:
     """The definitions document for ``cluster``; ``upstreams`` is keyed by source cluster.
-    With a ``monitoring_password``, it also holds the job's read-only monitoring user."""
+    With a ``monitoring_password``, it also holds the job's read-only monitoring user.
+    ``incarnation``: the marker's token (None: a fresh one; "": no marker)."""
     vhost = topology.vhost(job_id)
     keys = topology.key_flows(flows)
     flows = (*flows, *keys)  # the job key crosses on flows of its own (stack.provision key flows)
@@ -190,6 +197,10 @@ def definitions(
         "policies": [],
     }
     status_feed(defs, job_id)
+    token = new_incarnation() if incarnation is None else incarnation
+    if token:  # internal: nobody publishes into it; it only says which provisioning made this copy
+        defs["exchanges"].append({"name": incarnation_exchange(job_id, token), "vhost": vhost, "type": "fanout",
+                                  "durable": True, "auto_delete": False, "internal": True, "arguments": {}})
     if monitoring_password:
         monitor = topology.monitoring_user(job_id)
         defs["users"].append(_user(monitor, password_hash(monitor, monitoring_password), tags=("management",)))
