@@ -69,9 +69,8 @@ def job_gone(broker: BrokerSettings, name: str = "nebula-mq/presence") -> str | 
     when it does or cannot be reached now (an outage: wait)."""
     try:
         conn = open_connection(broker, name)
-    except AccessRefused as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"vhost {broker.vhost} is gone: the broker refuses this worker's login on it ({detail})"
+    except AccessRefused:  # the refusal's own text advises provisioning: the caller says more
+        return f"vhost {broker.vhost} is gone: the broker refuses this worker's login on it"
     except TransportError:
         return None
     close_quietly(conn)
