@@ -189,9 +189,12 @@ class Inbox:
     def _dead_letter(self, delivery: Delivery, exc: NebulaError) -> None:
         log.error("dead_letter", reason=exc.reason, detail=str(exc), message_id=delivery.message_id,
                   queue=delivery.queue)
-        delivery.dead_letter(exc.reason, str(exc))
+        # Audited before it is moved and acked: an audit log that cannot take the record stops
+        # the worker with the message still on its queue. A move that fails after the record
+        # (a lost connection) brings the message back, and it is recorded twice: harmless.
         self.worker.hooks.on_dead_letter(
             MessageEvent(self.flow.name, message_id=delivery.message_id), exc.reason, str(exc))
+        delivery.dead_letter(exc.reason, str(exc))
 
     def reject(self, received: Received, exc: NebulaError) -> None:
         """Condemn a decoded message the role found unacceptable (e.g. out of window)."""
