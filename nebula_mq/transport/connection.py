@@ -46,6 +46,9 @@ T = TypeVar("T")
 # probe's status messages) is dropped after this long blocked, so the thread that uses it is not
 # stuck for the whole alarm. Publishers wait alarms out instead (``alarm`` module).
 BLOCKED_CONNECTION_TIMEOUT_S = 60.0
+# A publisher waits out an alarm while heartbeats (sent to blocked connections too) say the
+# broker lives; with heartbeats off it gives up after this, or a dead broker goes unnoticed.
+BLOCKED_WITHOUT_HEARTBEATS_S = 6 * 3600.0
 # How often the I/O loop looks at its stop flag when nothing happens.
 _POLL_S = 0.2
 
@@ -72,7 +75,8 @@ def connection_parameters(broker: BrokerSettings, name: str = "nebula-mq", *,
         credentials=credentials,
         ssl_options=ssl_options,
         heartbeat=broker.heartbeat_s,
-        blocked_connection_timeout=None if wait_out_alarms else BLOCKED_CONNECTION_TIMEOUT_S,
+        blocked_connection_timeout=(BLOCKED_CONNECTION_TIMEOUT_S if not wait_out_alarms
+                                    else None if broker.heartbeat_s > 0 else BLOCKED_WITHOUT_HEARTBEATS_S),
         connection_attempts=1,  # our own loop retries, with jitter
         socket_timeout=10,
         client_properties={"connection_name": name},
