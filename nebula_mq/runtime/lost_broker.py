@@ -112,8 +112,8 @@ class BrokerWatch:
         steps = w.store.steps()
         checkpoint = f"its last checkpoint is step {steps[-1]}" if steps else "it has no checkpoint"
         return (f"{w.cluster}'s broker lost the job's data ({gone}): {w.worker_id} needs {needs} "
-                f"({checkpoint}); they are on no broker any more: re-provision the job and resume "
-                f"both sides from their last common checkpoint ({RECOVERY})")
+                f"({checkpoint}); they are on no broker any more, and the producers' checkpoints count "
+                f"them as sent: re-provision the job and start it over ({RECOVERY})")
 
 
 def _noted(path: Path) -> str:

@@ -90,9 +90,9 @@ def test_a_wiped_broker_stops_the_waiting_side_with_the_missing_range(tmp_path: 
             m = re.fullmatch(
                 rf"{B}'s broker lost the job's data \(vhost nebula-wipe is gone: .*\): tail-0 needs "
                 r"micro-batches (\d+)\.\. of flow 'activations' \(applied up to (\d+)\) "
-                r"\(its last checkpoint is step (\d+)\); they are on no broker any more: re-provision the job and "
-                r"resume both sides from their last common checkpoint \(see README: Recovering a broker that "
-                r"lost its data\)", message)
+                r"\(its last checkpoint is step (\d+)\); they are on no broker any more, and the producers' "
+                r"checkpoints count them as sent: re-provision the job and start it over \(see README: "
+                r"Recovering a broker that lost its data\)", message)
             assert m is not None, message
             first, applied, checkpoint = (int(g) for g in m.groups())
             # Nothing accepted after the wipe: what it needs follows what it had applied when
