@@ -10,18 +10,17 @@ from __future__ import annotations
 import os
 
 import pika
-import pika.exceptions
 import pytest
 
 from nebula_mq import topology
 from nebula_mq.errors import AccessRefused, WireError
 from nebula_mq.security.roles import WorkerIdentity
-from nebula_mq.settings import BrokerSettings, TransportSettings
+from nebula_mq.settings import TransportSettings
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import decode_envelope
 from tests.fixtures.roles import decoder, encoder
-from tests.fixtures.stack import StackHandle, pika_parameters
+from tests.fixtures.stack import StackHandle, pika_parameters, publish_refused
 
 pytest_plugins = ["tests.fixtures.stack"]
 pytestmark = pytest.mark.broker
@@ -29,20 +28,6 @@ pytestmark = pytest.mark.broker
 A, B = "cluster-a", "cluster-b"
 SETTINGS = TransportSettings(max_queue_bytes=1 << 22, publish_patience_s=10, prefetch=4)
 
-
-def _refused(settings: BrokerSettings, exchange: str, routing_key: str) -> str:
-    """One confirmed publish by hand; the broker must close the channel with 403."""
-    conn = pika.BlockingConnection(pika_parameters(settings))
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            ch.basic_publish(exchange, routing_key, b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
-        assert err.value.reply_code == 403
-        return str(err.value.reply_text)
-    finally:
-        if conn.is_open:
-            conn.close()
 
 
 def test_only_a_consumer_may_dead_letter_and_a_malformed_message_still_is(stack: StackHandle) -> None:
@@ -73,10 +58,10 @@ def test_only_a_consumer_may_dead_letter_and_a_malformed_message_still_is(stack:
         # dead-letter exchange or the default exchange.
         with pytest.raises(AccessRefused, match="403"):
             publisher.dead_letter(b"forged", f"{tag}-forged", "bad_tag", original_queue=act)
-    assert dlx in _refused(job.settings(A, pub), dlx, dlq)
-    assert "amq.default" in _refused(job.settings(A, pub), "", dlq)
+    assert dlx in publish_refused(job.settings(A, pub), dlx, dlq)
+    assert "amq.default" in publish_refused(job.settings(A, pub), "", dlq)
     # A consumer's right is the dead-letter exchange only, never the default exchange.
-    assert "amq.default" in _refused(job.settings(B, dec), "", dlq)
+    assert "amq.default" in publish_refused(job.settings(B, dec), "", dlq)
     assert stack.stack.queue_depths(A, job.vhost)[dlq].messages == 0
     conn = pika.BlockingConnection(pika_parameters(job.settings(B, inspector)))
     try:

@@ -41,7 +41,7 @@ from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
 from tests.fixtures.roles import decoder, encoder
-from tests.fixtures.stack import StackHandle, pika_parameters, tls_context
+from tests.fixtures.stack import StackHandle, pika_parameters, publish_refused, tls_context
 
 pytest_plugins = ["tests.fixtures.stack"]
 pytestmark = pytest.mark.broker
@@ -219,20 +219,6 @@ def test_each_role_only_has_its_own_permissions(sec: Sec) -> None:
     sec.expect(B, "permission_denied", user="dec-0", operation="basic.get")
 
 
-def _publish_refused(settings: Any, exchange: str, routing_key: str) -> str:
-    """Publish one persistent, confirmed message; the broker must close the channel with 403."""
-    conn = pika.BlockingConnection(pika_parameters(settings))
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
-            ch.basic_publish(exchange, routing_key, b"x", pika.BasicProperties(delivery_mode=2), mandatory=True)
-        assert err.value.reply_code == 403
-        return str(err.value.reply_text)
-    finally:
-        if conn.is_open:
-            conn.close()
-
 
 def test_roles_publish_only_into_their_own_flows(sec: Sec, stack: StackHandle) -> None:
     """Issue 7: the encoder may publish activations and read gradient replies, nothing else."""
@@ -266,8 +252,8 @@ def test_roles_publish_only_into_their_own_flows(sec: Sec, stack: StackHandle) -
             dec.publisher().publish(act, b"forged activation", "m-forged-act")
     # ...and by hand, through the default exchange or straight to the reply flow's exchange.
     enc_settings = job.settings(A, "penc-0")
-    assert "amq.default" in _publish_refused(enc_settings, "", reply)
-    assert topology.flow_exchange(job.job_id, "reply-penc-0") in _publish_refused(
+    assert "amq.default" in publish_refused(enc_settings, "", reply)
+    assert topology.flow_exchange(job.job_id, "reply-penc-0") in publish_refused(
         enc_settings, topology.flow_exchange(job.job_id, "reply-penc-0"), reply)
     # The encoder's exchange routes only into activations: another routing key is unroutable.
     conn = pika.BlockingConnection(pika_parameters(enc_settings))
