@@ -17,7 +17,7 @@ when it has applied one; the inbox decides everything else:
   that lets it checkpoint (a deadlock);
 * **acks**: only after the checkpoint that holds the effect (``Worker.commit``);
 * **a broker that lost the job** (wiped while stopped): while the role waits with its
-  consumers disconnected, a :class:`~nebula_mq.runtime.lost_broker.BrokerWatch` asks the
+  consumers disconnected (for a message, or for a confirm of what it publishes), a :class:`~nebula_mq.runtime.lost_broker.BrokerWatch` asks the
   broker whether it still holds the job, and stops the role with one ``BrokerDataLost`` naming
   the micro-batches each stream still needs once it does not; at the opening, a broker that is
   not the incarnation of the worker's checkpoints (wiped, then provisioned again) stops it too.
@@ -135,6 +135,8 @@ class OrderedInbox:
         self.orders: list[InOrderBuffer[Received]] = [InOrderBuffer(first, window=window.window)
                                                        for _ in range(streams)]
         self.watch = BrokerWatch(worker, [i.consumer for i in self.inboxes])
+        # The same watch while this thread waits for the broker's confirms (ledger, outbox).
+        self._unwatch = worker.transport.wait_checks.add(lambda: self.watch.check(self.needs))
         try:
             self.watch.opened(self.needs)  # BrokerDataLost for a broker wiped and provisioned again
         except NebulaError:
@@ -215,5 +217,6 @@ class OrderedInbox:
         self._of(received).applied(received)
 
     def close(self) -> None:
+        self._unwatch()
         for inbox in self.inboxes:
             inbox.close()

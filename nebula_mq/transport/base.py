@@ -40,6 +40,7 @@ from nebula_mq.errors import TransportError
 from .alarm import BrokerAlarm
 from .closing import Closeable
 from .probe import QueueProbe, ReadThroughProbe
+from .waits import WaitChecks
 
 log = structlog.get_logger(__name__)
 
@@ -181,6 +182,8 @@ class Transport(Closeable):
         self.cluster = cluster
         # The local broker's resource alarms, as this transport's publishers meet them.
         self.alarm = BrokerAlarm(cluster)
+        # What its publishers' waits look at (``waits.WaitChecks``): the alarm's stop, and more.
+        self.wait_checks = WaitChecks(self.alarm.check_stop)
 
     def queue_for(self, flow: topology.Flow | str) -> str:
         """Queue name of a flow (same name on both clusters)."""

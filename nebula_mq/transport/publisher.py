@@ -53,6 +53,7 @@ from .connection import connection_parameters, expired_certificate
 from .pika_errors import PIKA_ERRORS, translate
 from .retry import Patience, PublishStats
 from .routing import Routes
+from .waits import WaitChecks
 from .window import InterruptibleHandle, PublishWindow
 
 log = structlog.get_logger(__name__)
@@ -78,12 +79,14 @@ class RabbitPublisher(base.Publisher):
 
     def __init__(
         self, broker: BrokerSettings, settings: TransportSettings, name: str, routes: Routes | None = None,
-        alarm: BrokerAlarm | None = None,
+        alarm: BrokerAlarm | None = None, waits: WaitChecks | None = None,
     ) -> None:
         self._broker = broker
         self._settings = settings
         self.name = name
         self.alarm = alarm if alarm is not None else BrokerAlarm(f"{broker.host}:{broker.port}")
+        # Called at each turn of a wait for room or a confirm; may raise to end it.
+        self._waits = waits if waits is not None else WaitChecks(self.alarm.check_stop)
         self._params = connection_parameters(broker, name, wait_out_alarms=True)  # bad settings fail here
         # Shared with the transport's other publishers: one passive declare per queue.
         self._routes = routes if routes is not None else Routes()
@@ -136,16 +139,16 @@ class RabbitPublisher(base.Publisher):
         message.future.add_done_callback(lambda _f: self._window.settle(message))
         if not self._window.admit(message, len(message.body),
                                   lambda: self._ioloop.add_callback_threadsafe(lambda: self._dispatch(message)),
-                                  self.alarm.check_stop):
+                                  self._waits):
             raise TransportError(f"{self.name}: publisher is closed")
-        return InterruptibleHandle(message.future, outgoing.message_id, self.alarm.check_stop)
+        return InterruptibleHandle(message.future, outgoing.message_id, self._waits)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message submitted so far is confirmed; raise the first failure."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for message in self._window.pending():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            InterruptibleHandle(message.future, message.message_id, self.alarm.check_stop).wait(left)
+            InterruptibleHandle(message.future, message.message_id, self._waits).wait(left)
 
     @property
     def in_flight(self) -> int:

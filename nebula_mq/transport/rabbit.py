@@ -94,7 +94,8 @@ class RabbitTransport(base.Transport):
             child.close()
 
     def publisher(self) -> RabbitPublisher:
-        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub"), self._routes, self.alarm))
+        return self._adopt(RabbitPublisher(self.broker, self.settings, self._name("pub"), self._routes, self.alarm,
+                                           self.wait_checks))
 
     def consume(self, queue: str, prefetch: int | None = None) -> RabbitConsumer:
         return self._adopt(
@@ -172,7 +173,8 @@ class RabbitTransport(base.Transport):
             publisher = self._dead_letters
         if publisher is None:
             publisher = self._adopt(
-                RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes, self.alarm)
+                RabbitPublisher(self.broker, self.settings, self._name("dlq"), self._routes, self.alarm,
+                                self.wait_checks)
             )
             with self._lock:
                 self._dead_letters = publisher

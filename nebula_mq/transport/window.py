@@ -7,7 +7,7 @@ settles it here once its handle resolves (confirmed, or failed). A caller waits 
 deadline at the latest (``retry.Patience``), so the wait is bounded, except while the broker
 blocks publishing (a resource alarm, ``alarm.BrokerAlarm``): then the waits here last as long as
 the alarm, and each turn of them calls an ``interrupt`` that raises once a stop is requested.
-Thread-safe.
+That interrupt is the transport's ``waits.WaitChecks``. Thread-safe.
 """
 
 from __future__ import annotations

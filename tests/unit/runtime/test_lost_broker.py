@@ -4,6 +4,7 @@ role with one BrokerDataLost naming what it needs (``runtime.lost_broker``)."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,39 @@ def test_the_error_names_cluster_worker_range_and_checkpoint(pair: tuple[Worker,
     assert caught.value.reason == "broker_data_lost"
     inbox.close()
     outbox.close()
+
+
+def test_a_wait_for_confirms_ends_in_the_same_error_on_the_inbox_thread_only(
+        pair: tuple[Worker, Worker, MemoryBroker]) -> None:  # noqa: F811
+    """A worker blocked on its broker's confirms (``Ledger.commit`` flushing its outboxes) when
+    the broker comes back wiped must not wait out ``publish_patience_s``: the transport's wait
+    checks run its inbox's watch, on the inbox's thread and until the inbox closes."""
+    _, receiver, _ = pair
+    inbox = OrderedInbox(receiver, [FLOW], 1, 0, FlowWindow(ahead=4, unacked=2))
+    link, clock = Link(connected=False), Clock()
+    inbox.watch = BrokerWatch(receiver, [link], probe=lambda: "vhost nebula-x is gone", clock=clock)  # type: ignore[list-item]
+    elsewhere: list[BaseException] = []
+
+    def other_thread() -> None:  # e.g. a status publisher's wait: never the role's error
+        try:
+            for t in range(20):
+                clock.now = float(t)
+                receiver.transport.wait_checks()
+        except BaseException as exc:  # noqa: BLE001 (collected for the assert)
+            elsewhere.append(exc)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and elsewhere == []
+    with pytest.raises(BrokerDataLost, match=r"needs micro-batches 0\.\. of flow"):
+        for t in range(20, 40):
+            clock.now = float(t)
+            receiver.transport.wait_checks()
+    inbox.close()
+    for t in range(40, 60):  # closed: its watch is no longer asked
+        clock.now = float(t)
+        receiver.transport.wait_checks()
 
 
 def test_a_memory_transport_never_loses_its_job(pair: tuple[Worker, Worker, MemoryBroker]) -> None:  # noqa: F811
