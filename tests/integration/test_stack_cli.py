@@ -17,7 +17,7 @@ import pytest
 
 from nebula_mq.cli import main
 from nebula_mq.stack import Stack
-from nebula_mq.stack.layout import MGMT_OFFSET, RELAY_OFFSET, port_free, stack_ports
+from nebula_mq.stack.layout import MGMT_OFFSET, RELAY_OFFSET, StackLayout, port_free, stack_ports
 from tests.fixtures.stack import StackHandle, pick_base_port
 
 pytestmark = pytest.mark.broker
@@ -112,6 +112,9 @@ def test_stack_up_on_a_busy_port_stops_what_it_started_and_names_the_port(busy_o
     ports = stack_ports(base, 2)
     try:
         with socket.socket() as holder:
+            # A node another test stopped may have left this port in TIME_WAIT: that does not
+            # make it busy for a node (which binds with SO_REUSEADDR), nor for this holder.
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             holder.bind(("127.0.0.1", busy))
             holder.listen()
             out = _cli("stack", "up", "--run-dir", run_dir, "--base-port", str(base),
@@ -126,7 +129,8 @@ def test_stack_up_on_a_busy_port_stops_what_it_started_and_names_the_port(busy_o
             assert not any(s.running or s.relay_pid for s in Stack.open(run_dir).status().values())
             assert [p for p in ports if p != busy and _bound(p)] == []
     finally:
-        Stack.open(run_dir).down()
+        if StackLayout.load(Path(run_dir)) is not None:  # `stack up` got as far as saving its layout
+            Stack.open(run_dir).down()
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
