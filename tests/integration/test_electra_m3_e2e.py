@@ -1,6 +1,6 @@
 """M3 on real brokers (paper Figure 4): generators on two clusters of their own, one discriminator.
 
-A private three-node TLS stack: generator 0 (multilingual MLM) on cluster-a,
+The session's three-node TLS stack (``stack3``): generator 0 (multilingual MLM) on cluster-a,
 generator 1 (translation pairs) on cluster-c, root and one sub-discriminator
 (a gloo group of 2) on cluster-b. Each generator is its own ``nebula-mq worker``
 process with its own identity, publishing ``gen-results-<k>`` across federation
@@ -13,19 +13,17 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, provision_job_files, start_worker,
-                                 step_of, wait_all)
-from tests.fixtures.stack import StackHandle, running_stack
+from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, start_planned, start_worker, step_of,
+                                 wait_all)
+from tests.fixtures.stack import THREE_NODES, StackHandle
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, THREE_NODES]
 
-CLUSTERS = ("cluster-a", "cluster-b", "cluster-c")
 STEPS = 24
 WORKERS = {"disc-root": ("electra-root", 0), "disc-sub-1": ("electra-sub", 1),
            "gen-0": ("electra-generator", 0), "gen-1": ("electra-generator", 1)}
@@ -68,18 +66,10 @@ seed = 2
 """
 
 
-@pytest.fixture(scope="module")
-def stack3() -> Iterator[StackHandle]:
-    with running_stack(CLUSTERS, "m3t") as handle:
-        yield handle
-
-
 def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
-    text = JOB.format(steps=STEPS, run_dir=tmp / name, port=free_port_range(2))
-    cfgs = provision_job_files(stack, tmp, name, text)
-    assert sorted(cfgs) == sorted(WORKERS)  # the plan: one process per generator
-    return cfgs, {w: start_worker(role, cfgs[w], tmp / f"{name}-{w}.log", index=i)
-                  for w, (role, i) in WORKERS.items()}
+    # The plan: one process per generator, two discriminator ranks.
+    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name, port=free_port_range(2)),
+                         WORKERS)
 
 
 

@@ -1,6 +1,6 @@
 """The replicas job (DiLoCo across clusters) on real brokers: three TLS nodes joined by federation.
 
-A private three-node stack; each replica is its own ``nebula-mq worker --role replica``
+The session's three-node stack (``stack3``); each replica is its own ``nebula-mq worker --role replica``
 process with its own identity on its own cluster, publishing its pseudo-gradients on
 ``pseudograd-<c>-<d>`` to both other clusters through federation and reading theirs.
 The model is the split example's MLP as one whole model (examples/split_mlp/mlp_replicas.py),
@@ -14,19 +14,17 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import column, final_checkpoint, provision_job_files, start_worker, step_of, wait_all
+from tests.fixtures.jobs import column, final_checkpoint, start_planned, start_worker, step_of, wait_all
 from tests.fixtures.pairs import SPLIT_EXAMPLE
-from tests.fixtures.stack import StackHandle, running_stack
+from tests.fixtures.stack import THREE_NODES, StackHandle
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle]
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, THREE_NODES]
 
-CLUSTERS = ("cluster-a", "cluster-b", "cluster-c")
 STEPS = 12
 WORKERS = ("replica-0", "replica-1", "replica-2")
 
@@ -48,19 +46,12 @@ checkpoint_every = 3
 """
 
 
-@pytest.fixture(scope="module")
-def stack3() -> Iterator[StackHandle]:
-    with running_stack(CLUSTERS, "rpt") as handle:
-        yield handle
-
-
 def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
     for module in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
         shutil.copy(SPLIT_EXAMPLE / module, tmp)
-    cfgs = provision_job_files(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name))
-    assert sorted(cfgs) == list(WORKERS)  # the plan: one replica per cluster
-    return cfgs, {w: start_worker("replica", cfgs[w], tmp / f"{name}-{w}.log", index=c)
-                  for c, w in enumerate(WORKERS)}
+    # The plan: one replica per cluster.
+    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name),
+                         {w: ("replica", c) for c, w in enumerate(WORKERS)})
 
 
 def outer_weights(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
