@@ -100,12 +100,14 @@ class AbnetJob(Placement):
     eval_beam: int = 4
     # Longest translation the evaluation decodes, in target tokens.
     eval_max_len: int = 64
-    # Linear warm-up of the learning rate over the first updates (0 = none). Without it,
-    # Adam at 1e-3 can push the encoder adapters to a constant output in a few dozen steps
-    # (every token the same vector: the decoder then ignores the source).
+    # Linear warm-up of the learning rate over the first updates (0 = none; the small and full
+    # presets default to 400: PRESET_SCHEDULES). Without it, Adam at 1e-3 can push their
+    # encoder adapters to a constant output in a few dozen steps (every token the same vector:
+    # the decoder then ignores the source).
     warmup_steps: int = 0
     # After warm-up: "none" keeps lr; "cosine"/"linear" decay it to lr * min_lr_ratio at
-    # the job's last step. A constant 1e-3 learnt and then diverged in the 60-minute run.
+    # the job's last step (small and full default to cosine). A constant 1e-3 learnt and then
+    # diverged in the 60-minute run.
     lr_decay: Literal["none", "cosine", "linear"] = "none"
     # The learning rate lr_decay ends at, as a fraction of lr.
     min_lr_ratio: float = 0.1
@@ -156,6 +158,18 @@ def adapter_optimizer(job: AbnetJob, parameters: list[paddle.Tensor]) -> paddle.
     return paddle.optimizer.AdamW(learning_rate=job.lr, parameters=parameters, weight_decay=0.0, grad_clip=clip)
 
 
+# The learning-rate schedule each preset trains at where the job file sets none (measured:
+# docs/QUALITY.md, "The collapse guard"). The tiny model learns at the split job's lr 1e-3
+# straight away (and at 3e-3; 1e-2 collapses its encoder). The pretrained models' adapters
+# collapse at 1e-3 without warm-up within ~120 steps; warmed up over 400 and decayed (the
+# 60-minute run's schedule) they learn without collapse.
+PRESET_SCHEDULES: dict[str, dict[str, object]] = {
+    "tiny": {},
+    "small": {"warmup_steps": 400, "lr_decay": "cosine"},
+    "full": {"warmup_steps": 400, "lr_decay": "cosine"},
+}
+
+
 def load_job(settings: Settings) -> AbnetJob:
     where = settings.source or "<settings>"
     section = dict(settings.section("abnet"))
@@ -165,7 +179,9 @@ def load_job(settings: Settings) -> AbnetJob:
                 raise ConfigError(where, f"abnet.{old}", f"one of {old} and {new} (the same setting)",
                                   section[old])
             section[new] = section.pop(old)
-    return config.build(AbnetJob, section, where, "abnet.")
+    # The preset's schedule, for what the job file leaves out.
+    schedule = PRESET_SCHEDULES.get(str(section.get("preset", "tiny")), {})
+    return config.build(AbnetJob, {**schedule, **section}, where, "abnet.")
 
 
 SYNTHETIC_SAMPLES = 4096
