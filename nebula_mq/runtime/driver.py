@@ -1,20 +1,18 @@
 """The runtime's loop: one final class that runs every role, as dramatiq's worker runs actors.
 
-A role is a plain object that answers :class:`StepRole`: what it reads
-(:meth:`~StepRole.inputs`), what it sends before it waits (:meth:`~StepRole.produce`),
-what one step's messages do (:meth:`~StepRole.apply`, which returns the step's values),
-and its state (:meth:`~StepRole.state`, :meth:`~StepRole.load`). It is given its
-:class:`~nebula_mq.runtime.worker.Worker` (transport, checkpoints, acks, reports) and
-its model, data and compressions; it never loops, orders, acks or checkpoints.
+A role is a plain object that answers :class:`StepRole`: what it reads (:meth:`~StepRole.inputs`),
+what it sends before it waits (:meth:`~StepRole.produce`), what one step's messages do
+(:meth:`~StepRole.apply`, which returns the step's values), and its state (:meth:`~StepRole.state`,
+:meth:`~StepRole.load`). It is given its :class:`~nebula_mq.runtime.worker.Worker` (transport,
+checkpoints, acks, reports), model, data and compressions; it never loops, orders, acks or saves.
 
 The :class:`Driver` does the rest, here and nowhere else, in this order:
 
 1. open the role (queues, outboxes, its group);
-2. restore the checkpoint the group agrees on (``runtime.agreement``), from the worker's
-   store or the one the role names (:meth:`RoleExtras.resume_store`), then open the inbox
-   that continues from it: one cursor per stream, ``per_step`` messages of every stream
-   make a step, repeats dropped by the cursor, strangers dead-lettered
-   (``runtime.ordered``);
+2. restore the checkpoint the group agrees on (``runtime.agreement``), from the worker's store
+   or the one the role names (:meth:`RoleExtras.resume_store`), then open the inbox that
+   continues from it: one cursor per stream, ``per_step`` messages of every stream make a
+   step, repeats dropped by the cursor, strangers dead-lettered (``runtime.ordered``);
 3. while steps remain and no stop was agreed: let the role produce, wait for the next
    message, apply every step it completes, count it, record its values, and checkpoint
    every ``checkpoint_every`` steps and at the last (``Worker.commit``: checkpoint, the
@@ -194,8 +192,10 @@ class Driver:
             if w.step >= role.total and not w.stop_requested.is_set():
                 self.extras.after_training()
         finally:
-            role.close()
-            inbox.close()
+            try:
+                role.close()
+            finally:
+                inbox.close()
         return 0
 
     def window(self) -> FlowWindow:

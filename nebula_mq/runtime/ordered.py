@@ -139,7 +139,7 @@ class OrderedInbox:
         self._unwatch = worker.transport.wait_checks.add(lambda: self.watch.check(self.needs))
         try:
             self.watch.opened(self.needs)  # BrokerDataLost for a broker wiped and provisioned again
-        except NebulaError:
+        except BaseException:
             self.close()
             raise
 

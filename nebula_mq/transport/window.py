@@ -49,18 +49,21 @@ class PublishWindow(Generic[M]):
         """Wait for room, count ``message`` (of ``size`` bytes) as outstanding and call ``then``
         (which hands it on) before the window can close; False, admitting nothing, once it is
         closed. ``interrupt`` is called at each turn of the wait and may raise to end it."""
-        with self._space:
-            while self._live and not self._closed and (
-                    len(self._live) >= self.messages or self._live_bytes + size > self.size_bytes):
-                interrupt()
+        while True:
+            with self._space:
+                if self._closed:
+                    return False
+                if not self._live or (len(self._live) < self.messages
+                                      and self._live_bytes + size <= self.size_bytes):
+                    self._live[message] = size
+                    self._live_bytes += size
+                    self.max_in_flight = max(self.max_in_flight, len(self._live))
+                    then()
+                    return True
                 self._space.wait(_POLL_S)
-            if self._closed:
-                return False
-            self._live[message] = size
-            self._live_bytes += size
-            self.max_in_flight = max(self.max_in_flight, len(self._live))
-            then()
-            return True
+            # Outside the lock: a check may take seconds (it may probe the broker), and the I/O
+            # thread's ``settle`` must not wait for it.
+            interrupt()
 
     def settle(self, message: M) -> None:
         """``message`` is confirmed or failed: its room is free."""

@@ -14,6 +14,7 @@ from nebula_mq.errors import TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 from nebula_mq.transport import Deduplicator
+from nebula_mq.transport.base import PublishHandle
 from nebula_mq.transport.rabbit import RabbitTransport
 from tests.fixtures.stack import StackHandle
 
@@ -88,6 +89,44 @@ def test_returned_publishes_are_sent_again_once_the_queue_exists(transport: Rabb
     transport.declare_flow(flow, "producer")
     handle.wait(timeout=15)
     assert _drain(transport, q, 1) == ["early-1"]
+
+
+def test_the_transports_wait_checks_end_its_publishers_waits_on_their_thread(transport: RabbitTransport) -> None:
+    """What a worker adds to ``transport.wait_checks`` (its inbox's watch for a wiped broker) ends
+    a wait for room and a wait for confirms of the transport's publishers, on its own thread."""
+    pub = transport.publisher()
+    q = transport.queue_for("late")  # not declared: every publish comes back and waits (mandatory)
+    handles = [pub.publish_async(q, b"x", f"held-{i}") for i in range(8)]  # the window is full
+
+    class Ended(Exception):
+        pass
+
+    def check() -> None:
+        raise Ended
+
+    remove = transport.wait_checks.add(check)
+    try:
+        with pytest.raises(Ended):
+            pub.flush(timeout=10)  # waits for confirms
+        with pytest.raises(Ended):
+            pub.publish_async(q, b"x", "held-8")  # waits for room
+        outside: list[BaseException] = []
+        thread = threading.Thread(target=lambda: _wait_quietly(handles[0], outside))
+        thread.start()
+        thread.join(10)
+        assert outside and isinstance(outside[0], TransportError)  # its own deadline, not the check
+    finally:
+        remove()
+    transport.declare_flow(Flow("late", "a", "a"), "producer")
+    pub.flush(timeout=15)  # removed: the held messages go once the queue exists
+    assert sorted(_drain(transport, q, 8)) == sorted(f"held-{i}" for i in range(8))
+
+
+def _wait_quietly(handle: PublishHandle, out: list[BaseException]) -> None:
+    try:
+        handle.wait(timeout=1.0)
+    except BaseException as exc:  # noqa: BLE001 (collected for the assert)
+        out.append(exc)
 
 
 def test_a_publish_whose_patience_runs_out_fails_its_handle_and_frees_the_window() -> None:
