@@ -3,10 +3,16 @@ a verdict against the limits of its kind.
 
 A soak samples every few seconds (``nebula_mq.chaos.soak``). Start-up is not a trend (imports,
 the first checkpoint, broker caches): the first ``WARMUP_SHARE`` of the run is left out. What
-remains is fitted with a straight line; a series fails when the line rises (or, for the step
-rate, falls) across that window by more than its kind allows. Faults make the series jump
-(a killed worker restarts small, a restarted broker drops its queues' memory); a line through
-all of the samples after warm-up is what a leak or a decay shows through such jumps.
+remains is fitted with a straight line; a series fails when the line rises across that window
+by more than its kind allows. Faults make the series jump (a killed worker restarts small, a
+restarted broker drops its queues' memory); a line through all of the samples after warm-up is
+what a leak shows through such jumps.
+
+The step rate is judged by medians instead: it fails when the median of the window's second
+half is below the first half's by more than its limit. Each fault stops the job for a few
+samples (a killed worker imports its framework again), and on a short soak one fault near the
+end would tilt a fitted line as much as an hour of decay; it moves a median only when the job
+is stopped for half the time, which is a decay.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ class Trend:
     last: float
     mean: float
     slope_per_h: float
-    change: float  # the fitted line's change across the window
+    change: float  # the fitted line's change across the window (the verdict's, but for the step rate)
     ok: bool
 
 
@@ -74,9 +80,19 @@ def trend(series: str, kind: str, times: Sequence[float], values: Sequence[float
     change = per_s * (ts[-1] - ts[0])
     mean = sum(vs) / len(vs)
     limit = LIMITS[kind]
-    grew = -change if limit.falling else change
+    if limit.falling:
+        half = len(vs) // 2
+        grew = _median(vs[:half] or vs) - _median(vs[half:])
+    else:
+        grew = change
     ok = not (grew > limit.absolute and grew > limit.relative * abs(mean))
     return Trend(series, kind, len(vs), vs[0], vs[-1], mean, per_s * 3600.0, change, ok)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def format_trends(trends: Sequence[Trend]) -> str:

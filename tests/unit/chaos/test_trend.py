@@ -51,6 +51,18 @@ def test_a_decaying_step_rate_fails_a_steady_one_with_stops_passes() -> None:
     assert trend("job steps_per_s", "steps_per_s", TIMES, [20.0 + t / 100 for t in TIMES]).ok  # faster is fine
 
 
+def test_a_fault_near_the_end_of_a_short_soak_is_not_a_decay() -> None:
+    """CI's 2.5-minute soak: a worker killed 20 s before the end stops the job for the last few
+    samples, which tilts a fitted line by 60% of the mean; the medians stay level."""
+    times = [4.0 * i for i in range(38)]
+    rate = [26.0 + (i % 3) for i in range(38)]
+    rate[33:] = [0.0, 0.0, 3.0, 12.0, 20.0]  # killed at 132 s, importing again, catching up
+    assert slope(times[9:], rate[9:]) * (times[-1] - times[9]) < -0.4 * 26  # the line alone would fail it
+    assert trend("job steps_per_s", "steps_per_s", times, rate).ok
+    rate[20:] = [r / 3 for r in rate[20:]]  # a third of the rate from the middle on: a decay
+    assert not trend("job steps_per_s", "steps_per_s", times, rate).ok
+
+
 def test_any_new_dead_letter_fails_and_queues_may_fill_and_drain() -> None:
     letters = [0.0] * 40 + [1.0] * 20
     assert not trend("cluster-b dead_letters", "dead_letters", TIMES, letters).ok
