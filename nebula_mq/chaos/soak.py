@@ -32,7 +32,8 @@ FAULT_KINDS = ("cut", "kill", "restart", "alarm")
 ALARM_WATERMARK, NORMAL_WATERMARK = "0.000001", "0.4"
 ENOUGH_STEPS = 10**7  # the job runs until the soak's time is up, not to its own end
 # A process (re)started this recently is still importing or loading: its RSS and descriptors
-# are no sample of a steady state, and a restart would otherwise read as a trend.
+# are no sample of a steady state, and a restart would otherwise read as a trend. No fault
+# starts in a soak's last SETTLE_S either: the job ends settled, not importing at the stop.
 SETTLE_S = 20.0
 
 
@@ -116,7 +117,7 @@ class Soak:
                 if now >= next_sample:
                     last = self._sample(now - t0, last)
                     next_sample = now + opts.sample_every_s
-                if now >= next_fault:
+                if now >= next_fault and now < end - SETTLE_S:
                     self._fault(now - t0)
                     next_fault = time.monotonic() + self._gap()
                 self._restart_the_fallen()
@@ -124,7 +125,7 @@ class Soak:
         finally:
             job.signal_all(signal.SIGTERM)
             codes = job.wait_all(120)
-        self.report.steps = job.slowest_step()
+        self.report.steps = max(job.slowest_step(), last[1])
         self.report.unplanned_exits += [f"{w} exit {c} at the stop" for w, c in codes.items() if c != 0]
         self.report.trends = self.series.trends()
         write_json_atomic(job.run_dir / "soak.json", asdict(self.report), indent=2)
@@ -209,7 +210,9 @@ class Soak:
                 continue  # a restarting broker has no answer: no sample, not a failure
             add(cluster, "queued", t, sum(d.messages for q, d in depths.items() if q not in (dlq, feed)))
             add(cluster, "dead_letters", t, depths[dlq].messages if dlq in depths else 0)
-        now, step = time.monotonic(), job.slowest_step()
+        # A restarted worker says step 0 until it has loaded its checkpoint: the job's progress
+        # is the furthest the slowest worker has been, and a restart is a rate of 0, not below.
+        now, step = time.monotonic(), max(job.slowest_step(), last[1])
         if now > last[0]:
             add("job", "steps_per_s", t, (step - last[1]) / (now - last[0]))
         return now, step
