@@ -53,7 +53,7 @@ class Trend:
     last: float
     mean: float
     slope_per_h: float
-    change: float  # the fitted line's change across the window (the verdict's, but for the step rate)
+    change: float  # the fitted line's change across the window (the step rate's verdict uses medians)
     ok: bool
 
 

@@ -17,10 +17,11 @@ when it has applied one; the inbox decides everything else:
   that lets it checkpoint (a deadlock);
 * **acks**: only after the checkpoint that holds the effect (``Worker.commit``);
 * **a broker that lost the job** (wiped while stopped): while the role waits with its
-  consumers disconnected (for a message, or for a confirm of what it publishes), a :class:`~nebula_mq.runtime.lost_broker.BrokerWatch` asks the
-  broker whether it still holds the job, and stops the role with one ``BrokerDataLost`` naming
-  the micro-batches each stream still needs once it does not; at the opening, a broker that is
-  not the incarnation of the worker's checkpoints (wiped, then provisioned again) stops it too.
+  consumers disconnected (for a message, or for a confirm of what it publishes), a
+  :class:`~nebula_mq.runtime.lost_broker.BrokerWatch` asks the broker whether it still holds
+  the job, and stops the role with one ``BrokerDataLost`` naming the micro-batches each stream
+  still needs once it does not; at the opening, a broker that is not the incarnation of the
+  worker's checkpoints (wiped, then provisioned again) stops it too.
 
 The window and the prefetch reserve come from one formula, :class:`FlowWindow`:
 a peer runs at most ``ahead`` messages ahead of the next one to apply, and up to
