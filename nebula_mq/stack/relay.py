@@ -1,19 +1,18 @@
-"""A user-space TCP relay that emulates one WAN link: latency, a bandwidth cap, cuts.
+"""A user-space TCP relay that emulates one WAN link: latency, a bandwidth cap, cuts and drops.
 
 ``tc netem`` is missing on this kernel, so the stack forwards each federation link
-through this relay. Per direction of every relayed connection, chunks are
-
-1. read in large pieces (``CHUNK``),
-2. paced by a token bucket shared by all connections of the relay in that direction
-   (the link's capacity; an ``asyncio.Lock`` makes waiting FIFO, so connections
-   share it fairly chunk by chunk),
-3. delivered ``delay_ms`` after they left the bucket (propagation delay), in order,
-   with ``drain()`` so a slow receiver pushes back on the sender through TCP.
+through this relay: two pumps per connection (:mod:`nebula_mq.stack.pump`) read,
+pace by a token bucket per direction, delay and deliver in order.
 
 The relay reads its shape from a JSON control file (see :mod:`nebula_mq.stack.wan`)
 that it polls, and reports the applied ``generation``, byte counters and open
-connections in a status file. ``cut`` aborts every open connection and closes new
-ones at once (the link refuses traffic) until healed.
+connections in a status file. Two kinds of outage, until healed:
+
+* ``cut`` aborts every open connection and closes new ones at once (the link refuses
+  traffic: a reset, as a router that answers with RSTs);
+* ``drop`` blackholes the link: every connection stays open, nothing crosses either
+  way (what is read is held and flows, in order, after the heal), and a new connection
+  is answered only after the heal. A cut wins over a drop.
 
 Run as ``python -m nebula_mq.stack.relay --daemon ...``: the parent returns once
 the relay listens, the relay itself is re-parented to init (pidfile given).
@@ -28,19 +27,15 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from nebula_mq.atomic import write_json_atomic
+from nebula_mq.stack.pump import BURST_S, CHUNK, MIN_BUFFER, Gate, TokenBucket, pump
 
-CHUNK = 256 * 1024
+__all__ = ["BURST_S", "CHUNK", "Counters", "Relay", "Shape"]
+
 POLL_S = 0.05
-# The bucket holds at most this many seconds of traffic: keeps bursts short.
-BURST_S = 0.01
-# ... and at least one MTU, so a sleep that overshoots is made up for. No more:
-# on a real link a message takes size / rate to cross however idle the link
-# was, and a larger floor let small messages through a slow link instantly.
-MIN_BURST = 1500
-MIN_BUFFER = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -52,38 +47,10 @@ class Shape:
     # One-way propagation delay added to every chunk.
     delay_ms: float = 0.0
     cut: bool = False
+    # Blackholed: connections kept, no byte crosses until the heal (``cut`` wins when both).
+    drop: bool = False
     # Bumped by every write, echoed in the status file once applied.
     generation: int = 0
-
-
-class TokenBucket:
-    """Paces bytes to ``rate`` bytes/s; a debt is slept off, so large chunks stay exact."""
-
-    def __init__(self, rate: float) -> None:
-        self._lock = asyncio.Lock()
-        self.rate = rate
-        self._tokens = 0.0
-        self._stamp = time.monotonic()
-
-    def set_rate(self, rate: float) -> None:
-        self._refill()
-        self.rate = rate
-
-    def _refill(self) -> None:
-        now = time.monotonic()
-        if self.rate > 0:
-            burst = max(self.rate * BURST_S, MIN_BURST)
-            self._tokens = min(burst, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-
-    async def take(self, n: int) -> None:
-        async with self._lock:
-            if self.rate <= 0:
-                return
-            self._refill()
-            self._tokens -= n
-            if self._tokens < 0:
-                await asyncio.sleep(-self._tokens / self.rate)
 
 
 @dataclass
@@ -93,6 +60,8 @@ class Counters:
     down: int = 0
     accepted: int = 0
     refused: int = 0
+    # Connections that arrived during a drop and waited for the heal before reaching the target.
+    held: int = 0
 
 
 @dataclass
@@ -111,6 +80,8 @@ class Relay:
     def __post_init__(self) -> None:
         self._buckets = {"up": TokenBucket(self._bps()), "down": TokenBucket(self._bps())}
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._waiting: set[asyncio.StreamWriter] = set()  # accepted during a drop, not yet relayed
+        self._gate = Gate()
         self._control_mtime = 0.0
 
     def _bps(self) -> float:
@@ -126,6 +97,13 @@ class Relay:
             for a, b in list(self._conns):
                 a.transport.abort()
                 b.transport.abort()
+            for w in list(self._waiting):
+                w.transport.abort()
+        # Closed only while dropped and not cut: a cut has aborted what the gate would hold.
+        if shape.drop and not shape.cut:
+            self._gate.close()
+        else:
+            self._gate.open()
 
     def poll_control(self) -> bool:
         try:
@@ -148,7 +126,7 @@ class Relay:
     def write_status(self) -> None:
         data = {"pid": os.getpid(), "listen_port": self.listen_port,
                 "target": f"{self.target_host}:{self.target_port}", "shape": asdict(self.shape),
-                "connections": len(self._conns), "counters": asdict(self.counters),
+                "connections": len(self._conns), "waiting": len(self._waiting), "counters": asdict(self.counters),
                 "time": time.time()}
         write_json_atomic(self.status_file, data)
 
@@ -168,6 +146,23 @@ class Relay:
             self.counters.refused += 1
             writer.transport.abort()
             return
+        if self._gate.closed:
+            # A blackholed link does not answer a SYN: the client waits for its own timeout and
+            # retries, and a SYN sent again after the heal gets through. Refusing would tell it
+            # at once that the link is up and the port closed. This host's kernel has already
+            # completed the handshake, so the nearest a user-space relay gets is to answer nothing
+            # (the client's first bytes, its TLS hello, wait in the socket) and to open the target
+            # only after the heal; a client that gave up by then finds its late connection closed.
+            self.counters.held += 1
+            self._waiting.add(writer)
+            try:
+                await self._gate.passage()
+            finally:
+                self._waiting.discard(writer)
+            if self.shape.cut or writer.transport.is_closing():
+                self.counters.refused += 1
+                writer.transport.abort()
+                return
         try:
             t_reader, t_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
@@ -189,41 +184,13 @@ class Relay:
                 else:
                     w.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> None:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
-        space = asyncio.Event()
-        queued = 0
+    def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> Awaitable[None]:
+        def count(n: int) -> None:
+            setattr(self.counters, way, getattr(self.counters, way) + n)
 
-        async def deliver() -> None:
-            nonlocal queued
-            while (item := await queue.get()) is not None:
-                due, data = item
-                if (wait := due - loop.time()) > 0:
-                    await asyncio.sleep(wait)
-                writer.write(data)
-                await writer.drain()
-                queued -= len(data)
-                setattr(self.counters, way, getattr(self.counters, way) + len(data))
-                space.set()
-            if writer.can_write_eof():
-                writer.write_eof()
-
-        task = asyncio.create_task(deliver())
-        try:
-            while data := await reader.read(CHUNK):
-                await self._buckets[way].take(len(data))
-                queued += len(data)
-                await queue.put((loop.time() + self.shape.delay_ms / 1000.0, data))
-                # Hold at most ~2x the bandwidth-delay product: TCP pushes back on the sender.
-                limit = max(MIN_BUFFER, 2 * self._bps() * self.shape.delay_ms / 1000.0)
-                while queued > limit and not task.done():
-                    space.clear()
-                    await space.wait()
-            await queue.put(None)
-            await task
-        finally:
-            task.cancel()
+        return pump(reader, writer, self._buckets[way], self._gate, lambda: self.shape.delay_ms / 1000.0,
+                    # Hold at most ~2x the bandwidth-delay product: TCP pushes back on the sender.
+                    lambda: max(MIN_BUFFER, 2 * self._bps() * self.shape.delay_ms / 1000.0), count)
 
 
 async def serve(relay: Relay, ready_fd: int | None) -> None:

@@ -176,3 +176,62 @@ def test_cut_aborts_connections_and_refuses_new_ones_until_healed(tmp_path: Path
     ok, cut_existing, cut_new = asyncio.run(run())
     assert ok == b"ab"
     assert cut_existing == b"" and cut_new == b""
+
+
+def test_drop_holds_bytes_and_releases_them_in_order_without_a_reset(tmp_path: Path) -> None:
+    """A drop (blackhole) forwards nothing either way but keeps the connection: what was
+    written during the drop arrives after the heal, in order and whole; a connection opened
+    during the drop is not refused but answered only after the heal; a cut still resets."""
+
+    async def run() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        target = await asyncio.start_server(echo, "127.0.0.1", 0)
+        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0, delay_ms=10))
+        server = await _start(relay)
+        port = server.sockets[0].getsockname()[1]
+        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+        w1.write(b"before")
+        assert await asyncio.wait_for(r1.readexactly(6), 2) == b"before"
+        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "delay_ms": 10, "drop": True, "generation": 1}))
+        assert relay.poll_control()
+        # 3 MiB in numbered blocks: more than the relay reads in one chunk, so some wait in
+        # its sockets' buffers and some in the relay itself.
+        sent = b"".join(i.to_bytes(4, "big") * 1024 for i in range(768))
+        w1.write(sent)
+        r2, w2 = await asyncio.open_connection("127.0.0.1", port)  # not refused: left unanswered
+        w2.write(b"late")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(r1.read(1), 0.6)  # nothing comes back through a dropped link ...
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(r2.read(1), 0.1)
+        assert relay.counters.accepted == 1 and relay.counters.held == 1 and relay.counters.refused == 0
+        assert relay.counters.up == 6  # ... and nothing went through to the target either
+        t_heal = time.monotonic()
+        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "delay_ms": 10, "generation": 2}))
+        relay._control_mtime = 0  # the same mtime tick as the drop's write on a coarse clock
+        assert relay.poll_control()
+        got = await asyncio.wait_for(r1.readexactly(len(sent)), 10)
+        assert got == sent  # every byte, in order, on the same connection
+        assert time.monotonic() - t_heal >= 0.02  # the delay each way still applies after the heal
+        assert await asyncio.wait_for(r2.readexactly(4), 2) == b"late"
+        w1.write(b"after")
+        assert await asyncio.wait_for(r1.readexactly(5), 2) == b"after"
+        assert relay.counters.accepted == 2 and relay.counters.refused == 0
+        # A drop, then a cut: the cut resets the held connection.
+        relay.apply(Shape(rate_mbit=0, drop=True, generation=3))
+        r3, _w3 = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.05)
+        relay.apply(Shape(rate_mbit=0, drop=True, cut=True, generation=4))
+        assert await asyncio.wait_for(r3.read(10), 2) == b""
+        assert await asyncio.wait_for(r1.read(10), 2) == b""
+        w1.close()
+        w2.close()
+        server.close()
+        target.close()
+
+    asyncio.run(run())
