@@ -270,10 +270,16 @@ class Stack:
             link.set_shape(**changes)
 
     def cut(self, cluster: str | None = None) -> None:
+        """Reset every connection across the link(s) and refuse new ones until ``heal``."""
         self.shape(cluster, cut=True)
 
+    def drop(self, cluster: str | None = None) -> None:
+        """Blackhole the link(s) until ``heal``: connections stay open, no byte crosses."""
+        self.shape(cluster, drop=True)
+
     def heal(self, cluster: str | None = None) -> None:
-        self.shape(cluster, cut=False)
+        """End a cut and a drop alike."""
+        self.shape(cluster, cut=False, drop=False)
 
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}

@@ -54,7 +54,7 @@ class Link:
             raise StackError(f"{self.control_file}: unreadable ({exc})") from None
 
     def set_shape(self, wait: bool = True, **changes: Any) -> Shape:
-        """Change the link (rate_mbit, delay_ms, cut); waits until a running relay applied it."""
+        """Change the link (rate_mbit, delay_ms, cut, drop); waits until a running relay applied it."""
         shape = replace(self.shape(), **changes)
         if shape.rate_mbit < 0 or shape.delay_ms < 0:
             raise StackError(f"{self.name}: rate and delay must be >= 0, got {shape}")
