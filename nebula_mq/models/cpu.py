@@ -16,6 +16,7 @@ Two things decide how fast a worker computes on a CPU:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from functools import lru_cache
 
@@ -62,9 +63,12 @@ def thread_share_env(processes: int) -> dict[str, str]:
 
 
 def configure_cpu(threads: int | None = None) -> int:
-    """Select MKL's AVX2 path on AMD and set paddle's math threads; returns the thread count."""
+    """Select MKL's AVX2 path on AMD and set paddle's math threads where paddle is installed
+    (a torch-only machine, such as a GPU host, has none); returns the thread count."""
     select_mkl_code_path()
     n = threads if threads is not None else threads_from_env()
+    if importlib.util.find_spec("paddle") is None:
+        return n  # torch reads its share from OMP_NUM_THREADS (thread_share_env) at import
     import paddle
 
     paddle.base.core.set_num_threads(n)
