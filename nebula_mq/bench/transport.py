@@ -16,6 +16,10 @@ one flow per measurement so no run sees another's leftovers):
   the heal, time to the first arrival of a cut-time message and to the full
   drain, and an exactly-once check by message id (repeats counted separately).
 
+With ``--recovery`` it only measures recovery, for both kinds of outage side by side (the
+relay's resetting cut and a drop that resets nothing), at several one-way delays and outage
+lengths, medians of ``--repeats`` (``wan_recovery.recovery_grid``).
+
 ``python -m nebula_mq.bench.transport`` takes the same options as ``nebula-mq
 bench transport`` plus ``--stack``, ``--repeats`` and ``--cut-s``. Library use
 (the integration test): provision a job with ``throughput_flows(cfg)`` and ``IDENTITIES``,
@@ -30,19 +34,17 @@ import argparse
 import itertools
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, compare_flow,
+from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, bench_stack, compare_flow,
                                       throughput_flows)
 from nebula_mq.bench.transport_report import machine_facts, render, size_text, stack_facts, targets
-from nebula_mq.bench.wan_recovery import recovery
+from nebula_mq.bench.wan_recovery import recovery, run_recovery
 from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
 from nebula_mq.errors import NebulaError
 from nebula_mq.topology import Flow
@@ -126,6 +128,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare-pika", action="store_true",
                         help="also time a plain pika publisher with confirms beside ours, one thread each, over the "
                              "same TLS into the same broker, and print ours over pika's")
+    parser.add_argument("--recovery", action="store_true",
+                        help="only recovery: heal -> first message and -> drained after a resetting cut and after a "
+                             "drop that resets nothing, side by side, at each --recovery-delays and --outages")
+    parser.add_argument("--recovery-delays", type=_floats, metavar="MS,...",
+                        help="--recovery: one-way delays (default 0,20,200; quick 20)")
+    parser.add_argument("--outages", type=_floats, metavar="S,...",
+                        help="--recovery: outage lengths, shorter and longer than the links' heartbeat timeout "
+                             "(default 5,30; quick 2)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure the goodput points over a kernel-shaped link between two network "
                              "namespaces (brokers federated by hostname; needs root), beside the relay's")
@@ -166,47 +176,39 @@ def run(args: argparse.Namespace) -> int:
         cfg = replace(cfg, stripes=args.stripes)
     if getattr(args, "compare_pika", False):
         cfg = replace(cfg, compare_pika=True)
-    run_dir = getattr(args, "stack", None)
-    tmp = None if run_dir else tempfile.mkdtemp(prefix="nebula-bench-", dir="/tmp")
-    if run_dir and layout.StackLayout.load(run_dir) is not None:
-        stack = Stack.open(run_dir)
-    else:
-        stack = Stack(run_dir or tmp, layout.DEFAULT_CLUSTERS, base_port=layout.free_base_port(len(layout.DEFAULT_CLUSTERS), os.getpid()),
-                      prefix=f"nbb{os.getpid()}")
-    started = not all(node.is_running(n) for n in stack.layout.nodes)
-    shapes = {c: s.shape for c, s in stack.status().items()}
+    if getattr(args, "recovery_delays", None):
+        cfg = replace(cfg, recovery_delays_ms=args.recovery_delays)
+    if getattr(args, "outages", None):
+        if not all(s > 0 for s in args.outages):
+            print("nebula-mq bench transport: --outages: each must be > 0 seconds", file=sys.stderr)
+            return 2
+        cfg = replace(cfg, recovery_outages_s=args.outages)
+    if getattr(args, "recovery", False):
+        return run_recovery(args, cfg)
     job_id = f"bench-{os.getpid()}-{int(time.time())}"
     jobs = (job_id, f"{job_id}-r")
-    try:
-        if started:
-            print(f"starting a stack in {stack.layout.run_dir} ...")
-            stack.up()
-        stack.provision_job(jobs[0], throughput_flows(cfg), IDENTITIES)
-        stack.provision_job(jobs[1], (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
-        result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
-                                  "job_ids": list(jobs)}
-        t0 = time.monotonic()
-        result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
-        if getattr(args, "netns", False):
-            from nebula_mq.bench.wan_netns import netns_goodput
+    with bench_stack(getattr(args, "stack", None)) as (stack, started):
+        try:
+            stack.provision_job(jobs[0], throughput_flows(cfg), IDENTITIES)
+            stack.provision_job(jobs[1], (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
+            result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
+                                      "job_ids": list(jobs)}
+            t0 = time.monotonic()
+            result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
+            if getattr(args, "netns", False):
+                from nebula_mq.bench.wan_netns import netns_goodput
 
-            print("goodput over the kernel-shaped namespace link ...")
-            result["netns_goodput"] = netns_goodput(cfg, f"{job_id}-n")
-        result["wall_s"] = time.monotonic() - t0
-        result["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
-    except NebulaError as exc:
-        print(f"bench transport failed: {exc}")
-        return 1
-    finally:
-        for cluster, shape in shapes.items():  # the WAN as we found it
-            stack.shape(cluster, rate_mbit=shape.rate_mbit, delay_ms=shape.delay_ms, cut=shape.cut)
-        if started:
-            stack.down()
-        else:
-            for c, j in itertools.product(stack.clusters, jobs):
-                stack.rabbitmqctl(c, "delete_vhost", topology.vhost(j))
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+                print("goodput over the kernel-shaped namespace link ...")
+                result["netns_goodput"] = netns_goodput(cfg, f"{job_id}-n")
+            result["wall_s"] = time.monotonic() - t0
+            result["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
+        except NebulaError as exc:
+            print(f"bench transport failed: {exc}")
+            return 1
+        finally:
+            if not started:
+                for c, j in itertools.product(stack.clusters, jobs):
+                    stack.rabbitmqctl(c, "delete_vhost", topology.vhost(j))
     result["targets"] = targets(result)
     print("\n" + render(result) + "\n\ntargets:\n" + "\n".join("  " + t for t in result["targets"]))
     if "netns_goodput" in result:

@@ -109,3 +109,27 @@ def targets(result: dict[str, Any]) -> list[str]:
                    f"{'met' if r['ratio'] >= 0.9 else 'MISSED'} ({r['ratio']:.2f}x; one at a time "
                    f"{r['blocking_ratio']:.2f}x)")
     return out
+
+
+def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig) -> str:
+    """``--recovery``'s table: per one-way delay and outage length, each kind's medians side by side."""
+
+    def s(x: float | None) -> str:
+        return "never" if x is None else f"{x:.2f}"
+
+    lines = [f"recovery after a WAN outage at {cfg.recovery_rate_mbit:g} Mbit/s: {size_text(cfg.recovery_message_kib * 1024)} "
+             f"messages at {cfg.recovery_pace:g}/s, upstream cap {cfg.recovery_cap_mib} MiB; medians of {cfg.repeats}",
+             "reset: the relay's cut (every connection reset, new ones refused); drop: a blackhole (nothing crosses, "
+             "nothing is reset, new connections unanswered)",
+             "seconds after the heal: first message (any), first cut-time message, backlog drained (back in step "
+             "with the producer); reconn: new WAN connections per run",
+             f"{'delay':>6} {'outage':>6} {'RTT':>5} {'kind':>6} {'first':>6} {'RTTs':>5} {'cut-time':>8} {'drained':>8} "
+             f"{'reconn':>9} {'once':>5}  runs (first, s)"]
+    for r in rows:
+        rtts = "" if r["first_message_rtts"] is None else f"{r['first_message_rtts']:.1f}"
+        runs = ", ".join(s(x) for x in r["all_first_message_s"])
+        lines.append(f"{r['delay_ms']:4g}ms {r['outage_s']:5g}s {r['rtt_s']:5.2f} {r['kind']:>6} "
+                     f"{s(r['first_message_s']):>6} {rtts:>5} {s(r['first_cut_time_message_s']):>8} "
+                     f"{s(r['drained_s']):>8} {','.join(map(str, r['link_reconnects'])):>9} "
+                     f"{'OK' if r['exactly_once'] else 'FAIL':>5}  {runs}")
+    return "\n".join(lines)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,6 +54,13 @@ class BenchConfig:
     recovery_rate_mbit: float = 60.0
     # Publishing before the cut, so the flow is in steady state when the WAN drops.
     warmup_s: float = 3.0
+    # ``--recovery``: the kinds of outage (``reset``: the relay's cut; ``drop``: a blackhole
+    # that resets nothing), each at every one-way delay and outage length, repeated, side by side.
+    # 5 s is shorter than the federation link's heartbeat timeout (10 s), 30 s is longer than
+    # twice it (a heartbeat receiver gives up after one to two silent intervals).
+    recovery_kinds: tuple[str, ...] = ("reset", "drop")
+    recovery_delays_ms: tuple[float, ...] = (0.0, 20.0, 200.0)
+    recovery_outages_s: tuple[float, ...] = (5.0, 30.0)
     # Give up on a run whose messages have not all arrived after this long.
     timeout_s: float = 180.0
     # Also time a plain pika publisher with confirms beside ours (one thread each, loopback).
@@ -62,6 +74,7 @@ class BenchConfig:
         return cls(sizes_mib=(1, 4), rates_mbit=(170.0,), seconds_per_run=2.0, min_messages=4, repeats=1,
                    unshaped_mib=16, unshaped_sizes_mib=(4,), small_messages=400, cut_s=5.0,
                    recovery_message_kib=256, recovery_pace=8.0, recovery_cap_mib=4, warmup_s=1.0,
+                   recovery_delays_ms=(20.0,), recovery_outages_s=(2.0,),
                    timeout_s=60.0, compare_sizes_mib=(4,), compare_mib=16, compare_small_messages=300)
 
     def goodput_messages(self, rate_mbit: float, size_mib: int) -> int:
@@ -127,8 +140,11 @@ def compare_flow(size_mib: int, repeat: int, who: str) -> Flow:
 # --------------------------------------------------------------------------- messages
 
 
-def tensor_bodies(job_id: str, flow: str, payload_bytes: int, count: int) -> list[tuple[str, bytes]]:
-    """``count`` encoded envelopes of one fp32 tensor of ``payload_bytes`` each: (message id, body)."""
+def tensor_bodies(job_id: str, flow: str, payload_bytes: int, count: int, first_seq: int = 0) -> list[tuple[str, bytes]]:
+    """``count`` encoded envelopes of one fp32 tensor of ``payload_bytes`` each: (message id, body).
+
+    ``first_seq``: where their sequence numbers (hence message ids) start, so runs that share
+    a flow never share an id."""
     import numpy as np
 
     from nebula_mq.codecs import parse_codec
@@ -139,6 +155,38 @@ def tensor_bodies(job_id: str, flow: str, payload_bytes: int, count: int) -> lis
     records = pack_tensors({"x": x}, parse_codec("none"))  # encoded once, shared by every envelope
     out = []
     for i in range(count):
-        env = Envelope(job_id, flow, step=0, micro_batch=i, seq=i, producer=PRODUCER, tensors=records)
+        env = Envelope(job_id, flow, step=0, micro_batch=i, seq=first_seq + i, producer=PRODUCER, tensors=records)
         out.append((env.message_id, encode_envelope(env)))
     return out
+
+
+# --------------------------------------------------------------------------- the stack
+
+
+@contextlib.contextmanager
+def bench_stack(run_dir: str | None) -> Iterator[tuple[Any, bool]]:
+    """The stack at ``run_dir`` (started if down, left as found, its WAN's shape restored), or a
+    fresh one on free ports, removed afterwards; and whether it was started here."""
+    from nebula_mq.stack import Stack, layout, node
+
+    tmp = None if run_dir else tempfile.mkdtemp(prefix="nebula-bench-", dir="/tmp")
+    if run_dir and layout.StackLayout.load(run_dir) is not None:
+        stack = Stack.open(run_dir)
+    else:
+        stack = Stack(run_dir or tmp, layout.DEFAULT_CLUSTERS,
+                      base_port=layout.free_base_port(len(layout.DEFAULT_CLUSTERS), os.getpid()),
+                      prefix=f"nbb{os.getpid()}")
+    started = not all(node.is_running(n) for n in stack.layout.nodes)
+    shapes = {c: s.shape for c, s in stack.status().items()}
+    try:
+        if started:
+            print(f"starting a stack in {stack.layout.run_dir} ...")
+            stack.up()
+        yield stack, started
+    finally:
+        for cluster, shape in shapes.items():  # the WAN as we found it
+            stack.shape(cluster, rate_mbit=shape.rate_mbit, delay_ms=shape.delay_ms, cut=shape.cut, drop=shape.drop)
+        if started:
+            stack.down()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -1,33 +1,68 @@
-"""The transport benchmark's recovery run: a paced producer through a WAN cut, then the heal."""
+"""The transport benchmark's recovery runs: a paced producer through a WAN outage, then the heal.
+
+Two kinds of outage: ``reset`` (the relay's cut: every connection reset, new ones refused) and
+``drop`` (a blackhole: nothing crosses, nothing is reset). ``recovery`` times one run;
+``recovery_grid`` runs both kinds side by side at several delays and outage lengths.
+"""
 
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
 import math
+import os
+import statistics
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
-from nebula_mq.bench.wan_jobs import MIB, RECOVERY_FLOW, BenchConfig, BenchJob, tensor_bodies
+from nebula_mq import topology
+from nebula_mq.bench.transport_report import machine_facts, render_recovery, stack_facts
+from nebula_mq.bench.wan_jobs import (IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, bench_stack,
+                                      tensor_bodies)
+from nebula_mq.errors import NebulaError
 from nebula_mq.bench.wan_transfer import Ends, PublisherPool
 from nebula_mq.settings import TransportSettings
 
 
-def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
-    """Cut the WAN for ``cut_s`` under a paced producer, heal, time the backlog's return.
+KINDS = ("reset", "drop")
+# Message ids of one run start at run * SEQ_STRIDE: runs on one flow never share an id.
+SEQ_STRIDE = 1_000_000
+
+
+def _link_connections(stack: Any) -> int:
+    """Connections the WAN relays have accepted so far: a link that comes back after a reset
+    opens a new one, a link that rode an outage out does not."""
+    return sum(int(st.get("counters", {}).get("accepted", 0)) for st in stack.wan_status().values())
+
+
+def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", cut_s: float | None = None,
+             delay_ms: float | None = None, run: int = 0) -> dict[str, Any]:
+    """Cut (``reset``) or drop the WAN for ``cut_s`` (default ``cfg.cut_s``) under a paced
+    producer, heal, time the backlog's return; ``delay_ms`` each way (default ``cfg.delay_ms``).
 
     ``job`` is provisioned with ``(RECOVERY_FLOW,)`` and ``max_queue_bytes =
-    cfg.recovery_cap_mib * MIB``.
+    cfg.recovery_cap_mib * MIB``; ``run`` numbers the runs that share it (their message ids).
     """
+    if kind not in KINDS:
+        raise ValueError(f"outage kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    cut_s = cfg.cut_s if cut_s is None else cut_s
+    delay_ms = cfg.delay_ms if delay_ms is None else delay_ms
     size = cfg.recovery_message_kib * 1024
     flow = RECOVERY_FLOW
-    budget = int((cfg.warmup_s + cfg.cut_s) * cfg.recovery_pace) + 16
-    bodies = tensor_bodies(job.job_id, flow.name, size, budget)
-    settings = TransportSettings(publish_patience_s=cfg.cut_s + 300)
-    stack.shape(None, rate_mbit=cfg.recovery_rate_mbit, delay_ms=cfg.delay_ms, cut=False)
+    budget = int((cfg.warmup_s + cut_s) * cfg.recovery_pace) + 16
+    bodies = tensor_bodies(job.job_id, flow.name, size, budget, first_seq=run * SEQ_STRIDE)
+    ours = {mid for mid, _ in bodies}
+    settings = TransportSettings(publish_patience_s=cut_s + 300)
+    stack.shape(None, rate_mbit=cfg.recovery_rate_mbit, delay_ms=delay_ms, cut=False, drop=False)
     ends = Ends(job, flow, settings, prefetch=max(4, math.ceil(16 * MIB / size)))
     confirmed: dict[str, tuple[float, float]] = {}  # id -> (publish started, confirmed)
     arrivals: dict[str, float] = {}
-    duplicates = 0
+    duplicates = strays = 0
+    first_after_heal: float | None = None  # any of ours, a repeat included: the link moves again
     lock = threading.Lock()
 
     def on_confirmed(mid: str, started: float, done: float) -> None:
@@ -35,7 +70,7 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
             confirmed[mid] = (started, done)
 
     pool = PublisherPool(ends, bodies, 1, pace=cfg.recovery_pace, on_confirmed=on_confirmed)
-    upstream_max = 0
+    upstream_max = connections = 0
     try:
         pool.start()
         t_start = time.monotonic()
@@ -44,13 +79,14 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
         while True:
             now = time.monotonic()
             if t_cut is None and now - t_start >= cfg.warmup_s:
-                stack.cut()
+                connections = _link_connections(stack)
+                stack.cut() if kind == "reset" else stack.drop()
                 t_cut = time.monotonic()
             elif t_cut is not None and t_heal is None:
                 if now - polled >= 0.5:
                     upstream_max = max(upstream_max, ends.producer.queue_depth(ends.queue) or 0)
                     polled = now
-                if now - t_cut >= cfg.cut_s:
+                if now - t_cut >= cut_s:
                     pool.stop.set()  # the publish in progress (maybe waiting on a full queue) completes
                     stack.heal()
                     t_heal = time.monotonic()
@@ -62,6 +98,12 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
             d = ends.consumer.get(timeout=0.2)
             if d is None:
                 continue
+            if d.message_id not in ours:
+                strays += 1  # an earlier run's late repeat, or its probe
+                d.ack()
+                continue
+            if t_heal is not None and first_after_heal is None:
+                first_after_heal = time.monotonic()
             if d.message_id in arrivals:
                 duplicates += 1
             else:
@@ -73,17 +115,20 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
         pool.stop.set()
         ends.close()
         stack.heal()
+    reconnects = _link_connections(stack) - connections  # the heal above refreshed the relays' status
     assert t_cut is not None and t_heal is not None
     during = {m for m, (started, _) in confirmed.items() if t_cut <= started < t_heal}
     after_heal = [t for m, t in arrivals.items() if m in during and t >= t_heal]
     missing = set(confirmed) - set(arrivals)
     return {
-        "cut_s": t_heal - t_cut, "message_bytes": size, "pace_msgs_s": cfg.recovery_pace,
+        "kind": kind, "cut_s": t_heal - t_cut, "link_reconnects": reconnects, "strays": strays,
+        "message_bytes": size, "pace_msgs_s": cfg.recovery_pace,
         "upstream_cap_bytes": cfg.recovery_cap_mib * MIB, "rate_mbit": cfg.recovery_rate_mbit,
-        "delay_ms": cfg.delay_ms, "published": len(confirmed), "published_during_cut": len(during),
+        "delay_ms": delay_ms, "published": len(confirmed), "published_during_cut": len(during),
         "upstream_max_messages": upstream_max, "producer_waits_full": int(waits["waits_full"]),
         "producer_waited_s": waits["waited_s"],
         "heal_to_first_arrival_s": (min(after_heal) - t_heal) if after_heal else None,
+        "heal_to_first_message_s": (first_after_heal - t_heal) if first_after_heal is not None else None,
         "heal_to_drained_s": (max(arrivals[m] for m in confirmed) - t_heal) if not missing and confirmed else None,
         "arrived_during_cut": len(during & set(arrivals)), "missing": len(missing),
         "unexpected": len(set(arrivals) - set(confirmed)), "duplicates_discarded": duplicates,
@@ -91,4 +136,83 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- the whole bench
+def recovery_grid(stack: Any, job: BenchJob, cfg: BenchConfig,
+                  say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """``recovery`` for every kind, one-way delay, outage length and repeat of ``cfg``'s
+    ``recovery_*`` fields; the kinds alternate run by run, so they see the same machine."""
+    runs = []
+    points = itertools.product(cfg.recovery_delays_ms, cfg.recovery_outages_s, range(cfg.repeats),
+                               cfg.recovery_kinds)
+    for n, (delay, outage, _, kind) in enumerate(points):
+        r = recovery(stack, job, cfg, kind=kind, cut_s=outage, delay_ms=delay, run=n + 1)
+        runs.append(r)
+        say(f"  {kind:5s} {outage:4g} s at +{delay:g} ms: heal -> first message {_s(r['heal_to_first_message_s'])}, "
+            f"first cut-time message {_s(r['heal_to_first_arrival_s'])}, drained {_s(r['heal_to_drained_s'])}; "
+            f"link reconnects {r['link_reconnects']}, exactly once {'OK' if r['exactly_once'] else 'FAILED'}")
+    return runs
+
+
+def _s(x: float | None) -> str:
+    return "never" if x is None else f"{x:.2f} s"
+
+
+def _median(values: list[float | None]) -> float | None:
+    """Median of the runs, None when any run never got there (a median would hide it)."""
+    return None if not values or any(v is None for v in values) else statistics.median(v for v in values if v is not None)
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (delay, outage, kind): medians over the repeats, the round trip, the worst case."""
+    rows = []
+    key: Callable[[dict[str, Any]], tuple[float, float, int]] = (
+        lambda r: (r["delay_ms"], round(r["cut_s"]), KINDS.index(r["kind"])))
+    for (delay, outage, k), group in itertools.groupby(sorted(runs, key=key), key=key):
+        rs = list(group)
+        rtt = 2 * delay / 1000.0
+        first = _median([r["heal_to_first_message_s"] for r in rs])
+        rows.append({
+            "kind": KINDS[k], "delay_ms": delay, "outage_s": outage, "repeats": len(rs), "rtt_s": rtt,
+            "first_message_s": first, "first_message_rtts": first / rtt if first is not None and rtt else None,
+            "first_cut_time_message_s": _median([r["heal_to_first_arrival_s"] for r in rs]),
+            "drained_s": _median([r["heal_to_drained_s"] for r in rs]),
+            "all_first_message_s": [r["heal_to_first_message_s"] for r in rs],
+            "link_reconnects": [r["link_reconnects"] for r in rs],
+            "exactly_once": all(r["exactly_once"] for r in rs), "duplicates": sum(r["duplicates_discarded"] for r in rs),
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------- the CLI's --recovery
+
+
+def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
+    """``--recovery``: the recovery grid alone, on a stack of its own (or ``--stack``)."""
+    from nebula_mq.stack import provision
+
+    with bench_stack(getattr(args, "stack", None)) as (stack, started):
+        job_id = f"bench-{os.getpid()}-{int(time.time())}-r"
+        stack.provision_job(job_id, (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
+        try:
+            result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
+                                      "config": asdict(cfg), "job_ids": [job_id]}
+            t0 = time.monotonic()
+            result["runs"] = recovery_grid(stack, StackJob(stack, job_id), cfg)
+            result["wall_s"] = time.monotonic() - t0
+        except NebulaError as exc:
+            print(f"bench transport --recovery failed: {exc}")
+            return 1
+        finally:
+            if not started:
+                for c in stack.clusters:
+                    stack.rabbitmqctl(c, "delete_vhost", topology.vhost(job_id))
+    result["recovery"] = summarize(result["runs"])
+    m = result["machine"]
+    print(f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at start, RabbitMQ "
+          f"{m['rabbitmq']}; federation heartbeat {provision.HEARTBEAT_S} s, reconnect delay "
+          f"{provision.RECONNECT_DELAY_S} s\n" + render_recovery(result["recovery"], cfg))
+    print(f"wall time {result['wall_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0 if all(r["exactly_once"] for r in result["runs"]) else 1

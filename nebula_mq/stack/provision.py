@@ -63,6 +63,11 @@ ACK_MODE = "on-confirm"
 PREFETCH = 16
 EXPIRES_MS = 7 * 24 * 3600 * 1000
 RECONNECT_DELAY_S = 1  # a healed WAN carries traffic again within ~1 s (issue: resume < 2 s)
+# The link's AMQP heartbeat: either end gives up after one to two silent intervals, so a WAN
+# drop shorter than this passes without a reset (the link resumes as soon as bytes flow again).
+HEARTBEAT_S = 10
+# How long one connection attempt (TCP and TLS) may take before the link tries again.
+CONNECTION_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ def upstream_uri(job_id: str, up: Upstream) -> str:
     query = (
         f"cacertfile={c.ca_file}&certfile={c.cert_file}&keyfile={c.key_file}"
         f"&verify=verify_peer&server_name_indication={up.server_name}&auth_mechanism=external"
-        "&heartbeat=10&connection_timeout=5000"
+        f"&heartbeat={HEARTBEAT_S}&connection_timeout={CONNECTION_TIMEOUT_MS}"
     )
     return f"amqps://{up.host}:{up.port}/{quote(topology.vhost(job_id), safe='')}?{query}"
 
