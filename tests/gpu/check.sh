@@ -17,23 +17,7 @@ if [ -z "${PYTHON:-}" ] && ! python3 -c "import torch" 2>/dev/null && [ -x .venv
 fi
 echo "== $($PY -c 'import sys; print(sys.executable, sys.version.split()[0])')"
 
-shopt -s nullglob
-wheels=("$WHEELS"/*.whl)
-DEPS="import numpy, ml_dtypes, msgpack, lz4, cryptography, structlog, prometheus_client"
-if [ "${FORCE_WHEELS:-0}" != 1 ] && PYTHONPATH=$PWD "$PY" -c "$DEPS" 2>/dev/null; then
-  echo "== the interpreter has nebula-mq's dependencies: $WHEELS not needed"
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-elif [ ${#wheels[@]} -gt 0 ]; then
-  echo "== installing ${#wheels[@]} wheels from $WHEELS into $SITE"
-  if "$PY" -m pip --version >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "${wheels[@]}"
-  else  # no pip: a wheel is a zip of what its install puts in site-packages
-    "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
-      "$SITE" "${wheels[@]}"
-  fi
-  export PYTHONPATH=$SITE:$PWD
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
+source tests/gpu/deps.sh
+use_deps "import numpy, ml_dtypes, msgpack, lz4, cryptography, structlog, prometheus_client"
 echo "== PYTHONPATH=$PYTHONPATH"
 exec timeout "${CHECK_TIMEOUT_S:-360}" "$PY" tests/gpu/check.py "$@"

@@ -33,24 +33,9 @@ fi
 
 # nebula-mq's dependencies: the interpreter's own, else the carried wheels (as check.sh; pika too,
 # since this runs on real RabbitMQ).
-shopt -s nullglob
-wheels=("$WHEELS"/*.whl)
 DEPS="import numpy, ml_dtypes, msgpack, lz4, cryptography, structlog, prometheus_client, pika"
-if [ "${FORCE_WHEELS:-0}" != 1 ] && PYTHONPATH=$PWD "$PY" -c "$DEPS" 2>/dev/null; then
-  echo "== the interpreter has nebula-mq's dependencies: $WHEELS not needed"
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-elif [ ${#wheels[@]} -gt 0 ]; then
-  echo "== installing ${#wheels[@]} wheels from $WHEELS into $SITE"
-  if "$PY" -m pip --version >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}"
-  else  # no pip: a wheel is a zip of what its install puts in site-packages
-    "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
-      "$SITE" "${wheels[@]}"
-  fi
-  export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
+source tests/gpu/deps.sh
+use_deps "$DEPS"
 "$PY" -c "$DEPS"  # fail here, in one line, rather than inside a worker
 
 # RabbitMQ and Erlang: the carried archive, unpacked into / (its scripts hard-code
