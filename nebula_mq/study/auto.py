@@ -2,11 +2,14 @@
 
 The paper leaves the choice of the ratio open (§5, "trade-off"). The rule here:
 in a pipeline with several micro-batches in flight a step costs about
-``max(compute + encode, wire)``, so compression only pays until the wire time
-hides behind compute. Among candidates listed from most to least accurate, take
-the first whose estimated wire time per step (each direction has its own
-capacity) fits within ``headroom`` x (compute + its own encode time); if none
-fits, the one with the smallest estimated step time.
+``max(compute + codec, wire)``, where codec is the chains' encode and decode time
+measured on this machine, so compression only pays until the wire time hides
+behind compute. Among candidates listed from most to least accurate, take the
+first whose estimated wire time per step (each direction has its own capacity)
+fits within ``headroom`` x (compute + its codec time), unless a more accurate
+chain steps no slower (its codec is cheaper by more than the wire time the
+fitting chain saves): then that one. If none fits, the one with the smallest
+estimated step time.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nebula_mq.codecs import parse_codec
+from nebula_mq.codecs import decode_tree, parse_codec
 from nebula_mq.study.rows import StudyRow
 
 # Most accurate first: lossless, casts, delta int8 with feedback, int4 blocks, then decreasing SVD
@@ -47,16 +50,17 @@ class LinkProfile:
 class Choice:
     row: StudyRow
     wire_s: float  # estimated per step, slower direction
-    encode_s: float  # measured encode time of both chains on the typical shape
-    step_s: float  # estimate: max(compute + encode, wire)
+    codec_s: float  # measured encode + decode time of both chains on the typical shape
+    step_s: float  # estimate: max(compute + codec, wire)
 
 
-def _encode_seconds(chain: str, x: np.ndarray, repeats: int = 3) -> float:
+def _codec_seconds(chain: str, x: np.ndarray, repeats: int = 3) -> float:
+    """The best of ``repeats`` encode + decode round trips of ``x`` through ``chain``."""
     codec = parse_codec(chain)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        codec.encode(x)
+        decode_tree(codec.encode(x), max_decoded_bytes=2 * x.nbytes + (1 << 20))
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -67,8 +71,8 @@ def estimate(row: StudyRow, link: LinkProfile, x: np.ndarray) -> Choice:
     fwd = parse_codec(row.forward).estimated_ratio(x.shape, x.dtype) * raw + link.overhead_bytes
     bwd = parse_codec(row.backward).estimated_ratio(x.shape, x.dtype) * raw + link.overhead_bytes
     wire = max(fwd, bwd) / rate
-    enc = _encode_seconds(row.forward, x) + _encode_seconds(row.backward, x)
-    return Choice(row, wire, enc, max(link.compute_s + enc, wire))
+    codec = _codec_seconds(row.forward, x) + _codec_seconds(row.backward, x)
+    return Choice(row, wire, codec, max(link.compute_s + codec, wire))
 
 
 def pick(link: LinkProfile, candidates: Sequence[StudyRow] = DEFAULT_CANDIDATES,
@@ -78,7 +82,8 @@ def pick(link: LinkProfile, candidates: Sequence[StudyRow] = DEFAULT_CANDIDATES,
         raise ValueError("no candidate chains")
     x = np.random.default_rng(seed).standard_normal(link.activation_shape).astype(np.float32)
     choices = [estimate(row, link, x) for row in candidates]
-    for c in choices:
-        if c.wire_s <= headroom * (link.compute_s + c.encode_s):
-            return c
+    for i, c in enumerate(choices):
+        if c.wire_s <= headroom * (link.compute_s + c.codec_s):
+            # min() keeps the first of equals: the most accurate chain among the fastest.
+            return min(choices[: i + 1], key=lambda d: d.step_s)
     return min(choices, key=lambda c: c.step_s)

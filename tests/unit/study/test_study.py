@@ -37,18 +37,31 @@ def test_auto_compresses_only_as_much_as_the_link_needs() -> None:
     assert fast.row.forward == "none" and fast.row.backward == "none"
     # Raw wire = 3x compute: fp16 (1.5x) is not enough, int8 (~0.76x) is the least lossy that fits.
     mid = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 3, compute_s=1.0, activation_shape=shape))
-    assert mid.wire_s <= 0.9 * (1.0 + mid.encode_s)
+    assert mid.wire_s <= 0.9 * (1.0 + mid.codec_s)
     assert (mid.row.forward, mid.row.forward_feedback) == ("int8", "delta")
     # Raw wire = 5.5x compute: int8 both ways (~1.4x) is too much; int4 activations alone leave the
     # int8 gradients as the bound, so int4 both ways (with error feedback) is the first that fits.
     low = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 5.5, compute_s=1.0, activation_shape=shape))
     assert (low.row.forward, low.row.backward, low.row.backward_feedback) == ("int4", "int4", "residual")
-    assert low.wire_s <= 0.9 * (1.0 + low.encode_s)
+    assert low.wire_s <= 0.9 * (1.0 + low.codec_s)
     # Raw wire = 40x compute: nothing fits, so the fastest estimated step wins: int4 both ways
     # bounds the wire (shrinking activations further alone would buy nothing).
     slow = auto.pick(auto.LinkProfile(rate_mbit=raw_mbit / 40, compute_s=1.0, activation_shape=shape))
     assert slow.row.forward == "int4" and slow.row.backward == "int4"
     assert slow.wire_s == pytest.approx(40 * 0.1563, rel=0.02)  # int4: half a byte + a scale per 32, + envelope
+
+
+def test_auto_never_pays_more_codec_time_than_the_wire_time_it_saves() -> None:
+    """Raw wire = 3x a 1 ms compute: low-rank SVD's wire fits, but its encode and decode on this
+    machine take far longer than the 3 ms of wire an uncompressed step costs, so the lossless
+    chain is both faster and more accurate."""
+    shape = (16, 32, 384)
+    raw_mbit = np.prod(shape) * 4 * 8 / 1e6
+    link = auto.LinkProfile(rate_mbit=raw_mbit / 0.003, compute_s=0.001, activation_shape=shape)
+    none, svd = StudyRow("none", "none", origin="auto"), StudyRow("fp16(svd(0.2))", "int8", origin="auto")
+    chosen = auto.pick(link, candidates=(none, svd))
+    assert auto.estimate(svd, link, np.ones(shape, np.float32)).codec_s > 0.003  # what makes SVD lose
+    assert chosen.row == none and chosen.step_s == pytest.approx(0.003, rel=0.3)
 
 
 def _row(chain: StudyRow, s: float, bleu: float, comp: float, wire: float, base_s: float = 1.0) -> dict[str, object]:
