@@ -135,7 +135,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--recovery: one-way delays (default 0,20,200; quick 20)")
     parser.add_argument("--outages", type=_floats, metavar="S,...",
                         help="--recovery: outage lengths, shorter and longer than the links' heartbeat timeout "
-                             "(default 5,30; quick 2)")
+                             "(default 5,45; quick 2)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure the goodput points over a kernel-shaped link between two network "
                              "namespaces (brokers federated by hostname; needs root), beside the relay's")

@@ -92,3 +92,35 @@ def test_goodput_over_the_kernel_shaped_namespace_link_crosses_that_link_only_on
     # crossed the shaped link between the namespaces, not a path around it.
     assert 0 < row["mbit"] <= 100.0
     assert row["link_tx_bytes"] >= row["messages"] * row["payload_bytes"]
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(90)
+def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> None:
+    """``bench transport --quick --recovery``: a resetting cut and a non-resetting drop, side by
+    side. Both lose nothing and repeat nothing the consumer keeps; the drop resets no link (the
+    relays accept no new connection), the cut does. Behaviour, not speed."""
+    from nebula_mq.bench.transport_report import render_recovery
+    from nebula_mq.bench.wan_recovery import recovery_grid, summarize
+
+    cfg = bench.BenchConfig.quick()
+    assert cfg.recovery_kinds == ("reset", "drop") and cfg.recovery_outages_s == (2.0,)
+    job = stack.new_job(flows=(bench.RECOVERY_FLOW,), identities=bench.IDENTITIES, prefix="tq",
+                        max_queue_bytes=cfg.recovery_cap_mib * bench.MIB)
+    try:
+        runs = recovery_grid(stack.stack, job, cfg)
+    finally:
+        stack.clean_wan()
+    rows = summarize(runs)
+    print(render_recovery(rows, cfg))
+    assert [r["kind"] for r in runs] == ["reset", "drop"]
+    for r in runs:
+        assert r["cut_s"] >= 2.0 and r["published_during_cut"] > 0
+        assert r["arrived_during_cut"] == r["published_during_cut"]
+        assert r["missing"] == 0 and r["unexpected"] == 0 and r["exactly_once"]
+        assert r["heal_to_first_message_s"] is not None and r["heal_to_drained_s"] is not None
+        assert 0 <= r["heal_to_first_message_s"] <= r["heal_to_drained_s"]
+    reset, drop = runs
+    assert reset["link_reconnects"] > 0  # the cut reset the federation links; they came back
+    assert drop["link_reconnects"] == 0  # the drop (shorter than the heartbeat) reset nothing
+    assert [(r["kind"], r["outage_s"], r["exactly_once"]) for r in rows] == [("reset", 2, True), ("drop", 2, True)]
