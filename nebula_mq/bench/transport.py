@@ -156,8 +156,6 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import Stack, layout, node
-
     cfg = BenchConfig.quick() if args.quick else BenchConfig()
     if getattr(args, "repeats", None):
         cfg = replace(cfg, repeats=args.repeats)
