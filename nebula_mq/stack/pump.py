@@ -14,6 +14,9 @@ The relay (:mod:`nebula_mq.stack.relay`) runs two pumps per connection. A pump
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable
 
@@ -63,10 +66,16 @@ class Gate:
     A blackholed link loses packets and TCP sends them again once it carries traffic, so the
     bytes a side wrote during the drop arrive after the heal, in order, with nothing reset. The
     relay terminates TCP on loopback and cannot lose packets, so it holds them instead; the end
-    of a stream (FIN) and a reset (RST) are held too, as a real drop would lose them as well.
-    They leave at the heal, as if every sender's retransmission timer fired right then: the
-    best case of TCP (a sender deep in exponential backoff sends its first retransmission up
-    to one backoff interval later; that is the endpoints' TCP, which the relay does not model).
+    of a stream (FIN) and a reset (RST) are held too, as a real drop would lose them as well:
+    the pump passes a held FIN on as a FIN and a held reset as a reset (the relay aborts the
+    peer) once the gate opens. They leave at the heal, as if every sender's retransmission timer
+    fired right then: the best case of TCP (a sender deep in exponential backoff sends its first
+    retransmission up to one backoff interval later; that is the endpoints' TCP, which the relay
+    does not model).
+
+    Only what enters the link waits here: bytes already in a pump's delay line (at most its
+    ``limit()``) have passed the point of the outage, as packets beyond a failed hop, and
+    still reach the receiver during the drop.
     """
 
     def __init__(self) -> None:
@@ -87,13 +96,45 @@ class Gate:
         """Return at once while open, else at the heal."""
         await self._open.wait()
 
+    async def hold(self, reader: asyncio.StreamReader, most: int = CHUNK) -> bytes | None:
+        """Wait for the heal while reading what the client sends meanwhile (up to ``most`` bytes,
+        the rest stays in its socket): those bytes, or None if the client closed (FIN or RST)
+        first. A client that gave up during the drop must not reach the target at the heal."""
+        held = bytearray()
+        passage = asyncio.ensure_future(self.passage())
+        try:
+            while not passage.done():
+                if len(held) >= most:
+                    await passage
+                    break
+                read = asyncio.ensure_future(reader.read(most - len(held)))
+                done, _ = await asyncio.wait({passage, read}, return_when=asyncio.FIRST_COMPLETED)
+                if read not in done:
+                    read.cancel()  # a cancelled read consumes nothing: the bytes stay in the reader
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await read
+                    break
+                try:
+                    data = read.result()
+                except OSError:
+                    return None
+                if not data:
+                    return None
+                held += data
+            return bytes(held)
+        finally:
+            passage.cancel()
+
 
 async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucket: TokenBucket, gate: Gate,
-               delay_s: Callable[[], float], limit: Callable[[], float], count: Callable[[int], None]) -> None:
+               delay_s: Callable[[], float], limit: Callable[[], float], count: Callable[[int], None],
+               first: bytes = b"") -> None:
     """Forward ``reader`` to ``writer`` until the end of the stream, then pass the EOF on.
 
     ``delay_s()``: the one-way delay now; ``limit()``: the most bytes to hold in the delay
-    line before pushing back on the sender; ``count(n)``: called for each chunk delivered.
+    line before pushing back on the sender; ``count(n)``: called for each chunk delivered;
+    ``first``: bytes already read from ``reader`` (held during a drop), sent before the rest.
+    A reset (``OSError``) propagates, after the heal when it came during a drop.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
@@ -118,9 +159,9 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucke
     try:
         while True:
             try:
-                data = await reader.read(CHUNK)
+                data, first = (first or await reader.read(CHUNK)), b""
             except OSError:
-                await gate.passage()  # a reset during a drop reaches the other side after the heal
+                await gate.passage()  # the relay aborts the peer: a reset in a drop reaches it after the heal
                 raise
             # Bytes (or the EOF) read during a drop: held, so they enter the link after the heal.
             # What entered before the drop is already on the wire and still arrives on time.
@@ -138,3 +179,11 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucke
         await task
     finally:
         task.cancel()
+
+
+def send_reset(writer: asyncio.StreamWriter) -> None:
+    """Close with an RST: ``abort()`` alone closes the socket, and the kernel sends a FIN unless
+    data is left unread; linger 0 makes it a reset."""
+    with contextlib.suppress(OSError, AttributeError):  # a side already closed (it was the one reset)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()

@@ -12,7 +12,8 @@ connections in a status file. Two kinds of outage, until healed:
   traffic: a reset, as a router that answers with RSTs);
 * ``drop`` blackholes the link: every connection stays open, nothing crosses either
   way (what is read is held and flows, in order, after the heal), and a new connection
-  is answered only after the heal. A cut wins over a drop.
+  is answered only after the heal (one whose client gives up first never reaches the
+  target). A cut wins over a drop.
 
 Run as ``python -m nebula_mq.stack.relay --daemon ...``: the parent returns once
 the relay listens, the relay itself is re-parented to init (pidfile given).
@@ -22,16 +23,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Awaitable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
+
 from nebula_mq.atomic import write_json_atomic
-from nebula_mq.stack.pump import BURST_S, CHUNK, MIN_BUFFER, Gate, TokenBucket, pump
+from nebula_mq.stack.pump import BURST_S, CHUNK, MIN_BUFFER, Gate, TokenBucket, pump, send_reset
 
 __all__ = ["BURST_S", "CHUNK", "Counters", "Relay", "Shape"]
 
@@ -52,6 +56,12 @@ class Shape:
     # Bumped by every write, echoed in the status file once applied.
     generation: int = 0
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> tuple[Shape, list[str]]:
+        """The shape in ``data``, and its unknown keys (a newer writer's: ignored, the rest applies)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known}), sorted(set(data) - known)
+
 
 @dataclass
 class Counters:
@@ -60,8 +70,8 @@ class Counters:
     down: int = 0
     accepted: int = 0
     refused: int = 0
-    # Connections that arrived during a drop and waited for the heal before reaching the target.
-    held: int = 0
+    held: int = 0  # connections that arrived during a drop and waited for the heal
+    abandoned: int = 0  # of those, the ones whose client closed first: the target never saw them
 
 
 @dataclass
@@ -77,12 +87,16 @@ class Relay:
     # when the delay is added on a link between network namespaces (bench transport --netns).
     listen_host: str = "127.0.0.1"
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # ends by applying ``shape``: a drop closes the gate from the start
         self._buckets = {"up": TokenBucket(self._bps()), "down": TokenBucket(self._bps())}
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._waiting: set[asyncio.StreamWriter] = set()  # accepted during a drop, not yet relayed
+        self._handlers: set[asyncio.Task[Any]] = set()  # one per accepted connection, cancelled at shutdown
         self._gate = Gate()
-        self._control_mtime = 0.0
+        # The control file as last read: (st_mtime_ns, st_ino, st_size). Writers replace the file
+        # (write_json_atomic), so the inode changes on every write even within one mtime tick.
+        self._control_id: tuple[int, int, int] | None = None
+        self.apply(self.shape)
 
     def _bps(self) -> float:
         return self.shape.rate_mbit * 1e6 / 8
@@ -94,11 +108,7 @@ class Relay:
         for bucket in self._buckets.values():
             bucket.set_rate(self._bps())
         if shape.cut:
-            for a, b in list(self._conns):
-                a.transport.abort()
-                b.transport.abort()
-            for w in list(self._waiting):
-                w.transport.abort()
+            self._abort_all()
         # Closed only while dropped and not cut: a cut has aborted what the gate would hold.
         if shape.drop and not shape.cut:
             self._gate.close()
@@ -110,15 +120,17 @@ class Relay:
             st = self.control_file.stat()
         except FileNotFoundError:
             return False
-        if st.st_mtime_ns == self._control_mtime:
+        ident = (st.st_mtime_ns, st.st_ino, st.st_size)
+        if ident == self._control_id:
             return False
-        self._control_mtime = st.st_mtime_ns
+        self._control_id = ident
         try:
-            data = json.loads(self.control_file.read_text())
-            shape = Shape(**data)
+            shape, unknown = Shape.from_dict(dict(json.loads(self.control_file.read_text())))
         except (OSError, ValueError, TypeError) as exc:
             print(f"relay: ignoring bad control file: {exc}", file=sys.stderr, flush=True)
             return False
+        if unknown:
+            print(f"relay: ignoring unknown control keys {unknown}", file=sys.stderr, flush=True)
         if shape != self.shape:
             self.apply(shape)
         return True
@@ -141,56 +153,83 @@ class Relay:
 
     # ------------------------------------------------------------------ forwarding
 
+    def _abort_all(self) -> None:
+        for w in [w for pair in self._conns for w in pair] + list(self._waiting):
+            w.transport.abort()
+
+    def _refuse(self, *writers: asyncio.StreamWriter) -> None:
+        self.counters.refused += 1
+        for w in writers:
+            w.transport.abort()
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (task := asyncio.current_task()) is not None:
+            self._handlers.add(task)
+            task.add_done_callback(self._handlers.discard)
+        # Cancelled by shutdown(): end quietly (asyncio's stream callback would log a cancelled task).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._relay(reader, writer)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.shape.cut:
-            self.counters.refused += 1
-            writer.transport.abort()
-            return
+            return self._refuse(writer)
+        first = b""
         if self._gate.closed:
-            # A blackholed link does not answer a SYN: the client waits for its own timeout and
-            # retries, and a SYN sent again after the heal gets through. Refusing would tell it
-            # at once that the link is up and the port closed. This host's kernel has already
-            # completed the handshake, so the nearest a user-space relay gets is to answer nothing
-            # (the client's first bytes, its TLS hello, wait in the socket) and to open the target
-            # only after the heal; a client that gave up by then finds its late connection closed.
+            # A blackholed link loses a SYN: the client retries until its own timeout; refusing would
+            # say the port is closed. The kernel here has completed the handshake, so the relay answers
+            # nothing and opens the target only after the heal; meanwhile it keeps the client's first
+            # bytes (its TLS hello) and sees a client that gives up: that one never reaches the target.
             self.counters.held += 1
             self._waiting.add(writer)
             try:
-                await self._gate.passage()
+                held = await self._gate.hold(reader)
             finally:
                 self._waiting.discard(writer)
-            if self.shape.cut or writer.transport.is_closing():
-                self.counters.refused += 1
-                writer.transport.abort()
-                return
+            if self.shape.cut:  # a cut while waiting aborted it (or would have)
+                return self._refuse(writer)
+            if held is None:  # the client gave up: nothing reaches the target
+                self.counters.abandoned += 1
+                return writer.transport.abort()
+            first = held
         try:
             t_reader, t_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
-            self.counters.refused += 1
-            writer.transport.abort()
-            return
+            return self._refuse(writer)
+        if self.shape.cut:  # the cut landed while connecting: apply() did not see this pair
+            return self._refuse(writer, t_writer)
         self.counters.accepted += 1
         pair = (writer, t_writer)
         self._conns.add(pair)
+        reset = False
         try:
-            await asyncio.gather(self._pump(reader, t_writer, "up"), self._pump(t_reader, writer, "down"))
+            await asyncio.gather(self._pump(reader, t_writer, "up", first), self._pump(t_reader, writer, "down"))
         except (OSError, asyncio.IncompleteReadError):
-            pass
+            reset = True
         finally:
             self._conns.discard(pair)
             for w in pair:
-                if self.shape.cut:
-                    w.transport.abort()  # a cut link drops data in flight, like a pulled cable
+                if reset:
+                    send_reset(w)  # passed on as a reset (a plain abort sends a FIN)
+                elif self.shape.cut:
+                    w.transport.abort()  # a cut drops data in flight, like a pulled cable
                 else:
                     w.close()
 
-    def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> Awaitable[None]:
+    async def shutdown(self) -> None:
+        """Abort every connection, relayed or waiting for a heal, and end their handlers."""
+        self._abort_all()
+        for task in list(self._handlers):
+            task.cancel()  # a pump held at a closed gate does not see its transport aborted
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str,
+              first: bytes = b"") -> Awaitable[None]:
         def count(n: int) -> None:
             setattr(self.counters, way, getattr(self.counters, way) + n)
 
         return pump(reader, writer, self._buckets[way], self._gate, lambda: self.shape.delay_ms / 1000.0,
                     # Hold at most ~2x the bandwidth-delay product: TCP pushes back on the sender.
-                    lambda: max(MIN_BUFFER, 2 * self._bps() * self.shape.delay_ms / 1000.0), count)
+                    lambda: max(MIN_BUFFER, 2 * self._bps() * self.shape.delay_ms / 1000.0), count, first)
 
 
 async def serve(relay: Relay, ready_fd: int | None) -> None:
@@ -207,6 +246,7 @@ async def serve(relay: Relay, ready_fd: int | None) -> None:
     control = asyncio.create_task(relay.control_loop())
     async with server:
         await stop.wait()
+        await relay.shutdown()  # held and waiting connections would keep serve() from returning
     control.cancel()
     relay.status_file.unlink(missing_ok=True)
 
@@ -216,10 +256,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listen-port", type=int, required=True)
     p.add_argument("--listen-host", default="127.0.0.1", help="address to listen on (default loopback)")
     p.add_argument("--target", required=True, help="HOST:PORT")
-    p.add_argument("--control", type=Path, required=True)
-    p.add_argument("--status", type=Path, required=True)
-    p.add_argument("--pidfile", type=Path)
-    p.add_argument("--log", type=Path)
+    for name in ("--control", "--status"):
+        p.add_argument(name, type=Path, required=True)
+    for name in ("--pidfile", "--log"):
+        p.add_argument(name, type=Path)
     p.add_argument("--daemon", action="store_true", help="detach; return once listening")
     return p.parse_args(argv)
 
@@ -240,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         os.close(r)
         os.setsid()
         ready_fd = w
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
+        os.dup2(os.open(os.devnull, os.O_RDWR), 0)
         if args.log:
             log = os.open(args.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(log, 1)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import socket
+import struct
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from nebula_mq.atomic import write_json_atomic
 from nebula_mq.stack.relay import Relay, Shape
 
 MIB = 1024 * 1024
@@ -22,6 +26,42 @@ def _relay(tmp_path: Path, target_port: int, shape: Shape) -> Relay:
     relay = Relay(0, "127.0.0.1", target_port, tmp_path / "ctl.json", tmp_path / "status.json")
     relay.apply(shape)
     return relay
+
+
+@contextlib.asynccontextmanager
+async def _echo_through_relay(tmp_path: Path, shape: Shape) -> AsyncIterator[tuple[Relay, int, list[bytes]]]:
+    """A relay in front of an echo server: the relay, its port, and the first bytes of each
+    connection the echo server accepted (b"" for one that sent nothing, b"RST" once reset)."""
+    seen: list[bytes] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(b"")
+        n = len(seen) - 1
+        try:
+            while data := await reader.read(65536):
+                seen[n] = seen[n] or data
+                writer.write(data)
+                await writer.drain()
+        except ConnectionResetError:
+            seen[n] = b"RST"
+        writer.close()
+
+    target = await asyncio.start_server(echo, "127.0.0.1", 0)
+    try:
+        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], shape)
+        server = await _start(relay)
+        try:
+            yield relay, server.sockets[0].getsockname()[1], seen
+        finally:
+            server.close()
+    finally:
+        target.close()
+
+
+def _control(relay: Relay, **shape: object) -> None:
+    """Write the control file as the CLI does (replacing it) and have the relay read it."""
+    write_json_atomic(relay.control_file, shape)
+    assert relay.poll_control()
 
 
 async def _sink() -> tuple[asyncio.base_events.Server, dict[int, float]]:
@@ -120,25 +160,15 @@ def test_two_connections_share_the_cap_fairly(tmp_path: Path) -> None:
 
 def test_delay_is_added_each_way(tmp_path: Path) -> None:
     async def run() -> float:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(1024):
-                writer.write(data)
-                await writer.drain()
+        async with _echo_through_relay(tmp_path, Shape(rate_mbit=0, delay_ms=40)) as (_relay_, port, _seen):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            rtts = []
+            for _ in range(5):
+                t0 = time.monotonic()
+                writer.write(b"ping")
+                await reader.readexactly(4)
+                rtts.append(time.monotonic() - t0)
             writer.close()
-
-        target = await asyncio.start_server(echo, "127.0.0.1", 0)
-        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0, delay_ms=40))
-        server = await _start(relay)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        rtts = []
-        for _ in range(5):
-            t0 = time.monotonic()
-            writer.write(b"ping")
-            await reader.readexactly(4)
-            rtts.append(time.monotonic() - t0)
-        writer.close()
-        server.close()
-        target.close()
         return min(rtts)
 
     rtt = asyncio.run(run())
@@ -147,30 +177,18 @@ def test_delay_is_added_each_way(tmp_path: Path) -> None:
 
 def test_cut_aborts_connections_and_refuses_new_ones_until_healed(tmp_path: Path) -> None:
     async def run() -> tuple[bytes, bytes, bytes]:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(1024):
-                writer.write(data)
-                await writer.drain()
-
-        target = await asyncio.start_server(echo, "127.0.0.1", 0)
-        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0))
-        server = await _start(relay)
-        port = server.sockets[0].getsockname()[1]
-        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
-        w1.write(b"a")
-        before = await r1.readexactly(1)
-        # Cut through the control file, as the CLI does.
-        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "cut": True, "generation": 1}))
-        assert relay.poll_control()
-        cut_existing = await asyncio.wait_for(r1.read(10), 2)
-        r2, _w2 = await asyncio.open_connection("127.0.0.1", port)
-        cut_new = await asyncio.wait_for(r2.read(10), 2)
-        relay.apply(Shape(rate_mbit=0, cut=False, generation=2))
-        r3, w3 = await asyncio.open_connection("127.0.0.1", port)
-        w3.write(b"b")
-        healed = await asyncio.wait_for(r3.readexactly(1), 2)
-        server.close()
-        target.close()
+        async with _echo_through_relay(tmp_path, Shape(rate_mbit=0)) as (relay, port, _seen):
+            r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+            w1.write(b"a")
+            before = await r1.readexactly(1)
+            _control(relay, rate_mbit=0, cut=True, generation=1)  # through the control file, as the CLI does
+            cut_existing = await asyncio.wait_for(r1.read(10), 2)
+            r2, _w2 = await asyncio.open_connection("127.0.0.1", port)
+            cut_new = await asyncio.wait_for(r2.read(10), 2)
+            relay.apply(Shape(rate_mbit=0, cut=False, generation=2))
+            r3, w3 = await asyncio.open_connection("127.0.0.1", port)
+            w3.write(b"b")
+            healed = await asyncio.wait_for(r3.readexactly(1), 2)
         return before + healed, cut_existing, cut_new
 
     ok, cut_existing, cut_new = asyncio.run(run())
@@ -184,54 +202,94 @@ def test_drop_holds_bytes_and_releases_them_in_order_without_a_reset(tmp_path: P
     during the drop is not refused but answered only after the heal; a cut still resets."""
 
     async def run() -> None:
-        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-            writer.close()
+        async with _echo_through_relay(tmp_path, Shape(rate_mbit=0, delay_ms=10)) as (relay, port, seen):
+            r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+            w1.write(b"before")
+            assert await asyncio.wait_for(r1.readexactly(6), 2) == b"before"
+            _control(relay, rate_mbit=0, delay_ms=10, drop=True, generation=1)
+            # 3 MiB in numbered blocks: more than the relay reads in one chunk, so some wait in
+            # its sockets' buffers and some in the relay itself.
+            sent = b"".join(i.to_bytes(4, "big") * 1024 for i in range(768))
+            w1.write(sent)
+            r2, w2 = await asyncio.open_connection("127.0.0.1", port)  # not refused: left unanswered
+            w2.write(b"late")
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(r1.read(1), 0.6)  # nothing comes back through a dropped link ...
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(r2.read(1), 0.1)
+            assert relay.counters.accepted == 1 and relay.counters.held == 1 and relay.counters.refused == 0
+            assert relay.counters.up == 6 and len(seen) == 1  # ... and nothing went through to the target either
+            t_heal = time.monotonic()
+            # The heal, possibly in the same mtime tick as the drop's write: the relay sees it all the same.
+            _control(relay, rate_mbit=0, delay_ms=10, generation=2)
+            got = await asyncio.wait_for(r1.readexactly(len(sent)), 10)
+            assert got == sent  # every byte, in order, on the same connection
+            assert time.monotonic() - t_heal >= 0.02  # the delay each way still applies after the heal
+            assert await asyncio.wait_for(r2.readexactly(4), 2) == b"late"
+            w1.write(b"after")
+            assert await asyncio.wait_for(r1.readexactly(5), 2) == b"after"
+            assert relay.counters.accepted == 2 and relay.counters.refused == 0
+            # A drop, then a cut: the cut resets the held connection.
+            relay.apply(Shape(rate_mbit=0, drop=True, generation=3))
+            r3, _w3 = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.sleep(0.05)
+            relay.apply(Shape(rate_mbit=0, drop=True, cut=True, generation=4))
+            assert await asyncio.wait_for(r3.read(10), 2) == b""
+            assert await asyncio.wait_for(r1.read(10), 2) == b""
+            w1.close()
+            w2.close()
 
-        target = await asyncio.start_server(echo, "127.0.0.1", 0)
-        relay = _relay(tmp_path, target.sockets[0].getsockname()[1], Shape(rate_mbit=0, delay_ms=10))
-        server = await _start(relay)
-        port = server.sockets[0].getsockname()[1]
-        r1, w1 = await asyncio.open_connection("127.0.0.1", port)
-        w1.write(b"before")
-        assert await asyncio.wait_for(r1.readexactly(6), 2) == b"before"
-        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "delay_ms": 10, "drop": True, "generation": 1}))
-        assert relay.poll_control()
-        # 3 MiB in numbered blocks: more than the relay reads in one chunk, so some wait in
-        # its sockets' buffers and some in the relay itself.
-        sent = b"".join(i.to_bytes(4, "big") * 1024 for i in range(768))
-        w1.write(sent)
-        r2, w2 = await asyncio.open_connection("127.0.0.1", port)  # not refused: left unanswered
-        w2.write(b"late")
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(r1.read(1), 0.6)  # nothing comes back through a dropped link ...
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(r2.read(1), 0.1)
-        assert relay.counters.accepted == 1 and relay.counters.held == 1 and relay.counters.refused == 0
-        assert relay.counters.up == 6  # ... and nothing went through to the target either
-        t_heal = time.monotonic()
-        relay.control_file.write_text(json.dumps({"rate_mbit": 0, "delay_ms": 10, "generation": 2}))
-        relay._control_mtime = 0  # the same mtime tick as the drop's write on a coarse clock
-        assert relay.poll_control()
-        got = await asyncio.wait_for(r1.readexactly(len(sent)), 10)
-        assert got == sent  # every byte, in order, on the same connection
-        assert time.monotonic() - t_heal >= 0.02  # the delay each way still applies after the heal
-        assert await asyncio.wait_for(r2.readexactly(4), 2) == b"late"
-        w1.write(b"after")
-        assert await asyncio.wait_for(r1.readexactly(5), 2) == b"after"
-        assert relay.counters.accepted == 2 and relay.counters.refused == 0
-        # A drop, then a cut: the cut resets the held connection.
-        relay.apply(Shape(rate_mbit=0, drop=True, generation=3))
-        r3, _w3 = await asyncio.open_connection("127.0.0.1", port)
-        await asyncio.sleep(0.05)
-        relay.apply(Shape(rate_mbit=0, drop=True, cut=True, generation=4))
-        assert await asyncio.wait_for(r3.read(10), 2) == b""
-        assert await asyncio.wait_for(r1.read(10), 2) == b""
-        w1.close()
-        w2.close()
-        server.close()
-        target.close()
+    asyncio.run(run())
+
+
+def test_a_client_that_gives_up_during_a_drop_never_reaches_the_target(tmp_path: Path) -> None:
+    """A client that connects during a drop, sends its hello and closes (a FIN: its own connect
+    timeout) is not connected to the target at the heal; one that stays is, its hello first."""
+
+    async def run() -> None:
+        async with _echo_through_relay(tmp_path, Shape(rate_mbit=0, drop=True)) as (relay, port, seen):
+            _r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+            w1.write(b"hello-1")
+            await w1.drain()
+            r2, w2 = await asyncio.open_connection("127.0.0.1", port)
+            w2.write(b"hello-2")
+            await asyncio.sleep(0.1)
+            w1.close()  # FIN, no RST
+            await w1.wait_closed()
+            await asyncio.sleep(0.1)
+            relay.apply(Shape(rate_mbit=0, generation=1))
+            assert await asyncio.wait_for(r2.readexactly(7), 2) == b"hello-2"
+            await asyncio.sleep(0.2)  # time for a late connection to the target, were there one
+            assert seen == [b"hello-2"]
+            assert relay.counters.held == 2 and relay.counters.abandoned == 1
+            assert relay.counters.accepted == 1 and relay.counters.refused == 0
+            w2.close()
+
+    asyncio.run(run())
+
+
+def test_a_reset_passes_on_as_a_reset_and_shutdown_ends_held_connections(tmp_path: Path) -> None:
+    """A client's RST reaches the target as an RST (not a FIN), after the heal when it came during
+    a drop; at shutdown, relayed and waiting connections are aborted and their handlers end."""
+
+    async def run() -> None:
+        async with _echo_through_relay(tmp_path, Shape(rate_mbit=0)) as (relay, port, seen):
+            _r1, w1 = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.sleep(0.1)
+            relay.apply(Shape(rate_mbit=0, drop=True, generation=1))
+            # An RST during the drop (linger 0: a plain close or abort would send a FIN).
+            w1.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            w1.transport.abort()
+            await asyncio.sleep(0.2)
+            assert seen == [b""]  # held by the drop
+            relay.apply(Shape(rate_mbit=0, generation=2))
+            await asyncio.sleep(0.2)
+            assert seen == [b"RST"]
+            relay.apply(Shape(rate_mbit=0, drop=True, generation=3))
+            _r2, _w2 = await asyncio.open_connection("127.0.0.1", port)  # waits at the gate
+            await asyncio.sleep(0.1)
+            assert len(relay._waiting) == 1
+            await asyncio.wait_for(relay.shutdown(), 2)  # returns although the gate stays closed
+            assert not relay._waiting and not relay._handlers
 
     asyncio.run(run())
