@@ -89,10 +89,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def status_lines(links: dict[str, Any]) -> list[str]:
-    """One readable line per relay: its shape, connections and bytes each way."""
+    """One readable line per relay: its shape, connections (relayed; waiting at a drop now, and held by drops
+    since it started) and bytes each way."""
     from nebula_mq.report.derive import human_bytes
 
-    lines = [f"{'link':<16}{'state':<8}{'rate':>12}{'delay':>10}{'conns':>7}{'up':>11}{'down':>11}  as of"]
+    lines = [f"{'link':<16}{'state':<8}{'rate':>12}{'delay':>10}{'conns':>7}{'waiting':>9}{'held':>6}"
+             f"{'up':>11}{'down':>11}  as of"]
     for name, st in links.items():
         if not st:
             lines.append(f"{name:<16}{'down':<8}  relay not running")
@@ -102,6 +104,7 @@ def status_lines(links: dict[str, Any]) -> list[str]:
         state = "CUT" if shape.get("cut") else "DROP" if shape.get("drop") else "up"
         lines.append(f"{name:<16}{state:<8}"
                      f"{(f'{rate:g} Mbit/s' if rate else 'unlimited'):>12}{float(shape.get('delay_ms') or 0):>7g} ms"
-                     f"{int(st.get('connections', 0)):>7}{human_bytes(counters.get('up', 0)):>11}"
+                     f"{int(st.get('connections', 0)):>7}{int(st.get('waiting', 0)):>9}"
+                     f"{int(counters.get('held', 0)):>6}{human_bytes(counters.get('up', 0)):>11}"
                      f"{human_bytes(counters.get('down', 0)):>11}  {time.strftime('%H:%M:%S', time.localtime(st.get('time', 0)))}")
     return lines

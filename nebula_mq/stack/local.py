@@ -265,9 +265,13 @@ class Stack:
     # ------------------------------------------------------------------ the emulated WAN
 
     def shape(self, cluster: str | None = None, **changes: Any) -> None:
-        """Change the link(s) towards ``cluster`` (all when None): rate_mbit, delay_ms."""
+        """Change the link(s) towards ``cluster`` (all when None): rate_mbit, delay_ms, cut, drop."""
         for link in wan.links(self.layout, cluster):
             link.set_shape(**changes)
+
+    def link_up(self, cluster: str | None = None, **shape: float) -> None:
+        """The link(s) up, shaped by ``shape`` (rate_mbit, delay_ms): no outage of any kind left."""
+        self.shape(cluster, cut=False, drop=False, **shape)
 
     def cut(self, cluster: str | None = None) -> None:
         """Reset every connection across the link(s) and refuse new ones until ``heal``."""
@@ -278,8 +282,8 @@ class Stack:
         self.shape(cluster, drop=True)
 
     def heal(self, cluster: str | None = None) -> None:
-        """End a cut and a drop alike."""
-        self.shape(cluster, cut=False, drop=False)
+        """End a cut and a drop alike, the shape kept."""
+        self.link_up(cluster)
 
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}

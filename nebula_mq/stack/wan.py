@@ -47,7 +47,7 @@ class Link:
 
     def shape(self) -> Shape:
         try:
-            return Shape(**json.loads(self.control_file.read_text()))
+            return Shape.from_dict(dict(json.loads(self.control_file.read_text())))[0]
         except FileNotFoundError:
             return Shape()
         except (OSError, ValueError, TypeError) as exc:
@@ -59,7 +59,10 @@ class Link:
         if shape.rate_mbit < 0 or shape.delay_ms < 0:
             raise StackError(f"{self.name}: rate and delay must be >= 0, got {shape}")
         shape = replace(shape, generation=shape.generation + 1)
-        write_json_atomic(self.control_file, asdict(shape))
+        data = asdict(shape)
+        if not shape.drop:
+            del data["drop"]  # a relay started before drop existed rejects the key; absent = False
+        write_json_atomic(self.control_file, data)
         if wait and self.pid() is not None:
             deadline = time.monotonic() + APPLY_TIMEOUT_S
             while time.monotonic() < deadline:

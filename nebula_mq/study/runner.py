@@ -146,7 +146,7 @@ class StackLink(Link):
 
     def shape(self, rate_mbit: float, delay_ms: float = 0.0) -> None:
         self.rate_mbit, self.delay_ms = rate_mbit, delay_ms
-        self.stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay_ms, cut=False)
+        self.stack.link_up(None, rate_mbit=rate_mbit, delay_ms=delay_ms)
 
     def clusters(self) -> tuple[str, str]:
         return self.stack.clusters[0], self.stack.clusters[1]
