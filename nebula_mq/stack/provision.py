@@ -74,7 +74,10 @@ HEARTBEAT_S = 10
 # each way, so 5 s let an attempt that got through late in its time die mid-handshake. After a
 # WAN drop longer than the heartbeat, the attempt waiting when the link came back then finishes
 # instead of starting over: heal -> first message 4.72 -> 4.22 s at 200 ms each way (45 s drop,
-# bench transport --recovery; cuts unchanged, 4.47 -> 4.37 s).
+# bench transport --recovery; cuts unchanged, 4.47 -> 4.37 s). The relay answers an attempt's
+# SYN at once and holds it; over a real blackhole the SYN is lost, and the attempt waiting at the
+# heal gets through only at its next SYN retry (Linux retries at 1, 3, 7, 15 s): a longer timeout
+# keeps such an attempt alive longer and can add seconds after the heal that the relay cannot show.
 CONNECTION_TIMEOUT_MS = 15000
 
 
