@@ -31,7 +31,6 @@ judges its targets.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -42,11 +41,11 @@ from typing import Any
 
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, bench_stack, compare_flow,
-                                      throughput_flows)
+                                      delete_vhosts, throughput_flows)
 from nebula_mq.bench.transport_report import machine_facts, render, size_text, stack_facts, targets
 from nebula_mq.bench.wan_recovery import recovery, run_recovery
 from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
-from nebula_mq.errors import NebulaError
+from nebula_mq.errors import ConfigError, NebulaError
 from nebula_mq.topology import Flow
 
 
@@ -58,7 +57,7 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
     Leaves the WAN healed; the caller restores its shape.
     """
     result: dict[str, Any] = {"config": asdict(cfg), "unshaped": [], "goodput": []}
-    stack.shape(None, rate_mbit=0, delay_ms=0, cut=False)
+    stack.link_up(None, rate_mbit=0, delay_ms=0)
     for path, dst in (("loopback", A), ("federation", B)):
         prefix = "lo" if dst == A else "wan"
         for size in cfg.unshaped_sizes_mib:
@@ -74,7 +73,7 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
         result["unshaped"].append(row)
         say(f"  unshaped {path:10s} {cfg.small_bytes} B x {r.messages}: {row['msgs_s']:7.0f} msgs/s")
     result["goodput"] = goodput_points(
-        job, cfg, lambda rate: stack.shape(None, rate_mbit=rate, delay_ms=cfg.delay_ms, cut=False), "goodput", say)
+        job, cfg, lambda rate: stack.link_up(None, rate_mbit=rate, delay_ms=cfg.delay_ms), "goodput", say)
     if cfg.compare_pika:
         result["compare_pika"] = compare_pika(job, cfg, say)
     say(f"  recovery: cutting the WAN for {cfg.cut_s:g} s ...")
@@ -155,7 +154,34 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any stack starts, values out of range and flags the chosen mode would ignore."""
+    def bad(flag: str, expected: str, got: object = None) -> ConfigError:
+        return ConfigError("bench transport", flag, expected, got)
+
+    recovery = getattr(args, "recovery", False)
+    if any(d < 0 for d in getattr(args, "recovery_delays", None) or ()):
+        raise bad("--recovery-delays", "one-way delays >= 0 ms", ",".join(f"{d:g}" for d in args.recovery_delays))
+    for flag in ("recovery_delays", "outages"):
+        if not recovery and getattr(args, flag, None):
+            raise bad(f"--{flag.replace('_', '-')}", "--recovery beside it (only the recovery grid reads it)")
+    for flag in ("netns", "compare_pika"):
+        if recovery and getattr(args, flag, False):
+            raise bad(f"--{flag.replace('_', '-')}", "no --recovery (the recovery grid measures no goodput)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
+    try:
+        return _run(args)
+    except ConfigError:
+        raise
+    except NebulaError as exc:  # also a stack that failed to start, before the bench's own try
+        print(f"bench transport failed: {exc}")
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     cfg = BenchConfig.quick() if args.quick else BenchConfig()
     if getattr(args, "repeats", None):
         cfg = replace(cfg, repeats=args.repeats)
@@ -205,8 +231,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
         finally:
             if not started:
-                for c, j in itertools.product(stack.clusters, jobs):
-                    stack.rabbitmqctl(c, "delete_vhost", topology.vhost(j))
+                delete_vhosts(stack, jobs)
     result["targets"] = targets(result)
     print("\n" + render(result) + "\n\ntargets:\n" + "\n".join("  " + t for t in result["targets"]))
     if "netns_goodput" in result:
@@ -230,7 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--quick", action="store_true")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except ConfigError as exc:  # one line, as the CLI says it
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -79,15 +79,15 @@ def render(result: dict[str, Any]) -> str:
                          f"{b['MBps']:17.1f} {k['MBps']:10.1f} {k['msgs_s']:12.0f} {r['ratio']:14.2f} "
                          f"{r['blocking_ratio']:17.2f}")
     rc = result["recovery"]
-    first, drained = rc["heal_to_first_arrival_s"], rc["heal_to_drained_s"]
-    lines += ["", f"recovery: WAN cut {rc['cut_s']:.1f} s at {rc['rate_mbit']:g} Mbit/s +{rc['delay_ms']:g} ms; "
+    first, drained = rc["heal_to_first_outage_message_s"], rc["heal_to_drained_s"]
+    lines += ["", f"recovery: WAN cut {rc['measured_outage_s']:.1f} s at {rc['rate_mbit']:g} Mbit/s +{rc['delay_ms']:g} ms; "
               f"{size_text(rc['message_bytes'])} messages at {rc['pace_msgs_s']:g}/s, upstream cap {size_text(rc['upstream_cap_bytes'])}",
-              f"  published {rc['published']} ({rc['published_during_cut']} during the cut); upstream queue peaked at "
+              f"  published {rc['published']} ({rc['published_during_outage']} during the cut); upstream queue peaked at "
               f"{rc['upstream_max_messages']} msgs; producer nacked {rc['producer_waits_full']}x, "
               f"waited {rc['producer_waited_s']:.1f} s",
               f"  heal -> first cut-time message downstream: {'%.2f s' % first if first is not None else 'never'}; "
               f"heal -> drained: {'%.2f s' % drained if drained is not None else 'not drained'}",
-              f"  exactly once: {rc['arrived_during_cut']}/{rc['published_during_cut']} cut-time messages arrived, "
+              f"  exactly once: {rc['arrived_during_outage']}/{rc['published_during_outage']} cut-time messages arrived, "
               f"{rc['missing']} missing, {rc['unexpected']} unexpected, {rc['duplicates_discarded']} duplicates "
               f"discarded by message id -> {'OK' if rc['exactly_once'] else 'FAILED'}"]
     return "\n".join(lines)
@@ -121,15 +121,15 @@ def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig) -> str:
              f"messages at {cfg.recovery_pace:g}/s, upstream cap {cfg.recovery_cap_mib} MiB; medians of {cfg.repeats}",
              "reset: the relay's cut (every connection reset, new ones refused); drop: a blackhole (nothing crosses, "
              "nothing is reset, new connections unanswered)",
-             "seconds after the heal: first message (any), first cut-time message, backlog drained (back in step "
-             "with the producer); reconn: new WAN connections per run",
-             f"{'delay':>6} {'outage':>6} {'RTT':>5} {'kind':>6} {'first':>6} {'RTTs':>5} {'cut-time':>8} {'drained':>8} "
+             "seconds after the heal: first message (any), first message published during the outage (during), backlog "
+             "drained (back in step with the producer); reconn: this job's federation links reconnected, per run",
+             f"{'delay':>6} {'outage':>6} {'RTT':>5} {'kind':>6} {'first':>6} {'RTTs':>5} {'during':>8} {'drained':>8} "
              f"{'reconn':>9} {'once':>5}  runs (first, s)"]
     for r in rows:
         rtts = "" if r["first_message_rtts"] is None else f"{r['first_message_rtts']:.1f}"
         runs = ", ".join(s(x) for x in r["all_first_message_s"])
         lines.append(f"{r['delay_ms']:4g}ms {r['outage_s']:5g}s {r['rtt_s']:5.2f} {r['kind']:>6} "
-                     f"{s(r['first_message_s']):>6} {rtts:>5} {s(r['first_cut_time_message_s']):>8} "
+                     f"{s(r['first_message_s']):>6} {rtts:>5} {s(r['first_outage_message_s']):>8} "
                      f"{s(r['drained_s']):>8} {','.join(map(str, r['link_reconnects'])):>9} "
                      f"{'OK' if r['exactly_once'] else 'FAIL':>5}  {runs}")
     return "\n".join(lines)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nebula_mq import topology
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.topology import Flow
+
+if TYPE_CHECKING:
+    from nebula_mq.stack import Stack
 
 A, B = "cluster-a", "cluster-b"
 PRODUCER, CONSUMER = "bench-producer", "bench-consumer"
@@ -165,7 +169,7 @@ def tensor_bodies(job_id: str, flow: str, payload_bytes: int, count: int, first_
 
 
 @contextlib.contextmanager
-def bench_stack(run_dir: str | None) -> Iterator[tuple[Any, bool]]:
+def bench_stack(run_dir: str | None) -> Iterator[tuple[Stack, bool]]:
     """The stack at ``run_dir`` (started if down, left as found, its WAN's shape restored), or a
     fresh one on free ports, removed afterwards; and whether it was started here."""
     from nebula_mq.stack import Stack, layout, node
@@ -185,9 +189,26 @@ def bench_stack(run_dir: str | None) -> Iterator[tuple[Any, bool]]:
             stack.up()
         yield stack, started
     finally:
-        for cluster, shape in shapes.items():  # the WAN as we found it
-            stack.shape(cluster, rate_mbit=shape.rate_mbit, delay_ms=shape.delay_ms, cut=shape.cut, drop=shape.drop)
-        if started:
-            stack.down()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            for cluster, shape in shapes.items():  # the WAN as we found it
+                stack.shape(cluster, rate_mbit=shape.rate_mbit, delay_ms=shape.delay_ms, cut=shape.cut,
+                            drop=shape.drop)
+        finally:  # a stack started here goes down even when its WAN could not be restored
+            try:
+                if started:
+                    stack.down()
+            finally:
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def delete_vhosts(stack: Stack, job_ids: Iterable[str]) -> None:
+    """Remove the jobs' vhosts from every cluster; one that fails (or was never made) is said, not raised,
+    so the next is still removed and the bench's own error is the one that shows."""
+    from nebula_mq.errors import NebulaError
+
+    for cluster, job_id in itertools.product(stack.clusters, job_ids):
+        try:
+            stack.rabbitmqctl(cluster, "delete_vhost", topology.vhost(job_id))
+        except NebulaError as exc:
+            print(f"cleanup: {cluster}: vhost of {job_id} not deleted: {exc}")

@@ -22,8 +22,8 @@ from typing import Any
 from nebula_mq import topology
 from nebula_mq.bench.transport_report import machine_facts, render_recovery, stack_facts
 from nebula_mq.bench.wan_jobs import (IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, bench_stack,
-                                      tensor_bodies)
-from nebula_mq.errors import NebulaError
+                                      delete_vhosts, tensor_bodies)
+from nebula_mq.errors import NebulaError, StackError
 from nebula_mq.bench.wan_transfer import Ends, PublisherPool
 from nebula_mq.settings import TransportSettings
 
@@ -33,15 +33,27 @@ KINDS = ("reset", "drop")
 SEQ_STRIDE = 1_000_000
 
 
-def _link_connections(stack: Any) -> int:
-    """Connections the WAN relays have accepted so far: a link that comes back after a reset
-    opens a new one, a link that rode an outage out does not."""
-    return sum(int(st.get("counters", {}).get("accepted", 0)) for st in stack.wan_status().values())
+def link_reconnects(stack: Any, job_id: str, since: float) -> int:
+    """Federation links of ``job_id`` whose connection opened after ``since`` (wall clock, this host's
+    brokers) and is open now: a link that came back after a reset has a new one, a link that rode an
+    outage out does not. Asked of the brokers, so other jobs' links on the same stack do not count."""
+    vhost, n = topology.vhost(job_id), 0
+    for cluster in stack.clusters:
+        out = stack.rabbitmqctl(cluster, "list_connections", "vhost", "user", "connected_at",
+                                "--formatter", "json", "--quiet")
+        try:
+            rows: list[dict[str, Any]] = json.loads(out or "[]")
+            # A peer's federation link logs in as federation-<peer> (security.certs.federation_identity).
+            n += sum(1 for r in rows if r["vhost"] == vhost and str(r["user"]).startswith("federation-")
+                     and int(r["connected_at"]) >= since * 1000)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StackError(f"{cluster}: unexpected list_connections output ({exc}): {out[:200]!r}") from None
+    return n
 
 
-def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", cut_s: float | None = None,
+def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", outage_s: float | None = None,
              delay_ms: float | None = None, run: int = 0) -> dict[str, Any]:
-    """Cut (``reset``) or drop the WAN for ``cut_s`` (default ``cfg.cut_s``) under a paced
+    """Cut (``reset``) or drop the WAN for ``outage_s`` (default ``cfg.cut_s``) under a paced
     producer, heal, time the backlog's return; ``delay_ms`` each way (default ``cfg.delay_ms``).
 
     ``job`` is provisioned with ``(RECOVERY_FLOW,)`` and ``max_queue_bytes =
@@ -49,15 +61,15 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", c
     """
     if kind not in KINDS:
         raise ValueError(f"outage kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    cut_s = cfg.cut_s if cut_s is None else cut_s
+    outage_s = cfg.cut_s if outage_s is None else outage_s
     delay_ms = cfg.delay_ms if delay_ms is None else delay_ms
     size = cfg.recovery_message_kib * 1024
     flow = RECOVERY_FLOW
-    budget = int((cfg.warmup_s + cut_s) * cfg.recovery_pace) + 16
+    budget = int((cfg.warmup_s + outage_s) * cfg.recovery_pace) + 16
     bodies = tensor_bodies(job.job_id, flow.name, size, budget, first_seq=run * SEQ_STRIDE)
     ours = {mid for mid, _ in bodies}
-    settings = TransportSettings(publish_patience_s=cut_s + 300)
-    stack.shape(None, rate_mbit=cfg.recovery_rate_mbit, delay_ms=delay_ms, cut=False, drop=False)
+    settings = TransportSettings(publish_patience_s=outage_s + 300)
+    stack.link_up(None, rate_mbit=cfg.recovery_rate_mbit, delay_ms=delay_ms)
     ends = Ends(job, flow, settings, prefetch=max(4, math.ceil(16 * MIB / size)))
     confirmed: dict[str, tuple[float, float]] = {}  # id -> (publish started, confirmed)
     arrivals: dict[str, float] = {}
@@ -70,7 +82,8 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", c
             confirmed[mid] = (started, done)
 
     pool = PublisherPool(ends, bodies, 1, pace=cfg.recovery_pace, on_confirmed=on_confirmed)
-    upstream_max = connections = 0
+    upstream_max = 0
+    since = time.time()
     try:
         pool.start()
         t_start = time.monotonic()
@@ -79,14 +92,17 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", c
         while True:
             now = time.monotonic()
             if t_cut is None and now - t_start >= cfg.warmup_s:
-                connections = _link_connections(stack)
-                stack.cut() if kind == "reset" else stack.drop()
+                since = time.time()  # a federation connection opened from now on is a reconnect
+                if kind == "reset":
+                    stack.cut()
+                else:
+                    stack.drop()
                 t_cut = time.monotonic()
             elif t_cut is not None and t_heal is None:
                 if now - polled >= 0.5:
                     upstream_max = max(upstream_max, ends.producer.queue_depth(ends.queue) or 0)
                     polled = now
-                if now - t_cut >= cut_s:
+                if now - t_cut >= outage_s:
                     pool.stop.set()  # the publish in progress (maybe waiting on a full queue) completes
                     stack.heal()
                     t_heal = time.monotonic()
@@ -113,24 +129,27 @@ def recovery(stack: Any, job: BenchJob, cfg: BenchConfig, kind: str = "reset", c
         waits = pool.stats()
     finally:
         pool.stop.set()
-        ends.close()
-        stack.heal()
-    reconnects = _link_connections(stack) - connections  # the heal above refreshed the relays' status
+        try:
+            stack.heal()  # first: a failing close must not leave a shared stack's WAN down
+        finally:
+            ends.close()
+    reconnects = link_reconnects(stack, job.job_id, since)
     assert t_cut is not None and t_heal is not None
     during = {m for m, (started, _) in confirmed.items() if t_cut <= started < t_heal}
     after_heal = [t for m, t in arrivals.items() if m in during and t >= t_heal]
     missing = set(confirmed) - set(arrivals)
     return {
-        "kind": kind, "cut_s": t_heal - t_cut, "link_reconnects": reconnects, "strays": strays,
+        "kind": kind, "outage_s": outage_s, "measured_outage_s": t_heal - t_cut, "link_reconnects": reconnects,
+        "strays": strays,
         "message_bytes": size, "pace_msgs_s": cfg.recovery_pace,
         "upstream_cap_bytes": cfg.recovery_cap_mib * MIB, "rate_mbit": cfg.recovery_rate_mbit,
-        "delay_ms": delay_ms, "published": len(confirmed), "published_during_cut": len(during),
+        "delay_ms": delay_ms, "published": len(confirmed), "published_during_outage": len(during),
         "upstream_max_messages": upstream_max, "producer_waits_full": int(waits["waits_full"]),
         "producer_waited_s": waits["waited_s"],
-        "heal_to_first_arrival_s": (min(after_heal) - t_heal) if after_heal else None,
+        "heal_to_first_outage_message_s": (min(after_heal) - t_heal) if after_heal else None,
         "heal_to_first_message_s": (first_after_heal - t_heal) if first_after_heal is not None else None,
         "heal_to_drained_s": (max(arrivals[m] for m in confirmed) - t_heal) if not missing and confirmed else None,
-        "arrived_during_cut": len(during & set(arrivals)), "missing": len(missing),
+        "arrived_during_outage": len(during & set(arrivals)), "missing": len(missing),
         "unexpected": len(set(arrivals) - set(confirmed)), "duplicates_discarded": duplicates,
         "exactly_once": not missing and not (set(arrivals) - set(confirmed)),
     }
@@ -144,10 +163,11 @@ def recovery_grid(stack: Any, job: BenchJob, cfg: BenchConfig,
     points = itertools.product(cfg.recovery_delays_ms, cfg.recovery_outages_s, range(cfg.repeats),
                                cfg.recovery_kinds)
     for n, (delay, outage, _, kind) in enumerate(points):
-        r = recovery(stack, job, cfg, kind=kind, cut_s=outage, delay_ms=delay, run=n + 1)
+        r = recovery(stack, job, cfg, kind=kind, outage_s=outage, delay_ms=delay, run=n + 1)
         runs.append(r)
         say(f"  {kind:5s} {outage:4g} s at +{delay:g} ms: heal -> first message {_s(r['heal_to_first_message_s'])}, "
-            f"first cut-time message {_s(r['heal_to_first_arrival_s'])}, drained {_s(r['heal_to_drained_s'])}; "
+            f"first outage-time message {_s(r['heal_to_first_outage_message_s'])}, "
+            f"drained {_s(r['heal_to_drained_s'])}; "
             f"link reconnects {r['link_reconnects']}, exactly once {'OK' if r['exactly_once'] else 'FAILED'}")
     return runs
 
@@ -164,8 +184,9 @@ def _median(values: list[float | None]) -> float | None:
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (delay, outage, kind): medians over the repeats, the round trip, the worst case."""
     rows = []
+    # Grouped on the outage asked for: the measured one adds polling and the heal's own time.
     key: Callable[[dict[str, Any]], tuple[float, float, int]] = (
-        lambda r: (r["delay_ms"], round(r["cut_s"]), KINDS.index(r["kind"])))
+        lambda r: (r["delay_ms"], r["outage_s"], KINDS.index(r["kind"])))
     for (delay, outage, k), group in itertools.groupby(sorted(runs, key=key), key=key):
         rs = list(group)
         rtt = 2 * delay / 1000.0
@@ -173,7 +194,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({
             "kind": KINDS[k], "delay_ms": delay, "outage_s": outage, "repeats": len(rs), "rtt_s": rtt,
             "first_message_s": first, "first_message_rtts": first / rtt if first is not None and rtt else None,
-            "first_cut_time_message_s": _median([r["heal_to_first_arrival_s"] for r in rs]),
+            "first_outage_message_s": _median([r["heal_to_first_outage_message_s"] for r in rs]),
             "drained_s": _median([r["heal_to_drained_s"] for r in rs]),
             "all_first_message_s": [r["heal_to_first_message_s"] for r in rs],
             "link_reconnects": [r["link_reconnects"] for r in rs],
@@ -191,8 +212,8 @@ def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
 
     with bench_stack(getattr(args, "stack", None)) as (stack, started):
         job_id = f"bench-{os.getpid()}-{int(time.time())}-r"
-        stack.provision_job(job_id, (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
         try:
+            stack.provision_job(job_id, (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
             result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
                                       "config": asdict(cfg), "job_ids": [job_id]}
             t0 = time.monotonic()
@@ -202,9 +223,8 @@ def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
             print(f"bench transport --recovery failed: {exc}")
             return 1
         finally:
-            if not started:
-                for c in stack.clusters:
-                    stack.rabbitmqctl(c, "delete_vhost", topology.vhost(job_id))
+            if not started:  # a stack started here goes down whole
+                delete_vhosts(stack, [job_id])
     result["recovery"] = summarize(result["runs"])
     m = result["machine"]
     print(f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at start, RabbitMQ "

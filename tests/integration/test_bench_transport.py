@@ -57,14 +57,14 @@ def test_quick_transport_bench_measures_goodput_and_exactly_once_recovery(stack:
     assert any(t.startswith("publisher (windowed) >= 0.9x plain pika") for t in bench.targets(result))
 
     rc = result["recovery"]
-    assert rc["cut_s"] >= cfg.cut_s
-    assert rc["published_during_cut"] > 0
-    assert rc["arrived_during_cut"] == rc["published_during_cut"]
+    assert rc["outage_s"] == cfg.cut_s and rc["measured_outage_s"] >= cfg.cut_s
+    assert rc["published_during_outage"] > 0
+    assert rc["arrived_during_outage"] == rc["published_during_outage"]
     assert rc["missing"] == 0 and rc["unexpected"] == 0 and rc["exactly_once"]
     # The cut overfilled the bounded upstream queue: the producer was held back, the cap held.
     assert rc["producer_waits_full"] > 0
     assert 0 < rc["upstream_max_messages"] * rc["message_bytes"] <= rc["upstream_cap_bytes"]
-    first, drained = rc["heal_to_first_arrival_s"], rc["heal_to_drained_s"]
+    first, drained = rc["heal_to_first_outage_message_s"], rc["heal_to_drained_s"]
     assert first is not None and drained is not None
     assert 0 < first <= drained < cfg.timeout_s
 
@@ -95,7 +95,9 @@ def test_goodput_over_the_kernel_shaped_namespace_link_crosses_that_link_only_on
 
 
 @pytest.mark.broker
-@pytest.mark.timeout(90)
+# Two runs, each at most warmup (1 s) + outage (2 s) + the bench's own 30 s drain timeout, plus
+# provisioning: a stall ends with the bench's result (missing > 0), not with pytest's timeout.
+@pytest.mark.timeout(120)
 def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> None:
     """``bench transport --quick --recovery``: a resetting cut and a non-resetting drop, side by
     side. Both lose nothing and repeat nothing the consumer keeps; the drop resets no link (the
@@ -103,7 +105,7 @@ def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> 
     from nebula_mq.bench.transport_report import render_recovery
     from nebula_mq.bench.wan_recovery import recovery_grid, summarize
 
-    cfg = bench.BenchConfig.quick()
+    cfg = replace(bench.BenchConfig.quick(), timeout_s=30.0)
     assert cfg.recovery_kinds == ("reset", "drop") and cfg.recovery_outages_s == (2.0,)
     job = stack.new_job(flows=(bench.RECOVERY_FLOW,), identities=bench.IDENTITIES, prefix="tq",
                         max_queue_bytes=cfg.recovery_cap_mib * bench.MIB)
@@ -115,12 +117,13 @@ def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> 
     print(render_recovery(rows, cfg))
     assert [r["kind"] for r in runs] == ["reset", "drop"]
     for r in runs:
-        assert r["cut_s"] >= 2.0 and r["published_during_cut"] > 0
-        assert r["arrived_during_cut"] == r["published_during_cut"]
+        assert r["outage_s"] == 2.0 and r["measured_outage_s"] >= 2.0 and r["published_during_outage"] > 0
+        assert r["arrived_during_outage"] == r["published_during_outage"]
         assert r["missing"] == 0 and r["unexpected"] == 0 and r["exactly_once"]
         assert r["heal_to_first_message_s"] is not None and r["heal_to_drained_s"] is not None
         assert 0 <= r["heal_to_first_message_s"] <= r["heal_to_drained_s"]
     reset, drop = runs
+    # Counted by the brokers for this job's vhost only: other jobs on the session stack do not count.
     assert reset["link_reconnects"] > 0  # the cut reset the federation links; they came back
     assert drop["link_reconnects"] == 0  # the drop (shorter than the heartbeat) reset nothing
     assert [(r["kind"], r["outage_s"], r["exactly_once"]) for r in rows] == [("reset", 2, True), ("drop", 2, True)]
