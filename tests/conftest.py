@@ -62,6 +62,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """``--dist loadgroup`` keeps each xdist group on one worker by a suffix xdist writes into the
+    test ids; pytest 9.2 ignores that write and xdist 3.8 does not know it
+    (pytest-dev/pytest-xdist#1386), so the CPU-heavy tests (``tests/fixtures/lanes.py``) would
+    run side by side past their deadlines. pyproject.toml pins pytest below 9.2; a machine that
+    has the pair anyway stops here, in one line."""
+    if config.getoption("dist", default="no") != "loadgroup" or hasattr(config, "workerinput"):
+        return  # only the controller, once
+    from importlib.metadata import version
+
+    def release(name: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in version(name).split(".")[:2] if p.isdigit())
+
+    if release("pytest") >= (9, 2) and release("pytest-xdist") < (3, 9):
+        pytest.exit(f"pytest {version('pytest')} with pytest-xdist {version('pytest-xdist')} does not keep "
+                    "--dist loadgroup's groups on one worker (pytest-xdist#1386): install pytest<9.2 "
+                    "(pyproject.toml's pin, as ./dev.sh setup does)", returncode=4)
+
+
 _exit_status: list[int] = []
 
 

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 if shaped is None:
                     shaped = Stack.open(args.stack)
                     before = {n: s.get("shape", {}) for n, s in shaped.wan_status().items()}
-                shaped.shape(None, rate_mbit=rate, delay_ms=delay, cut=False)
+                shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
             job = run_row(args.config, args.stack, row_env(settings, name, steps, root, rate is None), args.timeout)
             head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
             row = {"row": name, "rate_mbit": rate, "delay_ms": delay, **measure(job.run_dir, head, warmup),
