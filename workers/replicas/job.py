@@ -77,7 +77,17 @@ class ReplicasJob:
     model_dir: str = ""
     # The model's framework, "paddle" or "torch"; "" = whichever the model is.
     framework: str = ""
-    # Outer rounds between checkpoints (and at the last round).
+    # Sync the model in this many fragments, one every inner_steps / fragments inner steps
+    # (Streaming DiLoCo); 1 = every parameter at once. Must divide inner_steps.
+    fragments: int = 1
+    # Inner steps trained after a fragment is sent and before its outer step is applied, so
+    # the wire's round trip hides behind compute (Streaming DiLoCo's tau); at most
+    # inner_steps / fragments. 0 = wait for the other clusters before training on.
+    overlap_steps: int = 0
+    # With overlap_steps > 0: the share of its own weights a fragment keeps when its late
+    # outer step lands (Streaming DiLoCo's alpha); without overlap a replica takes the outer weights.
+    mixing: float = 0.5
+    # Sync events between checkpoints (and at the last); one event per round when fragments = 1.
     checkpoint_every: int = 5
 
     def validate(self) -> None:
@@ -99,6 +109,14 @@ class ReplicasJob:
             raise InvalidField("codec", f"a codec chain like 'int8' ({exc})", self.codec) from None
         if self.framework not in ("", *FRAMEWORKS):
             raise InvalidField("framework", f"one of {list(FRAMEWORKS)} or empty", self.framework)
+        if self.fragments < 1 or self.inner_steps % self.fragments:
+            raise InvalidField("fragments", f"an integer >= 1 that divides inner_steps ({self.inner_steps})",
+                               self.fragments)
+        if not 0 <= self.overlap_steps <= self.inner_steps // self.fragments:
+            raise InvalidField("overlap_steps", f"an integer in [0, inner_steps / fragments = "
+                               f"{self.inner_steps // self.fragments}]", self.overlap_steps)
+        if not 0 <= self.mixing < 1:
+            raise InvalidField("mixing", "a number in [0, 1)", self.mixing)
         if self.checkpoint_every < 1:
             raise InvalidField("checkpoint_every", "an integer >= 1", self.checkpoint_every)
 

@@ -1,25 +1,29 @@
-"""One cluster's replica of a DiLoCo job: a role of the runtime's driver, one step per outer round.
+"""One cluster's replica of a DiLoCo job: a role of the runtime's driver, one step per sync event.
 
-Round ``r`` (the worker's step ``r``) of replica ``c``:
+With one fragment (the default) a sync event is an outer round; with several, one fragment's
+outer step (``workers.replicas.schedule``: Streaming DiLoCo). Event ``s`` of replica ``c``:
 
-1. :meth:`Replica.produce` (once per round, before the driver waits): ``inner_steps`` steps
-   of the inner optimizer on the replica's own data (``batch(c, r * H + h)``, dropout seeded
-   by (job seed, replica, inner step)), then the pseudo-gradient ``Δ_c = θ − θ_c``, encoded
-   once (``workers.replicas.compression``) and published as micro-batch ``r`` to every other
-   cluster;
-2. the driver's inbox gathers round ``r``'s pseudo-gradient of every other replica (one
+1. :meth:`Replica.produce` (once per event, before the driver waits): the inner steps of the
+   inner optimizer on the replica's own data up to ``send_at(s)`` (inner step ``t`` draws
+   ``batch(c, t)``, dropout seeded by (job seed, replica, t)), then the event's fragment's
+   pseudo-gradient ``Δ_c = θ − θ_c``, encoded once (``workers.replicas.compression``) and
+   published as micro-batch ``s`` to every other cluster; then, with overlap, the inner steps
+   up to ``apply_at(s)`` while that pseudo-gradient is on the wire;
+2. the driver's inbox gathers event ``s``'s pseudo-gradient of every other replica (one
    ordered stream each: repeats dropped, nothing applied twice);
 3. :meth:`Replica.apply`: the average of the decoded pseudo-gradients in cluster order, its
-   own included as decoded, and the outer step (``workers.replicas.outer``); the model and
-   ``θ`` take the result, and the inner optimizer keeps its state (DiLoCo).
+   own included as decoded, and the fragment's outer step (``workers.replicas.outer``); ``θ``
+   takes the result and so does the model (mixed with its own weights after overlap); the
+   inner optimizer keeps its state (DiLoCo).
 
 Every replica starts from the same weights (the spec builds the same model everywhere) and
-applies the same float32 operations to the same numbers, so all hold bit-identical weights
-after every outer step. The checkpoint holds ``θ``, the outer momentum, the model and the
-inner optimizer, the error-feedback residual and, when the round's inner steps are done and
-sent but not yet applied, their decoded pseudo-gradient (``produced``): a resumed replica
-neither retrains nor resends a round its checkpoint covers, and one that resends (a round
-after its checkpoint) sends the same bytes under the same message id, which receivers drop.
+applies the same float32 operations to the same numbers, so all hold bit-identical outer
+weights ``θ`` after every event, and without overlap bit-identical models too; the job ends
+with every model at ``θ``. The checkpoint holds ``θ``, the outer momentum, the model and the
+inner optimizer, the error-feedback residual and, when the event's pseudo-gradient is sent
+but not yet applied, its decoded value (``produced``): a resumed replica neither retrains
+nor resends what its checkpoint covers, and one that resends (an event after its
+checkpoint) sends the same bytes under the same message id, which receivers drop.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
 from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, replica_id
 from workers.replicas.outer import Arrays, OuterNesterov, average
+from workers.replicas.schedule import SyncSchedule, partition
 from workers.split.job import micro_batch_seed
 
 log = get_logger(__name__)
@@ -75,14 +80,19 @@ class Replica:
         self.fw.place(settings.job.device, 0, "job.device")
         self.model = self.fw.to_device(spec.model)
         self.optimizer = (spec.optimizer_fn or self.fw.default_optimizer)(self.fw.trainable(self.model), job.inner_lr)
-        self.total = settings.job.steps  # outer rounds
-        self.in_flight = 2  # a peer is at most one round ahead (it waits for this replica), and one spare
+        self.schedule = SyncSchedule(job.inner_steps, job.fragments, job.overlap_steps, settings.job.steps)
+        self.total = self.schedule.events
+        self.in_flight = 2  # a peer is at most one event ahead (it waits for this replica), and one spare
         self.sources = tuple(replica_id(d) for d in job.peers(index))
-        self.start = self.weights()  # θ: the weights of the last outer step, equal on every replica
+        self.start = self.weights()  # θ: the weights of the last outer steps, equal on every replica
+        self.fragments = partition({k: v.size for k, v in self.start.items()}, job.fragments,
+                                   settings.source or "<settings>")
+        self.trained = 0  # inner steps done
+        self.losses: list[float] = []  # of the inner steps since the last pseudo-gradient left
         self.outer = OuterNesterov(job.outer_lr, job.outer_momentum, job.nesterov)
         self.compression = PseudoGradientCompression(job.codec, job.error_feedback, settings.codec.allow_non_finite)
-        self.produced = -1  # the round whose pseudo-gradient is sent and not yet applied
-        self.own: Arrays = {}  # that round's pseudo-gradient as every receiver decodes it
+        self.produced = -1  # the event whose pseudo-gradient is sent and not yet applied
+        self.own: Arrays = {}  # that event's pseudo-gradient as every receiver decodes it
         self.round_values: dict[str, float] = {}
         self.outboxes: list[Outbox] = []
 
@@ -124,48 +134,72 @@ class Replica:
         for outbox in self.outboxes:
             outbox.close()
 
+    def train_to(self, count: int) -> None:
+        """The inner steps up to ``count`` done in all (none when already there)."""
+        while self.trained < count:
+            self.losses.append(self.inner_step(self.trained))
+            self.trained += 1
+
     def produce(self, stopping: StopCheck) -> None:
-        """The inner steps of the worker's round and its pseudo-gradient, sent; once a round."""
-        r = self.worker.step
-        if self.produced == r or r >= self.total or stopping():
+        """The event's inner steps and its pseudo-gradient, sent, then its overlap; once an event."""
+        s = self.worker.step
+        if self.produced == s or s >= self.total or stopping():
             return
-        bind_context(step=r)
+        bind_context(step=s)
         t0 = time.perf_counter()
-        h = self.job.inner_steps
-        losses = [self.inner_step(r * h + k) for k in range(h)]
+        self.train_to(self.schedule.send_at(s))
         current = self.weights()
-        delta = {name: self.start[name] - current[name] for name in self.start}
-        encoded, self.own = self.compression.encode(r, delta)
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
+        delta = {name: self.start[name] - current[name] for name in self.fragments[self.schedule.fragment(s)]}
+        encoded, self.own = self.compression.encode(self.schedule.outer_round(s), delta)
         for outbox in self.outboxes:
-            outbox.send(step=r, micro_batch=r, encoded=encoded,
-                        meta={"loss": float(np.mean(losses)), START: digest(self.start)})
+            outbox.send(step=s, micro_batch=s, encoded=encoded,
+                        meta={"loss": float(np.mean(self.losses)), START: digest(self.start)})
         wire = sum(enc.nbytes for _, enc in encoded.values())
-        self.round_values = {"loss": float(np.mean(losses)), "last_inner_loss": losses[-1],
+        self.round_values = {"loss": float(np.mean(self.losses)), "last_inner_loss": self.losses[-1],
                              "sent_bytes": float(wire * len(self.outboxes)),
                              "raw_bytes": float(sum(d.nbytes for d in delta.values()) * len(self.outboxes))}
-        self.produced = r
+        self.losses = []
+        self.produced = s
+        self.train_to(self.schedule.apply_at(s))  # overlap: trains while the pseudo-gradient travels
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
-        """Round ``worker.step``: every replica's pseudo-gradient averaged, the outer step taken."""
-        r = self.worker.step
-        if self.produced != r:
-            raise WorkerError(f"{self.worker.worker_id}: round {r} applied before its own pseudo-gradient was made")
+        """Event ``worker.step``: every replica's pseudo-gradient of its fragment averaged, the
+        outer step taken, the model given the result."""
+        s = self.worker.step
+        if self.produced != s:
+            raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
         t0 = time.perf_counter()
         mine = digest(self.start)
         for p in parts:
             if p.meta.get(START) != mine:
-                raise WorkerError(f"{self.worker.worker_id}: round {r}: {p.envelope.producer} started from other "
+                raise WorkerError(f"{self.worker.worker_id}: event {s}: {p.envelope.producer} started from other "
                                   "weights than this replica (the model must be built the same on every cluster)")
-        received = iter(self.compression.decode(p.tensors, self.start) for p in parts)  # peers, in cluster order
+        names = self.fragments[self.schedule.fragment(s)]
+        like = {name: self.start[name] for name in names}
+        received = iter(self.compression.decode(p.tensors, like) for p in parts)  # peers, in cluster order
         deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in range(self.job.n)]
         mean = average(deltas)
-        self.start = self.outer.step(self.start, mean)
-        self.set_weights(self.start)
+        outer = self.outer.step(like, mean)
+        self.start.update(outer)
+        self.set_weights(self.landed(outer, last=s == self.total - 1))
         self.produced, self.own = -1, {}
         self.worker.hooks.on_compute(time.perf_counter() - t0)
         norm = float(np.sqrt(sum(float(np.square(m, dtype=np.float64).sum()) for m in mean.values())))
         return {**self.round_values, "mean_delta_norm": norm}
+
+    def landed(self, outer: Arrays, last: bool) -> Arrays:
+        """The model's weights once ``outer`` (a fragment's outer step) lands: the fragment takes
+        the outer weights without overlap, a mix after overlap; after the last event every
+        parameter takes ``θ``."""
+        if last:
+            return dict(self.start)
+        model = self.weights()
+        if self.schedule.overlap:
+            alpha = np.float32(self.job.mixing)
+            outer = {k: alpha * model[k] + (np.float32(1) - alpha) * v for k, v in outer.items()}
+        model.update(outer)
+        return model
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -175,7 +209,7 @@ class Replica:
         arrays.update(self.outer.state_arrays("outer/momentum"))
         arrays.update(self.compression.state_arrays("pseudograd"))
         arrays.update({f"own/{k}": v for k, v in self.own.items()})
-        return arrays, {"produced": self.produced, "round_values": self.round_values}
+        return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses}
 
     def load(self, ck: Checkpoint) -> None:
         self.fw.load_state_arrays("model", self.model, self.optimizer, ck.arrays)
@@ -183,9 +217,13 @@ class Replica:
         self.start = {k: np.array(ck.arrays[f"outer/param/{k}"], np.float32) for k in names}
         self.outer.restore(ck.arrays, "outer/momentum")
         self.compression.restore(ck.arrays, names, "pseudograd")
-        # A round sent and not applied when the checkpoint was written: its own pseudo-gradient.
+        # An event sent and not applied when the checkpoint was written: its own pseudo-gradient,
+        # and its overlap trained; else the inner steps up to the last event applied.
         self.produced = ck.step if int(ck.meta.get("produced", -1)) == ck.step else -1
-        self.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in names} if self.produced >= 0 else {}
+        sent = self.fragments[self.schedule.fragment(ck.step)] if self.produced >= 0 else ()
+        self.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in sent}
+        self.trained = self.schedule.apply_at(ck.step if self.produced >= 0 else ck.step - 1)
+        self.losses = [float(v) for v in ck.meta.get("losses", [])]
         self.round_values = {k: float(v) for k, v in dict(ck.meta.get("round_values", {})).items()}
 
 

@@ -4,10 +4,7 @@ replica in its own thread on its own cluster, on the split example's MLP as one 
 
 from __future__ import annotations
 
-import hashlib
-import sys
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,84 +12,16 @@ import numpy as np
 import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
-from nebula_mq.runtime.hooks import Hook, MessageEvent
-from nebula_mq.settings import JobSettings, Settings, TransportSettings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import SPLIT_EXAMPLE, drivers
-from tests.fixtures.threads import StopAt, history, run_workers
+from nebula_mq.runtime.hooks import Hook
+from nebula_mq.settings import Settings
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.replicas import (THREE, Builder, Rounds, StopAfterSending, crashing, hooks_of, run,
+                                     run_one_interrupted, settings_for)
+from tests.fixtures.threads import StopAt, history
 from workers.replicas.job import ReplicaSpec, load_job
 
 pytestmark = pytest.mark.paddle
-
-sys.path.insert(0, str(SPLIT_EXAMPLE))  # the example's modules, as its job files import them
-
-THREE = ("cluster-a", "cluster-b", "cluster-c")
-Builder = Callable[[Settings, int], ReplicaSpec]
-
-
-def settings_for(run_dir: Path, steps: int, clusters: Sequence[str] = THREE, **section: Any) -> Settings:
-    return Settings(job=JobSettings(id="unit-replicas", scenario="replicas", seed=7, steps=steps, run_dir=str(run_dir)),
-                    transport=TransportSettings(publish_patience_s=30.0),
-                    replicas={"clusters": list(clusters), "inner_steps": 5, "checkpoint_every": 2, "codec": "int8",
-                              **section})
-
-
-class Rounds(Hook):
-    """The digest of a replica's outer weights (and of its model's) after every round."""
-
-    def __init__(self, replica: Any) -> None:
-        self.replica = replica
-        self.outer: dict[int, str] = {}
-        self.model: dict[int, str] = {}
-
-    @staticmethod
-    def digest(arrays: Mapping[str, np.ndarray]) -> str:
-        h = hashlib.sha256()
-        for k in sorted(arrays):
-            h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
-        return h.hexdigest()
-
-    def on_step(self, step: int, values: object) -> None:
-        self.outer[step] = self.digest(self.replica.start)
-        self.model[step] = self.digest(self.replica.weights())
-
-
-class StopAfterSending(Hook):
-    """Requests a stop once the replica has sent round ``round_``'s pseudo-gradient, before it
-    is applied: the checkpoint then holds a round produced and not applied."""
-
-    def __init__(self, worker: Any, round_: int) -> None:
-        self.worker, self.round = worker, round_
-
-    def on_published(self, event: MessageEvent) -> None:
-        if event.step >= self.round:
-            self.worker.stop_requested.set()
-
-
-def build(settings: Settings, index: int, broker: MemoryBroker, builder: Builder | None = None) -> Any:
-    from mlp_replicas import build_replica
-
-    from workers.replicas.replica import Replica
-
-    cluster = load_job(settings).clusters[index]
-    spec = (builder or build_replica)(settings, index)
-    return Replica(settings, spec, index, MemoryTransport(broker, settings.transport, settings.job.id, cluster))
-
-
-def replicas(settings: Settings, broker: MemoryBroker, builder: Builder | None = None) -> list[Any]:
-    return [build(settings, c, broker, builder) for c in range(load_job(settings).n)]
-
-
-def run(settings: Settings, broker: MemoryBroker, builder: Builder | None = None) -> list[Any]:
-    roles = replicas(settings, broker, builder)
-    for r in roles:
-        r.worker.hooks.add(Rounds(r))
-    run_workers(drivers(*roles))
-    return roles
-
-
-def hooks_of(role: Any) -> Rounds:
-    return next(h for h in role.worker.hooks.hooks if isinstance(h, Rounds))
 
 
 @pytest.mark.parametrize("clusters", [THREE[:2], THREE], ids=["two", "three"])
@@ -116,80 +45,6 @@ def test_replicas_train_and_hold_identical_weights_after_every_outer_step(tmp_pa
     assert all(ck is not None and ck.step == 8 for ck in finals)
     outer = [{k: v for k, v in ck.arrays.items() if k.startswith("outer/param/")} for ck in finals if ck]
     assert all(Rounds.digest(o) == Rounds.digest(outer[0]) for o in outer)
-
-
-class Duplicates(Hook):
-    """How many repeats a worker dropped."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def on_duplicate(self, event: MessageEvent) -> None:
-        self.count += 1
-
-
-class Crash(Exception):
-    """A replica's process dying mid-round (its batch function raises)."""
-
-
-def crashing(at: int) -> Builder:
-    """The example's spec, whose inner step ``at`` crashes the replica."""
-    from mlp_replicas import build_replica
-
-    def build_spec(settings: Settings, index: int) -> ReplicaSpec:
-        spec = build_replica(settings, index)
-
-        def batch(shard: int, step: int) -> Any:
-            if step == at:
-                raise Crash(f"inner step {step}")
-            return spec.batch(shard, step)
-        return ReplicaSpec(spec.model, spec.loss, batch)
-    return build_spec
-
-
-def run_one_interrupted(settings: Settings, broker: MemoryBroker, stopper: Callable[[Any], Hook] | None,
-                        builder: Builder | None = None) -> tuple[int, int, int, bool]:
-    """Replica 1 stops (its hook asks, as SIGTERM would) or crashes (its ``builder``'s data
-    raises: no last checkpoint, its consumers closed without acks) and is started again from
-    its checkpoint while replicas 0 and 2 run on, waiting for its pseudo-gradients meanwhile.
-    Returns (the step it stopped at, the step of its last checkpoint then, the round whose
-    pseudo-gradient that checkpoint holds unapplied or -1, whether the others dropped a repeat)."""
-    roles = replicas(settings, broker)
-    roles[1] = build(settings, 1, broker, builder)
-    repeats = Duplicates()
-    for r in (roles[0], roles[2]):
-        r.worker.hooks.add(repeats)
-    errors: list[BaseException] = []
-
-    def rest() -> None:
-        try:
-            run_workers(drivers(roles[0], roles[2]), timeout=120.0)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    def first() -> None:
-        try:
-            drivers(roles[1])[0].main()
-        except Crash:
-            pass
-
-    thread = threading.Thread(target=rest, daemon=True)
-    thread.start()
-    if stopper is not None:
-        roles[1].worker.hooks.add(stopper(roles[1].worker))
-    crashed = threading.Thread(target=first, daemon=True)
-    crashed.start()
-    crashed.join(120.0)
-    assert not crashed.is_alive()
-    stopped_at = roles[1].worker.step
-    stop = CheckpointStore(settings.run_dir / "checkpoints" / "replica-1").latest()
-    assert stop is not None
-    again = build(settings, 1, broker)
-    run_workers(drivers(again), timeout=120.0)
-    thread.join(130.0)
-    assert not thread.is_alive() and not errors, errors
-    assert stopped_at < settings.job.steps == again.worker.step
-    return stopped_at, stop.step, int(stop.meta["produced"]), repeats.count > 0
 
 
 @pytest.mark.parametrize(("stopper", "builder", "expected"), [
@@ -275,7 +130,7 @@ def test_a_replica_built_with_other_weights_stops_the_job_naming_it(tmp_path: Pa
         return ReplicaSpec(model, spec.loss, spec.batch)
 
     # Whichever of the two applies round 0 first names the other.
-    with pytest.raises(AssertionError, match=r"replica-(0: round 0: replica-1|1: round 0: replica-0) started from other"):
+    with pytest.raises(AssertionError, match=r"replica-(0: event 0: replica-1|1: event 0: replica-0) started from other"):
         run(settings_for(tmp_path, steps=3, clusters=THREE[:2]), MemoryBroker(), odd_one)
 
 
