@@ -89,6 +89,7 @@ class Replica:
                                    settings.source or "<settings>")
         self.trained = 0  # inner steps done
         self.losses: list[float] = []  # of the inner steps since the last pseudo-gradient left
+        self.busy_s = 0.0  # seconds computing since the last event applied: the next event's compute_s
         self.outer = OuterNesterov(job.outer_lr, job.outer_momentum, job.nesterov)
         self.compression = PseudoGradientCompression(job.codec, job.error_feedback, settings.codec.allow_non_finite)
         self.produced = -1  # the event whose pseudo-gradient is sent and not yet applied
@@ -161,6 +162,7 @@ class Replica:
         self.losses = []
         self.produced = s
         self.train_to(self.schedule.apply_at(s))  # overlap: trains while the pseudo-gradient travels
+        self.busy_s += time.perf_counter() - t0
         self.worker.hooks.on_compute(time.perf_counter() - t0)
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
@@ -184,9 +186,10 @@ class Replica:
         self.start.update(outer)
         self.set_weights(self.landed(outer, last=s == self.total - 1))
         self.produced, self.own = -1, {}
+        busy, self.busy_s = self.busy_s + time.perf_counter() - t0, 0.0
         self.worker.hooks.on_compute(time.perf_counter() - t0)
         norm = float(np.sqrt(sum(float(np.square(m, dtype=np.float64).sum()) for m in mean.values())))
-        return {**self.round_values, "mean_delta_norm": norm}
+        return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy}
 
     def landed(self, outer: Arrays, last: bool) -> Arrays:
         """The model's weights once ``outer`` (a fragment's outer step) lands: the fragment takes

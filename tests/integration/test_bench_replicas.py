@@ -1,0 +1,68 @@
+"""``nebula-mq bench replicas --quick`` on the session stack: a two-cluster replicas job of the
+split example's MLP as DiLoCo and as Streaming DiLoCo across the shaped WAN. Not a speed gate
+(the host is shared): both rows must train the same rounds, send the same bytes per inner
+step (every parameter once per ``inner_steps``, one fragment at a time or all at once), report
+a utilisation for each cluster, and put the links' shape back."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nebula_mq.cli import main
+from tests.fixtures.pairs import SPLIT_EXAMPLE
+
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
+
+JOB = """
+[job]
+id = "bench-replicas"
+scenario = "replicas"
+seed = 7
+steps = 8
+run_dir = "{run_dir}"
+
+[replicas]
+clusters = ["cluster-a", "cluster-b"]
+inner_steps = 4
+codec = "int8"
+model = "mlp_replicas:build_replica"
+"""
+
+
+@pytest.mark.timeout(300)
+def test_quick_replicas_bench_runs_diloco_and_streaming_on_the_same_samples(
+        stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
+        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
+    (tmp_path / "job.toml").write_text(JOB.format(run_dir=tmp_path / "run"))
+
+    def shape() -> dict[str, tuple[float, float]]:
+        return {n: (s["shape"]["rate_mbit"], s["shape"]["delay_ms"]) for n, s in stack.stack.wan_status().items()}
+
+    before = shape()
+    out = tmp_path / "replicas.json"
+    try:
+        code = main(["bench", "replicas", str(tmp_path / "job.toml"), "--quick", "--stack", str(stack.run_dir),
+                     "--json-out", str(out)])
+        after = shape()
+    finally:
+        stack.clean_wan()
+    assert code == 0
+    assert after == before
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [(r["row"], r["fragments"], r["overlap_steps"]) for r in rows] == [
+        ("diloco-60mbit-20ms", 1, 0), ("streaming-60mbit-20ms", 2, 2)]
+    assert [r["events"] for r in rows] == [result["rounds"], 2 * result["rounds"]]
+    assert rows[0]["sent_per_inner_step"] == pytest.approx(rows[1]["sent_per_inner_step"], rel=1e-9)
+    for r in rows:
+        assert sorted(r["utilisation"]) == ["replica-0", "replica-1"]
+        assert all(0 < u <= 1.05 for u in r["utilisation"].values()), r
+        assert math.isfinite(r["final_loss"]) and r["round_s"] > 0
+    assert "utilisation by cluster" in capsys.readouterr().out
