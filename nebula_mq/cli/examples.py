@@ -17,6 +17,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "bench compute": ("nebula-mq bench compute config/demo.toml",),
     "bench wan": ("nebula-mq bench wan config/demo.toml --steps 120 --rates 10,60 --delay-ms 20,100",),
     "bench scaling": ("nebula-mq bench scaling config/demo.toml --steps 40",),
+    "bench replicas": ("nebula-mq bench replicas config/replicas.toml --stack run/stack-3 --rounds 10",),
     "certs init": ("nebula-mq certs init run/certs --clusters cluster-a,cluster-b",),
     "certs issue": ("nebula-mq certs issue run/certs cluster-a demo.enc-0",
                     "nebula-mq certs issue run/certs cluster-a server --hostname broker-a.example.org"),
