@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import run_row
-from nebula_mq.bench.wan_ratio import numbers
+from nebula_mq.bench.wan_ratio import link_shapes, numbers, put_back
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-replicas-", dir="/tmp"))
     stack = Stack(args.stack, tuple(dict.fromkeys([*DEFAULT_CLUSTERS, *job.clusters])))
     stack.up()  # before its links are shaped; a running stack keeps its layout
-    before = {n: s.get("shape", {}) for n, s in stack.wan_status().items()}
+    before = link_shapes(stack)
     rows: list[dict[str, Any]] = []
     try:
         for rate in rates:
@@ -134,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{name}: utilisation {min(row['utilisation'].values(), default=0):.0%} (lowest)",
                           flush=True)
     finally:
-        for link, shape in before.items():  # each link towards its cluster, as it was
-            stack.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
-                        delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)))
+        put_back(stack, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
     print(report(settings, job, rows, rounds))

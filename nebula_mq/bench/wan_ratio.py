@@ -85,6 +85,18 @@ def shares(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def link_shapes(stack: Any) -> dict[str, dict[str, Any]]:
+    """Each WAN link's shape, by link name (``to-<cluster>``)."""
+    return {name: status.get("shape", {}) for name, status in stack.wan_status().items()}
+
+
+def put_back(stack: Any, before: dict[str, dict[str, Any]]) -> None:
+    """Each link towards its cluster as it was (``link_shapes``)."""
+    for link, shape in before.items():
+        stack.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
+                    delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)))
+
+
 def run(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
@@ -103,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             if rate is not None:
                 if shaped is None:
                     shaped = Stack.open(args.stack)
-                    before = {n: s.get("shape", {}) for n, s in shaped.wan_status().items()}
+                    before = link_shapes(shaped)
                 shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
             job = run_row(args.config, args.stack, row_env(settings, name, steps, root, rate is None), args.timeout)
             head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
@@ -112,9 +124,8 @@ def run(args: argparse.Namespace) -> int:
             rows.append(row)
             print(f"{name}: {row['samples_per_s']:.1f} samples/s", flush=True)
     finally:
-        for link, shape in before.items():  # each link towards its cluster, as it was
-            shaped.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
-                         delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)))
+        if shaped is not None:
+            put_back(shaped, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
     print(report(settings, rows, steps, warmup))

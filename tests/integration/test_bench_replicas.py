@@ -42,15 +42,12 @@ def test_quick_replicas_bench_runs_diloco_and_streaming_on_the_same_samples(
         shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
     (tmp_path / "job.toml").write_text(JOB.format(run_dir=tmp_path / "run"))
 
-    def shape() -> dict[str, tuple[float, float]]:
-        return {n: (s["shape"]["rate_mbit"], s["shape"]["delay_ms"]) for n, s in stack.stack.wan_status().items()}
-
-    before = shape()
+    before = stack.wan_shapes()
     out = tmp_path / "replicas.json"
     try:
         code = main(["bench", "replicas", str(tmp_path / "job.toml"), "--quick", "--stack", str(stack.run_dir),
                      "--json-out", str(out)])
-        after = shape()
+        after = stack.wan_shapes()
     finally:
         stack.clean_wan()
     assert code == 0

@@ -22,15 +22,12 @@ def test_quick_wan_bench_trains_the_same_model_in_one_cluster_and_across_the_wan
         stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("mlp.py", "mlp_data.py", "job.toml"):
         shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
-    def shape() -> dict[str, tuple[float, float]]:
-        return {n: (s["shape"]["rate_mbit"], s["shape"]["delay_ms"]) for n, s in stack.stack.wan_status().items()}
-
-    before = shape()
+    before = stack.wan_shapes()
     out = tmp_path / "wan.json"
     try:
         code = main(["bench", "wan", str(tmp_path / "job.toml"), "--quick", "--stack", str(stack.run_dir),
                      "--json-out", str(out)])
-        after = shape()
+        after = stack.wan_shapes()
     finally:
         stack.clean_wan()
     assert code == 0

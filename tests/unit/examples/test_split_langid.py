@@ -5,8 +5,6 @@ that lowers its loss and whose checkpoints evaluate.py scores above the baseline
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,22 +17,9 @@ from tests.fixtures.pairs import drivers
 from tests.fixtures.threads import history, run_workers
 
 torch = pytest.importorskip("torch")
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "split_langid"
-sys.path.insert(0, str(EXAMPLE))  # the example's modules, as its job file imports them
+from tests.fixtures.langid import WORDS, evaluate  # noqa: E402  (after torch)
 import langid_data  # noqa: E402
 import langid_model  # noqa: E402
-
-# evaluate.py under a name of its own ("evaluate" is also a PyPI package).
-_spec = importlib.util.spec_from_file_location("split_langid_evaluate", EXAMPLE / "evaluate.py")
-assert _spec is not None and _spec.loader is not None
-evaluate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(evaluate)
-
-WORDS = {
-    "de": "Datei öffnen speichern nicht gefunden Fehler beim Laden der Einstellungen schließen".split(),
-    "es": "abrir archivo guardar no encontrado error al cargar las preferencias cerrar".split(),
-    "ru": "открыть файл сохранить не найден ошибка при загрузке настроек закрыть".split(),
-}
 BATCH = 8
 
 
