@@ -94,7 +94,8 @@ def put_back(stack: Any, before: dict[str, dict[str, Any]]) -> None:
     """Each link towards its cluster as it was (``link_shapes``)."""
     for link, shape in before.items():
         stack.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
-                    delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)))
+                    delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)),
+                    drop=bool(shape.get("drop", False)))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ JOB = """
 id = "placeholder"
 scenario = "replicas"
 seed = 7
-steps = {rounds}
+steps = {steps}
 run_dir = "{run_dir}"
 device = "cpu"
 
@@ -54,7 +54,7 @@ def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path]
     for module in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
         shutil.copy(SPLIT_EXAMPLE / module, tmp)
     # The plan: one replica per cluster.
-    return start_planned(stack, tmp, name, JOB.format(rounds=ROUNDS, run_dir=tmp / name),
+    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name),
                          {w: ("replica", c) for c, w in enumerate(WORKERS)})
 
 

@@ -38,6 +38,7 @@ LossFn = Callable[..., Any]
 OptimizerFn = Callable[[list[Any], float], Any]
 
 ROLE = "replica"
+EXCHANGES = ("weights", "gradients")
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class ReplicasJob:
 
     # One replica per cluster, in the order every replica sums the pseudo-gradients.
     clusters: tuple[str, ...] = ("cluster-a", "cluster-b")
-    # Inner optimizer steps between two outer steps (DiLoCo's H); [job] steps counts outer rounds.
+    # Inner optimizer steps between two outer steps (DiLoCo's H). [job] steps counts sync events:
+    # outer rounds x fragments (one event per round with one fragment).
     inner_steps: int = 10
     # Learning rate handed to the inner optimizer (Adam unless the model's spec gives one).
     inner_lr: float = 3e-3
@@ -77,6 +79,11 @@ class ReplicasJob:
     model_dir: str = ""
     # The model's framework, "paddle" or "torch"; "" = whichever the model is.
     framework: str = ""
+    # What the clusters exchange: "weights" (DiLoCo: every inner_steps, each replica's change of
+    # weights, then the outer step) or "gradients" (synchronous data parallelism, the baseline
+    # DiLoCo is measured against: every inner step's gradient, then the inner optimizer on their
+    # mean; needs inner_steps = 1, fragments = 1 and overlap_steps = 0).
+    exchange: str = "weights"
     # Sync the model in this many fragments, one every inner_steps / fragments inner steps
     # (Streaming DiLoCo); 1 = every parameter at once. Must divide inner_steps.
     fragments: int = 1
@@ -117,6 +124,11 @@ class ReplicasJob:
                                f"{self.inner_steps // self.fragments}]", self.overlap_steps)
         if not 0 <= self.mixing < 1:
             raise InvalidField("mixing", "a number in [0, 1)", self.mixing)
+        if self.exchange not in EXCHANGES:
+            raise InvalidField("exchange", f"one of {list(EXCHANGES)}", self.exchange)
+        if self.exchange == "gradients" and (self.inner_steps, self.fragments, self.overlap_steps) != (1, 1, 0):
+            raise InvalidField("exchange", "\"weights\" unless inner_steps = 1, fragments = 1 and overlap_steps = 0 "
+                               "(synchronous data parallelism exchanges every step's gradient)", self.exchange)
         if self.checkpoint_every < 1:
             raise InvalidField("checkpoint_every", "an integer >= 1", self.checkpoint_every)
 

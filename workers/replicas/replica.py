@@ -80,7 +80,9 @@ class Replica:
         self.fw.place(settings.job.device, 0, "job.device")
         self.model = self.fw.to_device(spec.model)
         self.optimizer = (spec.optimizer_fn or self.fw.default_optimizer)(self.fw.trainable(self.model), job.inner_lr)
+        self.exchange_gradients = job.exchange == "gradients"
         self.schedule = SyncSchedule(job.inner_steps, job.fragments, job.overlap_steps, settings.job.steps)
+        # [job] steps counts sync events: outer rounds x fragments, or inner steps exchanging gradients
         self.total = self.schedule.events
         self.in_flight = 2  # a peer is at most one event ahead (it waits for this replica), and one spare
         self.sources = tuple(replica_id(d) for d in job.peers(index))
@@ -107,16 +109,32 @@ class Replica:
     def set_weights(self, weights: Arrays) -> None:
         self.fw.load_weights("model", self.model, {PARAM + k: v for k, v in weights.items()})
 
-    def inner_step(self, step: int) -> float:
-        """Inner step ``step`` (counted over all rounds) on this replica's shard; its loss."""
+    def backward(self, step: int) -> float:
+        """Forward and backward of inner step ``step`` (counted over the whole job) on this
+        replica's shard; its loss. The gradients wait on the parameters."""
         inputs, targets = self.spec.batch(self.index, step)
         seed = micro_batch_seed(self.settings.job.seed, f"replica-{self.index}", step)
         with self.fw.seeded(seed):
             out = self.model(*(self.fw.tensor(np.asarray(a)) for a in inputs))
             loss = self.spec.loss(out, *(self.fw.tensor(np.asarray(t)) for t in targets))
-        value = self.fw.loss_backward(loss, self.worker.worker_id)
+        return self.fw.loss_backward(loss, self.worker.worker_id)
+
+    def inner_step(self, step: int) -> float:
+        """Inner step ``step`` of the inner optimizer; its loss."""
+        value = self.backward(step)
         self.fw.step(self.optimizer, None)
         return value
+
+    def update(self, s: int) -> Arrays:
+        """What event ``s`` sends before it waits: the fragment's pseudo-gradient once the inner
+        steps are trained to ``send_at(s)`` or, exchanging gradients, inner step ``s``'s gradient
+        (its optimizer step waits for every cluster's)."""
+        if self.exchange_gradients:
+            self.losses.append(self.backward(s))
+            return self.fw.param_grads(self.model)
+        self.train_to(self.schedule.send_at(s))
+        current = self.weights()
+        return {name: self.start[name] - current[name] for name in self.fragments[self.schedule.fragment(s)]}
 
     # ------------------------------------------------------------------ the role (runtime.driver)
 
@@ -148,11 +166,10 @@ class Replica:
             return
         bind_context(step=s)
         t0 = time.perf_counter()
-        self.train_to(self.schedule.send_at(s))
-        current = self.weights()
-        delta = {name: self.start[name] - current[name] for name in self.fragments[self.schedule.fragment(s)]}
+        delta = self.update(s)
         encoded, self.own = self.compression.encode(self.schedule.outer_round(s), delta)
-        for outbox in self.outboxes:
+        self.computed(time.perf_counter() - t0)
+        for outbox in self.outboxes:  # submitted to the publisher's I/O thread: not compute
             outbox.send(step=s, micro_batch=s, encoded=encoded,
                         meta={"loss": float(np.mean(self.losses)), START: digest(self.start)})
         wire = sum(enc.nbytes for _, enc in encoded.values())
@@ -161,9 +178,15 @@ class Replica:
                              "raw_bytes": float(sum(d.nbytes for d in delta.values()) * len(self.outboxes))}
         self.losses = []
         self.produced = s
-        self.train_to(self.schedule.apply_at(s))  # overlap: trains while the pseudo-gradient travels
-        self.busy_s += time.perf_counter() - t0
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
+        if not self.exchange_gradients:  # overlap: trains while the pseudo-gradient travels
+            t1 = time.perf_counter()
+            self.train_to(self.schedule.apply_at(s))
+            self.computed(time.perf_counter() - t1)
+
+    def computed(self, seconds: float) -> None:
+        """``seconds`` of compute (wall clock): the metrics' and the next event's ``compute_s``."""
+        self.busy_s += seconds
+        self.worker.hooks.on_compute(seconds)
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
         """Event ``worker.step``: every replica's pseudo-gradient of its fragment averaged, the
@@ -182,12 +205,18 @@ class Replica:
         received = iter(self.compression.decode(p.tensors, like) for p in parts)  # peers, in cluster order
         deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in range(self.job.n)]
         mean = average(deltas)
-        outer = self.outer.step(like, mean)
-        self.start.update(outer)
-        self.set_weights(self.landed(outer, last=s == self.total - 1))
+        if self.exchange_gradients:  # synchronous data parallelism: one inner step on the mean
+            self.fw.set_param_grads(self.model, mean)
+            self.fw.step(self.optimizer, None)
+            self.trained = s + 1
+            self.start = self.weights()
+        else:
+            outer = self.outer.step(like, mean)
+            self.start.update(outer)
+            self.set_weights(self.landed(outer, last=s == self.total - 1))
         self.produced, self.own = -1, {}
-        busy, self.busy_s = self.busy_s + time.perf_counter() - t0, 0.0
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
+        self.computed(time.perf_counter() - t0)
+        busy, self.busy_s = self.busy_s, 0.0
         norm = float(np.sqrt(sum(float(np.square(m, dtype=np.float64).sum()) for m in mean.values())))
         return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy}
 
@@ -231,7 +260,7 @@ class Replica:
 
 
 def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None) -> int:
-    """Train replica ``index`` with ``spec`` until ``[job] steps`` outer rounds (or SIGTERM); exit code."""
+    """Train replica ``index`` with ``spec`` until ``[job] steps`` sync events (or SIGTERM); exit code."""
     replica = Replica(settings, spec, index, transport)
     return drive(replica.worker, replica)
 

@@ -26,17 +26,12 @@ from nebula_mq.errors import ConfigError
 
 @dataclass(frozen=True)
 class SyncSchedule:
-    """The sync events of a job of ``rounds`` outer rounds (see the module docstring)."""
+    """The ``events`` sync events of a job (see the module docstring)."""
 
     inner_steps: int  # H
     fragments: int  # P; divides H
     overlap: int  # τ, 0 <= τ <= H / P
-    rounds: int
-
-    @property
-    def events(self) -> int:
-        """Sync events in the job: the driver's steps."""
-        return self.rounds * self.fragments
+    events: int  # [job] steps: the driver's steps, P per outer round
 
     @property
     def stride(self) -> int:
@@ -45,7 +40,7 @@ class SyncSchedule:
 
     @property
     def inner_total(self) -> int:
-        return self.rounds * self.inner_steps
+        return self.events * self.stride
 
     def fragment(self, event: int) -> int:
         return event % self.fragments

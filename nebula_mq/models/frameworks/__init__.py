@@ -91,6 +91,14 @@ class Framework(Protocol):
     def trainable(self, model: Any) -> list[Any]:
         """The parameters the optimizer updates."""
 
+    def param_grads(self, model: Any) -> dict[str, np.ndarray]:
+        """The gradient on each trainable parameter, by structured name (zeros where the loss
+        did not reach it), copied to the host."""
+
+    def set_param_grads(self, model: Any, grads: Mapping[str, np.ndarray]) -> None:
+        """Make ``grads`` (by structured name, every trainable parameter) the gradients the
+        next :meth:`step` applies, whatever backward left there before."""
+
     def default_optimizer(self, params: list[Any], lr: float) -> Any:
         """Adam at ``lr``: what a side trains with unless its spec gives an optimizer."""
 

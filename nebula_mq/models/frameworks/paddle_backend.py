@@ -70,6 +70,19 @@ class PaddleFramework:
     def trainable(self, model: Any) -> list[Any]:
         return [p for p in model.parameters() if not p.stop_gradient]
 
+    def param_grads(self, model: Any) -> dict[str, np.ndarray]:
+        return {name: np.zeros(p.shape, np.float32) if p.grad is None else np.array(p.grad.numpy(), np.float32)
+                for name, p in model.named_parameters() if not p.stop_gradient}
+
+    def set_param_grads(self, model: Any, grads: Mapping[str, np.ndarray]) -> None:
+        params = {name: p for name, p in model.named_parameters() if not p.stop_gradient}
+        if any(p.grad is None for p in params.values()):
+            # Paddle makes a gradient only by backward (after a restore there is none yet): a
+            # backward of zero times every parameter makes one of zeros on each.
+            paddle.add_n([(p * 0.0).sum() for p in params.values()]).backward()
+        for name, p in params.items():
+            p.grad.set_value(np.asarray(grads[name], np.float32).reshape(p.shape))
+
     def default_optimizer(self, params: list[Any], lr: float) -> Any:
         return paddle.optimizer.Adam(learning_rate=lr, parameters=params)
 

@@ -159,6 +159,16 @@ class TorchFramework:
     def trainable(self, model: Any) -> list[Any]:
         return [p for p in model.parameters() if p.requires_grad]
 
+    def param_grads(self, model: Any) -> dict[str, np.ndarray]:
+        return {name: np.zeros(tuple(p.shape), np.float32) if p.grad is None else self.numpy(p.grad).astype(np.float32)
+                for name, p in model.named_parameters() if p.requires_grad}
+
+    def set_param_grads(self, model: Any, grads: Mapping[str, np.ndarray]) -> None:
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.grad = torch.from_numpy(np.asarray(grads[name], np.float32).reshape(tuple(p.shape))).to(p.device,
+                                                                                                        p.dtype)
+
     def default_optimizer(self, params: list[Any], lr: float) -> Any:
         return torch.optim.Adam(params, lr=lr)
 

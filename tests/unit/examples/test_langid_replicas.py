@@ -30,7 +30,7 @@ JOB = """\
 id = "unit-langid-replicas"
 scenario = "replicas"
 seed = 7
-steps = {rounds}
+steps = {events}
 run_dir = "{run_dir}"
 
 [replicas]
@@ -57,7 +57,7 @@ def data() -> langid_data.LangData:
 
 def job_settings(tmp_path: Path, rounds: int = 2) -> tuple[Path, Settings]:
     job = tmp_path / "replicas.toml"
-    job.write_text(JOB.format(rounds=rounds, run_dir=tmp_path / "run"))
+    job.write_text(JOB.format(events=2 * rounds, run_dir=tmp_path / "run"))  # two fragments: 2 events a round
     return job, load_job_settings(job)
 
 

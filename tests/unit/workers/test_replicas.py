@@ -17,7 +17,7 @@ from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import SPLIT_EXAMPLE
 from tests.fixtures.replicas import (THREE, Builder, Rounds, StopAfterSending, crashing, hooks_of, run,
-                                     run_one_interrupted, settings_for)
+                                     run_one_interrupted, settings_for, torch_replica)
 from tests.fixtures.threads import StopAt, history
 from workers.replicas.job import ReplicaSpec, load_job
 
@@ -96,16 +96,6 @@ def test_outer_lr_one_without_momentum_on_equal_shards_is_plain_local_training(t
     local = {name: p.numpy() for name, p in spec.model.named_parameters()}
     for name, value in roles[0].start.items():
         np.testing.assert_allclose(value, local[name], rtol=0, atol=1e-5)
-
-
-def torch_replica(settings: Settings, index: int) -> ReplicaSpec:
-    """The example's MLP in PyTorch (mlp_torch.py, with dropout) as one whole model."""
-    torch = pytest.importorskip("torch")
-    import mlp_torch
-    from mlp_replicas import shard_batch
-
-    model = torch.nn.Sequential(mlp_torch.bottom(seed=0), mlp_torch.top(seed=1))
-    return ReplicaSpec(model, torch.nn.functional.mse_loss, shard_batch(load_job(settings).n, settings.job.seed))
 
 
 def test_torch_replicas_train_and_hold_identical_weights(tmp_path: Path) -> None:
