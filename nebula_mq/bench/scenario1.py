@@ -7,7 +7,8 @@ real ``nebula-mq worker`` processes:
 * **inside**: generator and discriminator ranks all on cluster-b's broker;
 * **across**: generator on cluster-a, discriminator ranks on cluster-b; the
   micro-batches cross TLS federation through the emulated WAN, shaped to
-  170 Mbit/s with ``--delay-ms`` one-way delay, and the sync tokens come back.
+  ``--rate-mbit`` (170 Mbit/s by default) with ``--delay-ms`` one-way delay, and the
+  sync tokens come back.
 
 Throughput is discriminator samples/s over the steps after a warm-up (from
 the root's per-step history timestamps): ``K generators x n shares x batch``
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             row["ratio"] = row["across"] / row["inside"]
             results.append(row)
             print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
-                  f"(170 Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+                  f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
         hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
                         delay=delay, rate_mbit=rate_mbit)
     finally:
