@@ -24,123 +24,24 @@ The :class:`Driver` does the rest, here and nowhere else, in this order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, final
-
-import numpy as np
+from collections.abc import Mapping
+from typing import final
 
 from nebula_mq import topology
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Received
-from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hold import StepHold
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.role import Extras, RoleExtras, StepInputs, StepRole, StopCheck
 from nebula_mq.runtime.worker import Worker
+
+__all__ = ["Driver", "RoleExtras", "StepInputs", "StepRole", "StopCheck", "drive"]
 
 log = get_logger(__name__)
 
 # How long one wait for the next message lasts before the loop looks at the stop flag.
 POLL_S = 0.5
-
-StopCheck = Callable[[], bool]
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    """What a role's steps read: ``flows`` (every stripe of them), one stream per producer in
-    ``sources`` (one stream from whoever publishes when empty), ``per_step`` consecutive
-    messages of each stream to a step."""
-
-    flows: Sequence[topology.Flow]
-    sources: tuple[str, ...] = ()
-    per_step: int = 1
-
-    @property
-    def streams(self) -> int:
-        return max(1, len(self.sources))
-
-
-class StepRole(Protocol):
-    """What the driver asks of every role. ``total``: the steps to train; ``in_flight``: messages
-    a peer may have sent ahead of the next step. A role may also answer any of
-    :class:`RoleExtras`."""
-
-    total: int
-    in_flight: int
-
-    def inputs(self) -> StepInputs:
-        """The flows and streams a step reads."""
-
-    def open(self) -> None:
-        """Declare the queues, open the outboxes, join the group (before the restore)."""
-
-    def close(self) -> None:
-        """Close what :meth:`open` opened."""
-
-    def produce(self, stopping: StopCheck) -> None:
-        """Send what may be sent before the next wait (up to where ``stopping()`` says stop)."""
-
-    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
-        """Apply one step's messages (``per_step`` of each stream, streams in ``sources``
-        order; the worker's ``step`` is the step's index); returns the step's values."""
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays and metadata that resume the role at the worker's step."""
-
-    def load(self, ck: Checkpoint) -> None:
-        """Resume from ``ck`` (the worker's step is already ``ck.step``)."""
-
-
-class RoleExtras(Protocol):
-    """What a role may answer besides :class:`StepRole`; the driver's default stands for each
-    method a role leaves out (the middleware hooks of dramatiq's worker, in our loop)."""
-
-    def admit(self, received: Received) -> None:
-        """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered (default:
-        every message of a source stream is ordered)."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        """True when ``received`` is not a step's message and was settled or rejected here
-        (default: every message is a step's)."""
-
-    def unsaved(self) -> bool:
-        """Whether anything needs a final checkpoint beyond the applied steps (default: no)."""
-
-    def more_to_do(self) -> bool:
-        """Keep going after the last step, e.g. for evaluation batches (default: no)."""
-
-    def after_training(self) -> None:
-        """Once every step is done and checkpointed, not after a stop (default: nothing)."""
-
-    def resume_store(self) -> CheckpointStore:
-        """The store to restore from, e.g. another run's for a hot start (default: the worker's)."""
-
-
-@dataclass(frozen=True)
-class _Extras:
-    """A role's :class:`RoleExtras`, each method or the driver's default, looked up once."""
-
-    admit: Callable[[Received], None]
-    handle_other: Callable[[OrderedInbox, Received], bool]
-    unsaved: Callable[[], bool]
-    more_to_do: Callable[[], bool]
-    after_training: Callable[[], None]
-    resume_store: Callable[[], CheckpointStore]
-
-    @classmethod
-    def of(cls, role: StepRole, worker: Worker) -> _Extras:
-        def no(*_: object) -> bool:
-            return False
-
-        def nothing(*_: object) -> None:
-            return None
-
-        return cls(getattr(role, "admit", nothing), getattr(role, "handle_other", no), getattr(role, "unsaved", no),
-                   getattr(role, "more_to_do", no), getattr(role, "after_training", nothing),
-                   getattr(role, "resume_store", lambda: worker.store))
-
 
 @final
 class Driver:
@@ -148,7 +49,7 @@ class Driver:
 
     def __init__(self, worker: Worker, role: StepRole) -> None:
         self.worker, self.role = worker, role
-        self.extras = _Extras.of(role, worker)
+        self.extras = Extras.of(role, worker)
         self.idle_polls = 0  # polls in a row that brought nothing to apply
         self.waiting: list[list[Received]] = []
         self.hold = StepHold.from_environment()
@@ -203,7 +104,8 @@ class Driver:
         checkpoint catches up; up to ``checkpoint_every`` applied steps wait for the next
         checkpoint. Anything further cannot come from an honest peer."""
         every, per_step = self.worker.checkpoint_every, self.role.inputs().per_step
-        return FlowWindow(ahead=(self.role.in_flight + every) * per_step, unacked=every * per_step)
+        return FlowWindow(ahead=(self.role.in_flight + every) * per_step, unacked=every * per_step,
+                          behind=self.extras.left_behind() * per_step)
 
     def restore(self) -> None:
         w = self.worker
@@ -254,8 +156,13 @@ class Driver:
         received = inbox.next(timeout=POLL_S)
         if received is None:
             self.idle_polls += 1
-            return
-        self.idle_polls = 0
+        else:
+            self.idle_polls = 0
+            self.take(inbox, received)
+        self.apply_ready(inbox)
+
+    def take(self, inbox: OrderedInbox, received: Received) -> None:
+        """Order ``received`` into its stream (or let the role handle it, or reject it)."""
         if self.extras.handle_other(inbox, received):
             return
         try:
@@ -264,14 +171,34 @@ class Driver:
             inbox.reject(received, exc)
             return
         self.waiting[stream] += inbox.take_from(stream, received, admit=self.extras.admit)
-        per_step = role.inputs().per_step
-        while all(len(queue) >= per_step for queue in self.waiting) and not self.stopping():
-            parts = tuple(r for queue in self.waiting for r in self._pop(queue, per_step))
-            self.finish_step(inbox, parts, role.apply(parts))
+
+    def taken(self) -> tuple[bool, ...] | None:
+        """The streams the next step takes (:meth:`RoleExtras.members`), or None while it waits."""
+        per_step = self.role.inputs().per_step
+        if self.extras.members is None:
+            return tuple(True for _ in self.waiting) if all(len(q) >= per_step for q in self.waiting) else None
+        return self.extras.members(tuple(q[0] if len(q) >= per_step else None for q in self.waiting))
+
+    def apply_ready(self, inbox: OrderedInbox) -> None:
+        """Apply every step that is ready; a role deciding its steps' members (a quorum) may
+        find one ready with nothing new arrived (a wait that ran out)."""
+        per_step = self.role.inputs().per_step
+        while not self.stopping() and (take := self.taken()) is not None:
+            parts: list[Received] = []
+            for k, queue in enumerate(self.waiting):
+                mine = self._pop(queue, per_step)
+                if take[k]:
+                    parts += mine
+                    continue
+                for dropped in mine:  # left out: acked with the step's checkpoint, never applied
+                    inbox.applied(dropped)
+                if len(mine) < per_step:
+                    queue += inbox.skip(k, per_step - len(mine))
+            self.finish_step(inbox, tuple(parts), self.role.apply(tuple(parts)))
             # What the role sends after this step goes out before the next step is applied,
             # however many steps one arrival completes (out-of-order arrivals across stripes, a
             # replay after a restart): what a role sends depends on its step, never on timing.
-            role.produce(self.stopping)
+            self.role.produce(self.stopping)
 
     @staticmethod
     def _pop(queue: list[Received], n: int) -> list[Received]:

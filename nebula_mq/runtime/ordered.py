@@ -55,16 +55,21 @@ class FlowWindow:
 
     ``ahead``: messages an honest peer may have sent beyond the next one to apply
     (its in-flight window plus what it may send before our checkpoint catches up);
-    ``unacked``: applied messages still waiting for our next checkpoint.
+    ``unacked``: applied messages still waiting for our next checkpoint;
+    ``behind``: messages the peers may send beyond ``ahead`` while the role is left out of
+    their steps (a replicas quorum going on without this cluster). They are accepted, but
+    not prefetched: each queue is one producer's, in order, so what the role needs next is
+    at the queue's head.
     """
 
     ahead: int
     unacked: int
+    behind: int = 0
 
     @property
     def window(self) -> int:
         """Indices from the next one on that are accepted; beyond them, dead letters."""
-        return self.ahead
+        return self.ahead + self.behind
 
     @property
     def held(self) -> int:
@@ -105,6 +110,13 @@ class InOrderBuffer(Generic[T]):
 
     def is_duplicate(self, index: int) -> bool:
         return index < self.next_index or index in self._held
+
+    def skip(self, count: int) -> None:
+        """Move the counter past ``count`` indices that will never be applied (a step that goes
+        on without this stream): their copies, arriving later, are repeats."""
+        for index in range(self.next_index, self.next_index + count):
+            self._held.pop(index, None)
+        self.next_index += count
 
     def pop_ready(self) -> Iterator[Ready[T]]:
         """Yield every item whose turn has come; ``next_index`` advances as they go."""
@@ -202,6 +214,13 @@ class OrderedInbox:
         except NebulaError as exc:  # refused by admit, or out of window
             self.reject(received, exc)
             return []
+        return [r.item for r in order.pop_ready()]
+
+    def skip(self, stream: int, count: int) -> list[Received]:
+        """``stream``'s next ``count`` indices left out of a step (none of them held); returns
+        what became ready after them, in order."""
+        order = self.orders[stream]
+        order.skip(count)
         return [r.item for r in order.pop_ready()]
 
     def settle_unordered(self, received: Received) -> None:
