@@ -96,6 +96,14 @@ class ReplicasJob:
     mixing: float = 0.5
     # Sync events between checkpoints (and at the last); one event per round when fragments = 1.
     checkpoint_every: int = 5
+    # Clusters a sync event needs to go on, the first cluster (the coordinator) counted; 0 =
+    # every cluster (wait for a cluster that is away). Below that, a cluster whose pseudo-
+    # gradient has not come within quorum_wait_s is left out of the event, and catches up
+    # from the queues when it is back (workers.replicas.quorum).
+    quorum: int = 0
+    # With a quorum: seconds the coordinator waits for a missing cluster's pseudo-gradient,
+    # from when its own is sent, before the event goes on without it.
+    quorum_wait_s: float = 30.0
 
     def validate(self) -> None:
         from nebula_mq.codecs import parse_codec
@@ -131,6 +139,10 @@ class ReplicasJob:
                                "(synchronous data parallelism exchanges every step's gradient)", self.exchange)
         if self.checkpoint_every < 1:
             raise InvalidField("checkpoint_every", "an integer >= 1", self.checkpoint_every)
+        if not 0 <= self.quorum <= self.n:
+            raise InvalidField("quorum", f"an integer in [1, {self.n}] (the clusters), or 0 for all", self.quorum)
+        if not self.quorum_wait_s > 0:
+            raise InvalidField("quorum_wait_s", "a number of seconds > 0", self.quorum_wait_s)
 
     @property
     def n(self) -> int:
@@ -140,15 +152,23 @@ class ReplicasJob:
         """Every other replica's index, in cluster order."""
         return tuple(d for d in range(self.n) if d != c)
 
+    @property
+    def goes_on_without(self) -> bool:
+        """Whether an event may go on without a cluster (a quorum below every cluster)."""
+        return 0 < self.quorum < self.n
+
     def flows(self) -> tuple[topology.Flow, ...]:
-        """One flow per ordered pair of clusters, by sender then receiver."""
-        return tuple(pseudograd_flow(self, c, d) for c in range(self.n) for d in self.peers(c))
+        """One flow per ordered pair of clusters, by sender then receiver; with a quorum, the
+        coordinator's choices to every other cluster."""
+        return tuple(f for c in range(self.n) for f in self.outgoing(c))
 
     def outgoing(self, c: int) -> tuple[topology.Flow, ...]:
-        return tuple(pseudograd_flow(self, c, d) for d in self.peers(c))
+        choices = tuple(quorum_flow(self, d) for d in self.peers(c)) if c == 0 and self.goes_on_without else ()
+        return tuple(pseudograd_flow(self, c, d) for d in self.peers(c)) + choices
 
     def incoming(self, c: int) -> tuple[topology.Flow, ...]:
-        return tuple(pseudograd_flow(self, d, c) for d in self.peers(c))
+        choices = (quorum_flow(self, c),) if c != 0 and self.goes_on_without else ()
+        return tuple(pseudograd_flow(self, d, c) for d in self.peers(c)) + choices
 
 
 def replica_id(c: int) -> str:
@@ -159,6 +179,11 @@ def replica_id(c: int) -> str:
 def pseudograd_flow(job: ReplicasJob, src: int, dst: int) -> topology.Flow:
     """Replica ``src``'s pseudo-gradients to replica ``dst``."""
     return topology.Flow(f"pseudograd-{src}-{dst}", job.clusters[src], job.clusters[dst])
+
+
+def quorum_flow(job: ReplicasJob, dst: int) -> topology.Flow:
+    """The coordinator's (cluster 0's) choice of each event's members, to replica ``dst``."""
+    return topology.Flow(f"quorum-0-{dst}", job.clusters[0], job.clusters[dst])
 
 
 def load_job(settings: Settings) -> ReplicasJob:

@@ -16,6 +16,7 @@ order, so replicas that start equal and average equal inputs end equal, bit for 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -23,6 +24,14 @@ import numpy as np
 from nebula_mq.errors import ShapeMismatch
 
 Arrays = dict[str, np.ndarray]
+
+
+def digest(weights: Mapping[str, np.ndarray]) -> str:
+    """A short digest of named weights: equal for bit-identical weights."""
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(name.encode() + b"\0" + np.ascontiguousarray(weights[name], np.float32).tobytes())
+    return h.hexdigest()[:32]
 
 
 def average(deltas: Sequence[Mapping[str, np.ndarray]]) -> Arrays:

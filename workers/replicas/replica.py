@@ -3,34 +3,33 @@
 With one fragment (the default) a sync event is an outer round; with several, one fragment's
 outer step (``workers.replicas.schedule``: Streaming DiLoCo). Event ``s`` of replica ``c``:
 
-1. :meth:`Replica.produce` (once per event, before the driver waits): the inner steps of the
-   inner optimizer on the replica's own data up to ``send_at(s)`` (inner step ``t`` draws
-   ``batch(c, t)``, dropout seeded by (job seed, replica, t)), then the event's fragment's
-   pseudo-gradient ``Δ_c = θ − θ_c``, encoded once (``workers.replicas.compression``) and
-   published as micro-batch ``s`` to every other cluster; then, with overlap, the inner steps
-   up to ``apply_at(s)`` while that pseudo-gradient is on the wire;
+1. :meth:`Replica.produce` (once per event, before the driver waits): the inner steps on the
+   replica's own data up to ``send_at(s)`` (inner step ``t`` draws ``batch(c, t)``, dropout
+   seeded by (job seed, replica, t)), then the fragment's pseudo-gradient ``Δ_c = θ − θ_c``,
+   encoded once (``workers.replicas.compression``) and published as micro-batch ``s`` to every
+   other cluster; then, with overlap, the inner steps up to ``apply_at(s)``;
 2. the driver's inbox gathers event ``s``'s pseudo-gradient of every other replica (one
-   ordered stream each: repeats dropped, nothing applied twice);
-3. :meth:`Replica.apply`: the average of the decoded pseudo-gradients in cluster order, its
-   own included as decoded, and the fragment's outer step (``workers.replicas.outer``); ``θ``
-   takes the result and so does the model (mixed with its own weights after overlap); the
-   inner optimizer keeps its state (DiLoCo).
+   ordered stream each: repeats dropped, nothing applied twice) or, with a quorum, of the
+   event's members (``workers.replicas.quorum``: who they are, and how a cluster left out
+   catches up);
+3. :meth:`Replica.apply`: the average of the members' decoded pseudo-gradients in cluster
+   order, its own included as decoded, and the fragment's outer step
+   (``workers.replicas.outer``); ``θ`` takes the result and so does the model (mixed with its
+   own weights after overlap); the inner optimizer keeps its state (DiLoCo).
 
-Every replica starts from the same weights (the spec builds the same model everywhere) and
-applies the same float32 operations to the same numbers, so all hold bit-identical outer
-weights ``θ`` after every event, and without overlap bit-identical models too; the job ends
+Every replica starts from the same weights and applies the same float32 operations to the
+same numbers, so all hold bit-identical outer weights ``θ`` after every event; the job ends
 with every model at ``θ``. The checkpoint holds ``θ``, the outer momentum, the model and the
-inner optimizer, the error-feedback residual and, when the event's pseudo-gradient is sent
-but not yet applied, its decoded value (``produced``): a resumed replica neither retrains
-nor resends what its checkpoint covers, and one that resends (an event after its
-checkpoint) sends the same bytes under the same message id, which receivers drop.
+inner optimizer, the error-feedback residual and, for an event sent but not yet applied, its
+decoded pseudo-gradient: a resumed replica neither retrains nor resends what its checkpoint
+covers, and what it resends (an event after its checkpoint) has the same bytes and message
+id, which receivers drop.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,8 +45,9 @@ from nebula_mq.transport.base import Transport
 from workers.base import role_worker
 from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
-from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, replica_id
-from workers.replicas.outer import Arrays, OuterNesterov, average
+from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, pseudograd_flow, quorum_flow, replica_id
+from workers.replicas.outer import Arrays, OuterNesterov, average, digest
+from workers.replicas.quorum import MEMBERS, PRODUCER, Membership, bits
 from workers.replicas.schedule import SyncSchedule, partition
 from workers.split.job import micro_batch_seed
 
@@ -55,14 +55,6 @@ log = get_logger(__name__)
 
 PARAM = "model/param/"  # the model's weights in the checkpoint (the framework's names)
 START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from
-
-
-def digest(weights: Mapping[str, np.ndarray]) -> str:
-    """A short digest of named weights: equal for bit-identical weights."""
-    h = hashlib.sha256()
-    for name in sorted(weights):
-        h.update(name.encode() + b"\0" + np.ascontiguousarray(weights[name], np.float32).tobytes())
-    return h.hexdigest()[:32]
 
 
 class Replica:
@@ -98,6 +90,8 @@ class Replica:
         self.own: Arrays = {}  # that event's pseudo-gradient as every receiver decodes it
         self.round_values: dict[str, float] = {}
         self.outboxes: list[Outbox] = []
+        self.membership = Membership(job, index, self.worker.store.root)
+        self.choices: list[Outbox] = []  # the coordinator's, with a quorum
 
     # ------------------------------------------------------------------ the model
 
@@ -139,7 +133,7 @@ class Replica:
     # ------------------------------------------------------------------ the role (runtime.driver)
 
     def inputs(self) -> StepInputs:
-        return StepInputs(self.job.incoming(self.index), self.sources)
+        return StepInputs(self.job.incoming(self.index), self.sources + self.membership.sources)
 
     def open(self) -> None:
         transport = self.worker.transport
@@ -147,11 +141,33 @@ class Replica:
             transport.declare_flow(flow, "consumer")
         for flow in self.job.outgoing(self.index):
             transport.declare_flow(flow, "producer")
-        self.outboxes = [Outbox(self.worker, flow, self.worker.worker_id) for flow in self.job.outgoing(self.index)]
+        self.outboxes = [Outbox(self.worker, pseudograd_flow(self.job, self.index, d), self.worker.worker_id)
+                         for d in self.job.peers(self.index)]
+        if self.membership.active and self.membership.coordinator:
+            self.choices = [Outbox(self.worker, quorum_flow(self.job, d), PRODUCER) for d in self.job.peers(0)]
 
     def close(self) -> None:
-        for outbox in self.outboxes:
+        for outbox in self.outboxes + self.choices:
             outbox.close()
+
+    def admit(self, received: Received) -> None:
+        self.membership.admit(received)
+
+    def left_behind(self) -> int:
+        """With a quorum the others go on without this replica: their events up to the job's end
+        are kept for it to catch up from."""
+        return self.total if self.membership.active else 0
+
+    def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
+        """The streams the event takes (``workers.replicas.quorum``); the coordinator publishes
+        its choice before it applies it."""
+        s = self.worker.step
+        chosen = self.membership.members(s, self.produced == s, heads)
+        if chosen is None:
+            return None
+        for outbox in self.choices:
+            outbox.send(step=s, micro_batch=s, meta={MEMBERS: bits(chosen)})
+        return tuple(d in chosen for d in self.job.peers(self.index)) + tuple(True for _ in self.membership.sources)
 
     def train_to(self, count: int) -> None:
         """The inner steps up to ``count`` done in all (none when already there)."""
@@ -162,8 +178,9 @@ class Replica:
     def produce(self, stopping: StopCheck) -> None:
         """The event's inner steps and its pseudo-gradient, sent, then its overlap; once an event."""
         s = self.worker.step
-        if self.produced == s or s >= self.total or stopping():
+        if self.produced == s or s >= self.total or stopping() or not self.membership.may_produce():
             return
+        self.membership.produced()
         bind_context(step=s)
         t0 = time.perf_counter()
         delta = self.update(s)
@@ -191,11 +208,13 @@ class Replica:
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
         """Event ``worker.step``: every replica's pseudo-gradient of its fragment averaged, the
         outer step taken, the model given the result."""
-        s = self.worker.step
-        if self.produced != s:
+        s, chosen = self.worker.step, self.membership.current
+        member = self.index in chosen
+        if member and self.produced != s:
             raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
         t0 = time.perf_counter()
         mine = digest(self.start)
+        parts = tuple(p for p in parts if p.envelope.producer != PRODUCER)
         for p in parts:
             if p.meta.get(START) != mine:
                 raise WorkerError(f"{self.worker.worker_id}: event {s}: {p.envelope.producer} started from other "
@@ -203,22 +222,26 @@ class Replica:
         names = self.fragments[self.schedule.fragment(s)]
         like = {name: self.start[name] for name in names}
         received = iter(self.compression.decode(p.tensors, like) for p in parts)  # peers, in cluster order
-        deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in range(self.job.n)]
+        deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in chosen]
         mean = average(deltas)
         if self.exchange_gradients:  # synchronous data parallelism: one inner step on the mean
             self.fw.set_param_grads(self.model, mean)
             self.fw.step(self.optimizer, None)
-            self.trained = s + 1
             self.start = self.weights()
         else:
             outer = self.outer.step(like, mean)
             self.start.update(outer)
-            self.set_weights(self.landed(outer, last=s == self.total - 1))
+            self.set_weights(self.landed(outer, last=s == self.total - 1 or not member))
+        if not member or self.exchange_gradients:  # left out: what it trained since it sent is dropped
+            self.trained = self.schedule.apply_at(s)
+        if not member:
+            self.membership.left_out()
+            self.round_values, self.losses = {}, []
         self.produced, self.own = -1, {}
         self.computed(time.perf_counter() - t0)
         busy, self.busy_s = self.busy_s, 0.0
         norm = float(np.sqrt(sum(float(np.square(m, dtype=np.float64).sum()) for m in mean.values())))
-        return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy}
+        return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy, "members": float(len(chosen))}
 
     def landed(self, outer: Arrays, last: bool) -> Arrays:
         """The model's weights once ``outer`` (a fragment's outer step) lands: the fragment takes
@@ -241,7 +264,8 @@ class Replica:
         arrays.update(self.outer.state_arrays("outer/momentum"))
         arrays.update(self.compression.state_arrays("pseudograd"))
         arrays.update({f"own/{k}": v for k, v in self.own.items()})
-        return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses}
+        return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses,
+                        "catching_up": self.membership.catching_up}
 
     def load(self, ck: Checkpoint) -> None:
         self.fw.load_state_arrays("model", self.model, self.optimizer, ck.arrays)
@@ -257,6 +281,7 @@ class Replica:
         self.trained = self.schedule.apply_at(ck.step if self.produced >= 0 else ck.step - 1)
         self.losses = [float(v) for v in ck.meta.get("losses", [])]
         self.round_values = {k: float(v) for k, v in dict(ck.meta.get("round_values", {})).items()}
+        self.membership.catching_up = bool(ck.meta.get("catching_up", False))
 
 
 def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None) -> int:
