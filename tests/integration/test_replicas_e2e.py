@@ -47,14 +47,15 @@ overlap_steps = 1
 codec = "int8"
 model = "mlp_replicas:build_replica"
 checkpoint_every = 3
-"""
+{extra}"""
 
 
-def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
+def start_job(stack: StackHandle, tmp: Path, name: str,
+              extra: str = "") -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
     for module in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
         shutil.copy(SPLIT_EXAMPLE / module, tmp)
     # The plan: one replica per cluster.
-    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name),
+    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name, extra=extra),
                          {w: ("replica", c) for c, w in enumerate(WORKERS)})
 
 
@@ -145,3 +146,46 @@ def faults(stack3: StackHandle, run_dir: Path, hold: Path, procs: dict[str, subp
     procs["replica-1"].wait(30)
     assert max(steps(run_dir).values()) <= 13
     set_hold(hold, None)
+
+
+def params(run_dir: Path, worker: str, prefix: str) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v) for k, v in final_checkpoint(run_dir, worker).arrays.items() if k.startswith(prefix)}
+
+
+@pytest.mark.slow
+def test_a_quorum_goes_on_without_a_cluster_that_stays_away_and_it_catches_up(
+        stack3: StackHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quorum = 2``: replica-2 (cluster-c) is killed -9 at event 2 and stays away while the
+    others go on for at least four events, each waiting ``quorum_wait_s`` for it. Started again,
+    it applies the events it missed from the coordinator's choices and the members'
+    pseudo-gradients kept in its queues, and rejoins. Every replica agrees on who took part in
+    every event and ends on the same outer weights and the same model."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
+    set_hold(hold, 2)
+    cfgs, procs = start_job(stack3, tmp_path, "quorum", extra="quorum = 2\nquorum_wait_s = 1.5\n")
+    run_dir = tmp_path / "quorum"
+    try:
+        wait_steps(run_dir, 2)
+        os.kill(procs["replica-2"].pid, signal.SIGKILL)
+        procs["replica-2"].wait(30)
+        set_hold(hold, None)
+        wait_steps(run_dir, 7, ("replica-0", "replica-1"))
+        procs["replica-2"] = start_worker("replica", cfgs["replica-2"], tmp_path / "quorum-replica-2.log", index=2)
+        wait_all(procs, tmp_path, "quorum")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    members = column(run_dir, "replica-0", "members")
+    assert len(members) == STEPS and members[:2] == [3.0, 3.0], members
+    assert members[3:7] == [2.0] * 4 and 3.0 in members[-3:], members  # away, then back
+    for worker in WORKERS:
+        assert final_checkpoint(run_dir, worker).step == STEPS
+        assert column(run_dir, worker, "members") == members, worker
+        for prefix in ("outer/param/", "model/param/"):
+            mine, first = params(run_dir, worker, prefix), params(run_dir, WORKERS[0], prefix)
+            assert sorted(mine) == sorted(first) and mine
+            for k in first:
+                np.testing.assert_array_equal(mine[k], first[k])

@@ -97,9 +97,9 @@ class ReplicasJob:
     # Sync events between checkpoints (and at the last); one event per round when fragments = 1.
     checkpoint_every: int = 5
     # Clusters a sync event needs to go on, the first cluster (the coordinator) counted; 0 =
-    # every cluster (wait for a cluster that is away). Below that, a cluster whose pseudo-
-    # gradient has not come within quorum_wait_s is left out of the event, and catches up
-    # from the queues when it is back (workers.replicas.quorum).
+    # every cluster (wait for a cluster that is away). Below that, a cluster whose update has
+    # not come within quorum_wait_s is left out of the event, and catches up from the
+    # queues when it is back (workers.replicas.quorum).
     quorum: int = 0
     # With a quorum: seconds the coordinator waits for a missing cluster's pseudo-gradient,
     # from when its own is sent, before the event goes on without it.
