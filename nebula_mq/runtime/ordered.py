@@ -113,9 +113,10 @@ class InOrderBuffer(Generic[T]):
 
     def skip(self, count: int) -> None:
         """Move the counter past ``count`` indices that will never be applied (a step that goes
-        on without this stream): their copies, arriving later, are repeats."""
-        for index in range(self.next_index, self.next_index + count):
-            self._held.pop(index, None)
+        on without this stream): their copies, arriving later, are repeats. None of them may be
+        held (a held one would stay unacked)."""
+        if any(index in self._held for index in range(self.next_index, self.next_index + count)):
+            raise ValueError(f"indices {self.next_index}..{self.next_index + count - 1} hold a message: apply it")
         self.next_index += count
 
     def pop_ready(self) -> Iterator[Ready[T]]:

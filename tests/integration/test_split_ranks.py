@@ -14,26 +14,11 @@ import pytest
 
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
-from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, free_port_range, run_chaos,
-                                 split_job)
+from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, finish, free_port_range,
+                                 run_chaos, run_to_end, split_job)
 from tests.fixtures.lanes import CPU_HEAVY
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
-
-
-def run_to_end(config: Path, stack_dir: Path, timeout: float = 240, **env: str) -> JobProcesses:
-    job = JobProcesses(str(config), str(stack_dir), env=env)
-    job.provision()
-    job.start_all()
-    return finish(job, timeout)
-
-
-def finish(job: JobProcesses, timeout: float) -> JobProcesses:
-    """Wait for every worker of ``job`` (the first failure ends the wait); all must exit 0."""
-    codes = job.wait_all(timeout)
-    logs = {w: (job.logs / f"{w}.log").read_text()[-1500:] for w in job.children}
-    assert codes == {w: 0 for w in job.children}, logs
-    return job
 
 
 def model_arrays(run_dir: Path, worker: str) -> dict[str, np.ndarray]:

@@ -20,8 +20,10 @@ if TYPE_CHECKING:
 __all__ = ["ReplicaSpec", "run_replica"]
 
 
-def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None) -> int:
-    """Train replica ``index`` (its cluster's, in ``[replicas] clusters``) to its end; exit code."""
+def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None,
+                rank: int = 0) -> int:
+    """Train replica ``index`` (its cluster's, in ``[replicas] clusters``; its rank ``rank`` of
+    ``[replicas] ranks``) to its end; exit code."""
     from workers.replicas.replica import run_replica as run
 
-    return run(settings, spec, index, transport)
+    return run(settings, spec, index, transport, rank)

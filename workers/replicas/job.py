@@ -27,6 +27,7 @@ from nebula_mq import config, topology
 from nebula_mq.config import InvalidField
 from nebula_mq.errors import ConfigError
 from nebula_mq.models.frameworks import FRAMEWORKS
+from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
 
 # batch(shard, step) -> (inputs, targets): the arrays of inner step ``step`` of the replica
@@ -104,6 +105,19 @@ class ReplicasJob:
     # With a quorum: seconds the coordinator waits for a missing cluster's pseudo-gradient,
     # from when its own is sent, before the event goes on without it.
     quorum_wait_s: float = 30.0
+    # Data-parallel ranks of each cluster's replica: every inner step's batch is cut into this
+    # many equal pieces and the ranks all-reduce their gradients (gloo on CPUs, NCCL on GPUs);
+    # rank 0 alone talks across the WAN and gives every event's average to the others.
+    ranks: int = 1
+    # The host every rank of a cluster runs on (its ranks share one host).
+    gloo_host: str = "127.0.0.1"
+    # Cluster c's group meets on gloo_port + c * (ranks + 1), and its rank r listens on the port
+    # after that plus r, so the clusters of a local stack never share a port. Keep the ports
+    # below the kernel's ephemeral range (Linux: 32768-60999).
+    gloo_port: int = 29400
+    # A collective (or the rendezvous) that has not completed after this long means a rank is
+    # gone: the rank exits, and the cluster's ranks restart from their last common checkpoint.
+    group_timeout_s: float = 300.0
 
     def validate(self) -> None:
         from nebula_mq.codecs import parse_codec
@@ -143,6 +157,13 @@ class ReplicasJob:
             raise InvalidField("quorum", f"an integer in [1, {self.n}] (the clusters), or 0 for all", self.quorum)
         if not self.quorum_wait_s > 0:
             raise InvalidField("quorum_wait_s", "a number of seconds > 0", self.quorum_wait_s)
+        if self.ranks < 1 or (self.ranks > 1 and self.goes_on_without):
+            raise InvalidField("ranks", "an integer >= 1, and 1 with a quorum (a quorum with ranks is not yet "
+                               "supported)", self.ranks)
+        if not 0 < self.gloo_port < 65536 - self.n * (self.ranks + 1):
+            raise InvalidField("gloo_port", "a TCP port that leaves room for every cluster's ranks", self.gloo_port)
+        if not self.group_timeout_s > 0:
+            raise InvalidField("group_timeout_s", "a number of seconds > 0", self.group_timeout_s)
 
     @property
     def n(self) -> int:
@@ -162,18 +183,35 @@ class ReplicasJob:
         coordinator's choices to every other cluster."""
         return tuple(f for c in range(self.n) for f in self.outgoing(c))
 
-    def outgoing(self, c: int) -> tuple[topology.Flow, ...]:
+    def outgoing(self, c: int, rank: int = 0) -> tuple[topology.Flow, ...]:
+        """What cluster ``c``'s rank ``rank`` publishes: rank 0 its pseudo-gradients, the
+        coordinator's choices and every event's average to its cluster's other ranks."""
+        if rank > 0:
+            return ()
         choices = tuple(quorum_flow(self, d) for d in self.peers(c)) if c == 0 and self.goes_on_without else ()
-        return tuple(pseudograd_flow(self, c, d) for d in self.peers(c)) + choices
+        locals_ = tuple(rank_flow(self, c, r) for r in range(1, self.ranks))
+        return tuple(pseudograd_flow(self, c, d) for d in self.peers(c)) + choices + locals_
 
-    def incoming(self, c: int) -> tuple[topology.Flow, ...]:
+    def incoming(self, c: int, rank: int = 0) -> tuple[topology.Flow, ...]:
+        if rank > 0:
+            return (rank_flow(self, c, rank),)
         choices = (quorum_flow(self, c),) if c != 0 and self.goes_on_without else ()
         return tuple(pseudograd_flow(self, d, c) for d in self.peers(c)) + choices
 
+    def group_address(self, c: int) -> GroupAddress:
+        """Where cluster ``c``'s ranks meet (``models.group_address``)."""
+        return GroupAddress.on_hosts((self.gloo_host,) * self.ranks, self.gloo_port + c * (self.ranks + 1))
 
-def replica_id(c: int) -> str:
-    """The worker id of cluster ``c``'s replica: names its checkpoints, logs and identity."""
-    return f"replica-{c}"
+
+def replica_id(c: int, rank: int = 0) -> str:
+    """The worker id of cluster ``c``'s replica (its rank ``rank``): names its checkpoints, logs
+    and identity."""
+    return f"replica-{c}" if rank == 0 else f"replica-{c}-r{rank}"
+
+
+def rank_flow(job: ReplicasJob, c: int, rank: int) -> topology.Flow:
+    """Cluster ``c``'s rank 0 to its rank ``rank``: every event's average, inside the cluster."""
+    return topology.Flow(f"outer-{c}-r{rank}", job.clusters[c], job.clusters[c])
 
 
 def pseudograd_flow(job: ReplicasJob, src: int, dst: int) -> topology.Flow:

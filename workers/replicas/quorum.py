@@ -12,15 +12,19 @@ So every replica averages the same decoded pseudo-gradients in the same order, a
 bit-identical outer weights after every event.
 
 A cluster left out of an event (cut off, stopped, slow) takes the event's outer weights
-whole: what it trained since it sent is dropped with its pseudo-gradient, which comes late
-everywhere and is dropped as a repeat. It then **catches up from the queues**: while the
+whole and its inner optimizer and error feedback go back to where they were before it trained
+the event: what it trained is dropped with its pseudo-gradient, which comes late everywhere
+and is dropped as a repeat, and its state after the event is the same whether or not it
+trained (whether it saw the choice in time is a matter of timing; a replay must send the same
+bytes). It then **catches up from the queues**: while the
 coordinator's choices of the next events are waiting for it and leave it out, it applies
 them with the members' pseudo-gradients, both kept in its queues, without training; once
-none is waiting, it trains and sends again, and the coordinator takes it in as soon as its
+none has come for a moment (``SETTLE_S``: its queue is drained), it trains and sends again, and the coordinator takes it in as soon as its
 pseudo-gradient comes within the wait. It never downloads the weights.
 
 The coordinator must be there: without it the others wait (its checkpoint and its log
-resume it). While a cluster is away every event waits ``quorum_wait_s`` for it.
+resume it). While a cluster is away every event waits ``quorum_wait_s`` for it, and a cluster
+slower than the coordinator by more than that each event stays left out.
 """
 
 from __future__ import annotations
@@ -42,12 +46,21 @@ log = get_logger(__name__)
 PRODUCER = "quorum"  # the producer of the coordinator's choices: a stream of its own
 MEMBERS = "members"  # the meta key of a choice: the members as a bit set, bit c for cluster c
 Members = tuple[int, ...]
+# How long a replica catching up sees no choice for its next event before it trains it: the
+# choices kept in its queue come within milliseconds once it reads them.
+SETTLE_S = 0.1
 
 
 def read_choices(path: Path) -> dict[int, Members]:
-    """The choices a coordinator logged; a last line cut short by a crash was never published."""
+    """The choices a coordinator logged; a last line cut short by a crash was never published,
+    and is cut off the file here, so the next choice starts a line of its own."""
     if not path.exists():
         return {}
+    text = path.read_bytes()
+    if text and not text.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(text.rfind(b"\n") + 1)
+            os.fsync(f.fileno())
     choices: dict[int, Members] = {}
     lines = path.read_text().splitlines()
     for number, line in enumerate(lines, 1):
@@ -120,7 +133,8 @@ class Membership:
         elif not self.active:
             chosen = tuple(range(self.n)) if len(present) == len(self.peers) else None
         elif heads[-1] is None:
-            self.go = self.catching_up  # nothing says it is left out of this event: train and send
+            if self.catching_up:  # no choice for this event for a moment: train and send
+                self.go = self.clock() - self.since.setdefault(event, self.clock()) >= min(SETTLE_S, self.wait_s / 5)
             return None
         else:
             chosen = members_of(heads[-1].meta, self.n, self.need)
@@ -131,6 +145,7 @@ class Membership:
                 return None
         if chosen is not None:
             self.current = chosen
+            self.since.pop(event, None)
         return chosen
 
     def choose(self, event: int, present: set[int]) -> Members | None:
@@ -155,9 +170,17 @@ class Membership:
         return members
 
     def record(self, event: int, members: Members) -> None:
-        """Log a choice durably before anyone is told of it."""
+        """Log a choice durably (the file, and its directory entry when new) before anyone is
+        told of it."""
         self.chosen[event] = members
+        new = not self.log_path.exists()
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": event, MEMBERS: list(members)}) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if new:
+            directory = os.open(self.log_path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)

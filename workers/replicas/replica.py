@@ -18,25 +18,24 @@ outer step (``workers.replicas.schedule``: Streaming DiLoCo). Event ``s`` of rep
    own weights after overlap); the inner optimizer keeps its state (DiLoCo).
 
 Every replica starts from the same weights and applies the same float32 operations to the
-same numbers, so all hold bit-identical outer weights ``θ`` after every event; the job ends
-with every model at ``θ``. The checkpoint holds ``θ``, the outer momentum, the model and the
-inner optimizer, the error-feedback residual and, for an event sent but not yet applied, its
-decoded pseudo-gradient: a resumed replica neither retrains nor resends what its checkpoint
-covers, and what it resends (an event after its checkpoint) has the same bytes and message
-id, which receivers drop.
+same numbers, so all hold bit-identical outer weights ``θ`` after every event, and end with
+every model at ``θ``. The checkpoint holds ``θ``, the outer momentum, the model, the inner
+optimizer, the error-feedback residual and, for an event sent but not applied, its decoded
+pseudo-gradient: a resumed replica neither retrains nor resends what its checkpoint covers,
+and what it resends has the same bytes and message id, which receivers drop. With ranks
+inside the cluster (``workers.replicas.ranks``) rank 0 alone talks across the WAN.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.frameworks import Framework, framework_of
-from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
@@ -45,39 +44,40 @@ from nebula_mq.transport.base import Transport
 from workers.base import role_worker
 from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
-from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, pseudograd_flow, quorum_flow, replica_id
-from workers.replicas.outer import Arrays, OuterNesterov, average, digest
-from workers.replicas.quorum import MEMBERS, PRODUCER, Membership, bits
+from workers.replicas.exchange import START, WanExchange
+from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, replica_id
+from workers.replicas.outer import Arrays, OuterNesterov, digest
+from workers.replicas.quorum import Membership
+from workers.replicas.ranks import ClusterRanks
 from workers.replicas.schedule import SyncSchedule, partition
 from workers.split.job import micro_batch_seed
 
 log = get_logger(__name__)
 
 PARAM = "model/param/"  # the model's weights in the checkpoint (the framework's names)
-START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from
 
 
 class Replica:
-    """Cluster ``index``'s replica (see the module docstring)."""
+    """Cluster ``index``'s replica, its rank ``rank`` (see the module docstring)."""
 
     def __init__(self, settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None,
-                 framework: Framework | None = None) -> None:
+                 framework: Framework | None = None, rank: int = 0) -> None:
         self.job = job = load_job(settings)
         if not 0 <= index < job.n:
             raise WorkerError(f"replica {index} outside 0..{job.n - 1} ([replicas] clusters)")
-        self.settings, self.index, self.spec = settings, index, spec
-        self.worker = role_worker(settings, job.clusters[index], replica_id(index), ROLE, transport,
+        self.settings, self.index, self.spec, self.rank = settings, index, spec, rank
+        self.worker = role_worker(settings, job.clusters[index], replica_id(index, rank), ROLE, transport,
                                   checkpoint_every=job.checkpoint_every)
         self.fw = framework or framework_of(spec.model, "replicas.model", job.framework)
-        self.fw.place(settings.job.device, 0, "job.device")
+        self.fw.place(settings.job.device, rank, "job.device")
+        self.ranks = ClusterRanks(job, index, rank, self.fw)
         self.model = self.fw.to_device(spec.model)
         self.optimizer = (spec.optimizer_fn or self.fw.default_optimizer)(self.fw.trainable(self.model), job.inner_lr)
         self.exchange_gradients = job.exchange == "gradients"
         self.schedule = SyncSchedule(job.inner_steps, job.fragments, job.overlap_steps, settings.job.steps)
-        # [job] steps counts sync events: outer rounds x fragments, or inner steps exchanging gradients
-        self.total = self.schedule.events
+        self.total = self.schedule.events  # [job] steps: rounds x fragments, or inner steps exchanging gradients
         self.in_flight = 2  # a peer is at most one event ahead (it waits for this replica), and one spare
-        self.sources = tuple(replica_id(d) for d in job.peers(index))
+        self.sources = tuple(replica_id(d) for d in job.peers(index)) if rank == 0 else (self.ranks.source,)
         self.start = self.weights()  # θ: the weights of the last outer steps, equal on every replica
         self.fragments = partition({k: v.size for k, v in self.start.items()}, job.fragments,
                                    settings.source or "<settings>")
@@ -85,13 +85,12 @@ class Replica:
         self.losses: list[float] = []  # of the inner steps since the last pseudo-gradient left
         self.busy_s = 0.0  # seconds computing since the last event applied: the next event's compute_s
         self.outer = OuterNesterov(job.outer_lr, job.outer_momentum, job.nesterov)
-        self.compression = PseudoGradientCompression(job.codec, job.error_feedback, settings.codec.allow_non_finite)
+        compression = PseudoGradientCompression(job.codec, job.error_feedback, settings.codec.allow_non_finite)
+        self.wan = WanExchange(job, index, self.worker, compression)  # rank 0's
         self.produced = -1  # the event whose pseudo-gradient is sent and not yet applied
-        self.own: Arrays = {}  # that event's pseudo-gradient as every receiver decodes it
         self.round_values: dict[str, float] = {}
-        self.outboxes: list[Outbox] = []
         self.membership = Membership(job, index, self.worker.store.root)
-        self.choices: list[Outbox] = []  # the coordinator's, with a quorum
+        self.before: Arrays = {}  # a follower's state before it trained the event (quorum.py), until applied
 
     # ------------------------------------------------------------------ the model
 
@@ -106,12 +105,13 @@ class Replica:
     def backward(self, step: int) -> float:
         """Forward and backward of inner step ``step`` (counted over the whole job) on this
         replica's shard; its loss. The gradients wait on the parameters."""
-        inputs, targets = self.spec.batch(self.index, step)
-        seed = micro_batch_seed(self.settings.job.seed, f"replica-{self.index}", step)
+        inputs, targets = (self.ranks.piece(arrays) for arrays in self.spec.batch(self.index, step))
+        seed = micro_batch_seed(self.settings.job.seed, self.worker.worker_id, step)
         with self.fw.seeded(seed):
-            out = self.model(*(self.fw.tensor(np.asarray(a)) for a in inputs))
-            loss = self.spec.loss(out, *(self.fw.tensor(np.asarray(t)) for t in targets))
-        return self.fw.loss_backward(loss, self.worker.worker_id)
+            out = self.model(*(self.fw.tensor(a) for a in inputs))
+            loss = self.spec.loss(out, *(self.fw.tensor(t) for t in targets))
+        value = self.fw.loss_backward(loss, self.worker.worker_id)
+        return self.ranks.reduce(self.model, value, self.worker.agreement)  # the cluster's mean
 
     def inner_step(self, step: int) -> float:
         """Inner step ``step`` of the inner optimizer; its loss."""
@@ -133,22 +133,21 @@ class Replica:
     # ------------------------------------------------------------------ the role (runtime.driver)
 
     def inputs(self) -> StepInputs:
-        return StepInputs(self.job.incoming(self.index), self.sources + self.membership.sources)
+        return StepInputs(self.job.incoming(self.index, self.rank), self.sources + self.membership.sources)
 
     def open(self) -> None:
         transport = self.worker.transport
-        for flow in self.job.incoming(self.index):
+        for flow in self.job.incoming(self.index, self.rank):
             transport.declare_flow(flow, "consumer")
-        for flow in self.job.outgoing(self.index):
+        for flow in self.job.outgoing(self.index, self.rank):
             transport.declare_flow(flow, "producer")
-        self.outboxes = [Outbox(self.worker, pseudograd_flow(self.job, self.index, d), self.worker.worker_id)
-                         for d in self.job.peers(self.index)]
-        if self.membership.active and self.membership.coordinator:
-            self.choices = [Outbox(self.worker, quorum_flow(self.job, d), PRODUCER) for d in self.job.peers(0)]
+        if self.rank == 0:
+            self.wan.open(self.membership.active and self.membership.coordinator)
+        self.ranks.open(self.worker)
 
     def close(self) -> None:
-        for outbox in self.outboxes + self.choices:
-            outbox.close()
+        self.wan.close()
+        self.ranks.close()
 
     def admit(self, received: Received) -> None:
         self.membership.admit(received)
@@ -165,8 +164,7 @@ class Replica:
         chosen = self.membership.members(s, self.produced == s, heads)
         if chosen is None:
             return None
-        for outbox in self.choices:
-            outbox.send(step=s, micro_batch=s, meta={MEMBERS: bits(chosen)})
+        self.wan.publish_choice(s, chosen)
         return tuple(d in chosen for d in self.job.peers(self.index)) + tuple(True for _ in self.membership.sources)
 
     def train_to(self, count: int) -> None:
@@ -182,17 +180,17 @@ class Replica:
             return
         self.membership.produced()
         bind_context(step=s)
+        if self.membership.active and not self.membership.coordinator:  # a fresh start trains event 0
+            self.before = {k: np.array(v, copy=True) for k, v in {
+                **self.fw.state_arrays("model", self.model, self.optimizer),
+                **self.wan.compression.state_arrays("pseudograd")}.items()}
         t0 = time.perf_counter()
         delta = self.update(s)
-        encoded, self.own = self.compression.encode(self.schedule.outer_round(s), delta)
+        encoded = self.wan.encode(self.schedule.outer_round(s), delta) if self.rank == 0 else {}
         self.computed(time.perf_counter() - t0)
-        for outbox in self.outboxes:  # submitted to the publisher's I/O thread: not compute
-            outbox.send(step=s, micro_batch=s, encoded=encoded,
-                        meta={"loss": float(np.mean(self.losses)), START: digest(self.start)})
-        wire = sum(enc.nbytes for _, enc in encoded.values())
-        self.round_values = {"loss": float(np.mean(self.losses)), "last_inner_loss": self.losses[-1],
-                             "sent_bytes": float(wire * len(self.outboxes)),
-                             "raw_bytes": float(sum(d.nbytes for d in delta.values()) * len(self.outboxes))}
+        loss = float(np.mean(self.losses))  # sent on the publisher's I/O thread: not compute
+        sent = self.wan.publish(s, encoded, delta, {"loss": loss, START: digest(self.start)})
+        self.round_values = {"loss": loss, "last_inner_loss": self.losses[-1], **sent}
         self.losses = []
         self.produced = s
         if not self.exchange_gradients:  # overlap: trains while the pseudo-gradient travels
@@ -214,16 +212,15 @@ class Replica:
             raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
         t0 = time.perf_counter()
         mine = digest(self.start)
-        parts = tuple(p for p in parts if p.envelope.producer != PRODUCER)
-        for p in parts:
-            if p.meta.get(START) != mine:
-                raise WorkerError(f"{self.worker.worker_id}: event {s}: {p.envelope.producer} started from other "
-                                  "weights than this replica (the model must be built the same on every cluster)")
-        names = self.fragments[self.schedule.fragment(s)]
-        like = {name: self.start[name] for name in names}
-        received = iter(self.compression.decode(p.tensors, like) for p in parts)  # peers, in cluster order
-        deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in chosen]
-        mean = average(deltas)
+        like = {name: self.start[name] for name in self.fragments[self.schedule.fragment(s)]}
+        if self.rank == 0:
+            mean = self.wan.average(s, chosen, parts, like, mine)
+            self.ranks.share(s, mean, {START: mine})
+        else:
+            mean = self.ranks.received(self.worker.worker_id, s, parts, mine)
+        if not member and self.before:  # left out: back to its state before it trained (quorum.py)
+            self.fw.load_state_arrays("model", self.model, self.optimizer, self.before)
+            self.wan.compression.restore(self.before, sorted(self.start), "pseudograd")
         if self.exchange_gradients:  # synchronous data parallelism: one inner step on the mean
             self.fw.set_param_grads(self.model, mean)
             self.fw.step(self.optimizer, None)
@@ -237,7 +234,7 @@ class Replica:
         if not member:
             self.membership.left_out()
             self.round_values, self.losses = {}, []
-        self.produced, self.own = -1, {}
+        self.produced, self.wan.own, self.before = -1, {}, {}
         self.computed(time.perf_counter() - t0)
         busy, self.busy_s = self.busy_s, 0.0
         norm = float(np.sqrt(sum(float(np.square(m, dtype=np.float64).sum()) for m in mean.values())))
@@ -262,8 +259,9 @@ class Replica:
         arrays = self.fw.state_arrays("model", self.model, self.optimizer)
         arrays.update({f"outer/param/{k}": v for k, v in self.start.items()})
         arrays.update(self.outer.state_arrays("outer/momentum"))
-        arrays.update(self.compression.state_arrays("pseudograd"))
-        arrays.update({f"own/{k}": v for k, v in self.own.items()})
+        arrays.update(self.wan.compression.state_arrays("pseudograd"))
+        arrays.update({f"own/{k}": v for k, v in self.wan.own.items()})
+        arrays.update({f"before/{k}": v for k, v in self.before.items()})
         return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses,
                         "catching_up": self.membership.catching_up}
 
@@ -272,25 +270,30 @@ class Replica:
         names = sorted(self.start)
         self.start = {k: np.array(ck.arrays[f"outer/param/{k}"], np.float32) for k in names}
         self.outer.restore(ck.arrays, "outer/momentum")
-        self.compression.restore(ck.arrays, names, "pseudograd")
+        self.wan.compression.restore(ck.arrays, names, "pseudograd")
         # An event sent and not applied when the checkpoint was written: its own pseudo-gradient,
         # and its overlap trained; else the inner steps up to the last event applied.
         self.produced = ck.step if int(ck.meta.get("produced", -1)) == ck.step else -1
         sent = self.fragments[self.schedule.fragment(ck.step)] if self.produced >= 0 else ()
-        self.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in sent}
+        self.wan.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in sent}
         self.trained = self.schedule.apply_at(ck.step if self.produced >= 0 else ck.step - 1)
         self.losses = [float(v) for v in ck.meta.get("losses", [])]
         self.round_values = {k: float(v) for k, v in dict(ck.meta.get("round_values", {})).items()}
         self.membership.catching_up = bool(ck.meta.get("catching_up", False))
+        self.before = {k[len("before/"):]: v for k, v in ck.arrays.items() if k.startswith("before/")}
 
 
-def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None) -> int:
-    """Train replica ``index`` with ``spec`` until ``[job] steps`` sync events (or SIGTERM); exit code."""
-    replica = Replica(settings, spec, index, transport)
+def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None,
+                rank: int = 0) -> int:
+    """Train replica ``index`` (its rank ``rank``) with ``spec`` until ``[job] steps`` sync events
+    (or SIGTERM); exit code."""
+    replica = Replica(settings, spec, index, transport, rank=rank)
     return drive(replica.worker, replica)
 
 
 @role(ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
-    """``nebula-mq worker --role replica --index C``: the spec comes from ``[replicas] model``."""
-    return run_replica(settings, load_spec(settings, worker_index), worker_index)
+    """``nebula-mq worker --role replica --index I``: cluster ``I // ranks``'s rank ``I % ranks``
+    (the plan's index); the spec comes from ``[replicas] model``."""
+    c, rank = divmod(worker_index, load_job(settings).ranks)
+    return run_replica(settings, load_spec(settings, c), c, rank=rank)

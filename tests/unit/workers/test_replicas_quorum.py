@@ -8,16 +8,20 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from nebula_mq.errors import CheckpointError, ConfigError, MalformedMessage
 from nebula_mq.runtime.driver import Driver
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import drivers
-from tests.fixtures.replicas import THREE, Duplicates, Rounds, hooks_of, replicas, settings_for
-from workers.replicas.job import ReplicasJob, load_job
+from tests.fixtures.replicas import THREE, Duplicates, Rounds, build, hooks_of, replicas, settings_for
+from workers.replicas.exchange import START
+from workers.replicas.job import ReplicaSpec, ReplicasJob, load_job
+from workers.replicas.outer import digest
 from workers.replicas.quorum import Membership, members_of, read_choices
 
 pytestmark = pytest.mark.paddle
@@ -44,9 +48,22 @@ def wait_for(condition: Any, errors: list[BaseException], timeout: float = 60.0)
 
 
 def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(tmp_path: Path) -> None:
-    settings = settings_for(tmp_path, steps=10, quorum=2, quorum_wait_s=0.3)
+    settings = settings_for(tmp_path, steps=10, quorum=2, quorum_wait_s=1.0)
     broker = MemoryBroker()
-    roles = replicas(settings, broker)
+    inner_steps: list[int] = []  # c's
+
+    def counted(settings: Any, index: int) -> ReplicaSpec:
+        from mlp_replicas import build_replica
+
+        spec = build_replica(settings, index)
+
+        def batch(shard: int, step: int) -> Any:
+            if shard == 2:
+                inner_steps.append(step)
+            return spec.batch(shard, step)
+        return ReplicaSpec(spec.model, spec.loss, batch)
+
+    roles = replicas(settings, broker, counted)
     for r in roles:
         r.worker.hooks.add(Rounds(r))
     repeats = Duplicates()
@@ -72,6 +89,8 @@ def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(tmp
     members = [rounds[0].members[k] for k in sorted(rounds[0].members)]
     assert members[:4] == [2.0] * 4 and 3.0 in members[4:], members  # c left out, then back
     assert repeats.count > 0  # c's first pseudo-gradient came after its event went on: dropped
+    skipped = sum(1 for e in range(10) if not any(5 * e <= t < 5 * e + 5 for t in inner_steps))
+    assert skipped >= 2, sorted(set(inner_steps))  # events it caught up on without training
     logged = read_choices(tmp_path / "checkpoints" / "replica-0" / "quorum.jsonl")
     assert sorted(logged) == list(range(10)) and logged[0] == (0, 1)
 
@@ -97,7 +116,9 @@ def test_the_coordinator_chooses_each_event_once_and_a_restart_keeps_its_choice(
     assert restarted.members(0, True, (HERE, HERE)) == (0, 1)  # c came meanwhile: still left out
     log = tmp_path / "quorum.jsonl"
     log.write_text(log.read_text() + '{"event": 2, "memb')  # cut short by a crash: never published
-    assert read_choices(log) == {0: (0, 1), 1: (0, 1, 2)}
+    again = Membership(job, 0, tmp_path, clock=lambda: now[0])
+    assert again.members(2, True, (HERE, HERE)) == (0, 1, 2)  # logged on a line of its own
+    assert read_choices(log) == {0: (0, 1), 1: (0, 1, 2), 2: (0, 1, 2)}
     log.write_text('{"event": 0, "memb\n{"event": 1, "members": [0, 1]}\n')
     with pytest.raises(CheckpointError, match="line 1"):
         read_choices(log)
@@ -112,7 +133,10 @@ def test_a_replica_left_out_trains_again_once_nothing_says_it_is_left_out() -> N
     assert follower.members(5, False, (HERE, HERE, choice)) == (0, 1)  # applied without training
     assert not follower.may_produce()
     assert follower.members(6, False, (None, None, None)) is None
-    assert follower.may_produce()  # no choice waiting: it trains and sends event 6
+    assert not follower.may_produce()  # the choice may still be on its way from the queue
+    time.sleep(0.11)
+    assert follower.members(6, False, (None, None, None)) is None
+    assert follower.may_produce()  # none came for a moment: it trains and sends event 6
     follower.produced()
     assert follower.members(6, True, (HERE, None, choice)) is None  # b's is still to come
     assert follower.members(6, True, (HERE, HERE, choice)) == (0, 1)
@@ -137,3 +161,47 @@ def test_a_quorum_adds_the_coordinators_choices_to_the_flows() -> None:
     names = [f.name for f in ReplicasJob(clusters=THREE, quorum=2).flows()]
     assert [n for n in names if n.startswith("quorum")] == ["quorum-0-1", "quorum-0-2"]
     assert len(ReplicasJob(clusters=THREE).flows()) == 6  # every cluster: no choices to send
+
+
+def peer_parts(start: dict[str, np.ndarray], event: int) -> tuple[Any, ...]:
+    """Replicas 0's and 1's pseudo-gradients of ``event`` as the driver hands them over (decoded)."""
+    parts = []
+    for d in (0, 1):
+        rng = np.random.default_rng([event, d])
+        tensors = {k: (rng.standard_normal(v.shape) * 1e-2).astype(np.float32) for k, v in start.items()}
+        parts.append(SimpleNamespace(envelope=SimpleNamespace(producer=f"replica-{d}"), meta={START: digest(start)},
+                                     tensors=tensors))
+    return tuple(parts)
+
+
+def test_a_left_out_replica_ends_the_event_the_same_whether_it_trained_or_not(tmp_path: Path) -> None:
+    """Whether a replica catching up saw the coordinator's choice before it would train is a
+    matter of timing: the event must leave it in the same state either way (weights, inner
+    optimizer, error feedback), or a replay would send other bytes under the same ids. Event 0
+    with every cluster, event 1 without replica 2 (trained, or not), then event 2 sent."""
+    states = []
+    for trained in (True, False):
+        replica = build(settings_for(tmp_path / str(trained), steps=4, quorum=2), 2, MemoryBroker())
+        replica.open()
+        try:
+            replica.produce(lambda: False)
+            replica.membership.current = (0, 1, 2)
+            replica.apply(peer_parts(replica.start, 0))
+            replica.worker.step = 1
+            if not trained:
+                replica.membership.left_out()  # catching up: the choice is there before it trains
+            replica.produce(lambda: False)
+            assert (replica.produced, replica.trained) == ((1, 10) if trained else (-1, 5))
+            replica.membership.current = (0, 1)
+            values = replica.apply(peer_parts(replica.start, 1))
+            assert values["members"] == 2.0 and replica.trained == 10
+            replica.worker.step = 2
+            replica.membership.go = True  # no choice came for its next event: it trains
+            replica.produce(lambda: False)  # event 2, sent again after a replay: the same bytes
+            assert replica.produced == 2
+            states.append(replica.state()[0])
+        finally:
+            replica.close()
+    assert states[0].keys() == states[1].keys(), set(states[0]) ^ set(states[1])
+    for k in states[0]:
+        np.testing.assert_array_equal(states[0][k], states[1][k], err_msg=k)

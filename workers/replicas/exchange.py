@@ -1,0 +1,84 @@
+"""What crosses the WAN in a replicas job: a cluster's pseudo-gradients out, the others' in.
+
+Only a cluster's rank 0 holds one (``workers.replicas.ranks``). Each event's pseudo-gradient
+is encoded once (``workers.replicas.compression``: error feedback kept per parameter) and
+published to every other cluster as micro-batch ``event``, with the digest of the outer
+weights it started from; the coordinator's choice of the event's members
+(``workers.replicas.quorum``) goes on flows of its own. On the way in, every member's
+pseudo-gradient is checked against this replica's outer weights, decoded and averaged in
+cluster order, this replica's own included as the others decode it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from nebula_mq.codecs.flow import EncodedTensors
+from nebula_mq.errors import WorkerError
+from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.worker import Worker
+from workers.replicas.compression import PseudoGradientCompression
+from workers.replicas.job import ReplicasJob, pseudograd_flow, quorum_flow
+from workers.replicas.outer import Arrays, average
+from workers.replicas.quorum import MEMBERS, PRODUCER, Members, bits
+
+START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from
+
+
+def check_start(worker_id: str, event: int, parts: Sequence[Received], mine: str) -> None:
+    """Every part started from the outer weights whose digest is ``mine``, or the job stops."""
+    for p in parts:
+        if p.meta.get(START) != mine:
+            raise WorkerError(f"{worker_id}: event {event}: {p.envelope.producer} started from other weights "
+                              "than this replica (the model must be built the same on every cluster and rank)")
+
+
+class WanExchange:
+    """Replica ``index``'s pseudo-gradients across the WAN (see the module docstring)."""
+
+    def __init__(self, job: ReplicasJob, index: int, worker: Worker, compression: PseudoGradientCompression) -> None:
+        self.job, self.index, self.worker, self.compression = job, index, worker, compression
+        self.own: Arrays = {}  # the event's pseudo-gradient as every receiver decodes it
+        self.outboxes: list[Outbox] = []
+        self.choices: list[Outbox] = []  # the coordinator's, with a quorum
+
+    def open(self, coordinator: bool) -> None:
+        self.outboxes = [Outbox(self.worker, pseudograd_flow(self.job, self.index, d), self.worker.worker_id)
+                         for d in self.job.peers(self.index)]
+        if coordinator:
+            self.choices = [Outbox(self.worker, quorum_flow(self.job, d), PRODUCER) for d in self.job.peers(0)]
+
+    def close(self) -> None:
+        for outbox in self.outboxes + self.choices:
+            outbox.close()
+
+    def encode(self, outer_round: int, delta: Mapping[str, np.ndarray]) -> EncodedTensors:
+        encoded, self.own = self.compression.encode(outer_round, delta)
+        return encoded
+
+    def publish(self, event: int, encoded: EncodedTensors, delta: Mapping[str, np.ndarray],
+                meta: Mapping[str, Any]) -> dict[str, float]:
+        """The event's pseudo-gradient to every other cluster (submitted to the publisher's I/O
+        thread); the bytes it sent and their float32 size."""
+        for outbox in self.outboxes:
+            outbox.send(step=event, micro_batch=event, encoded=encoded, meta=meta)
+        wire = sum(enc.nbytes for _, enc in encoded.values())
+        raw = sum(d.nbytes for d in delta.values())
+        return {"sent_bytes": float(wire * len(self.outboxes)), "raw_bytes": float(raw * len(self.outboxes))}
+
+    def publish_choice(self, event: int, chosen: Members) -> None:
+        for outbox in self.choices:
+            outbox.send(step=event, micro_batch=event, meta={MEMBERS: bits(chosen)})
+
+    def average(self, event: int, chosen: Members, parts: tuple[Received, ...], like: Mapping[str, np.ndarray],
+                mine: str) -> Arrays:
+        """The mean of the members' pseudo-gradients of the event (``parts``: the peers' in
+        cluster order, and maybe the coordinator's choice), each checked and decoded."""
+        parts = tuple(p for p in parts if p.envelope.producer != PRODUCER)
+        check_start(self.worker.worker_id, event, parts, mine)
+        received = iter(self.compression.decode(p.tensors, like) for p in parts)
+        deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in chosen]
+        return average(deltas)

@@ -1,0 +1,105 @@
+"""A cluster's replica on several ranks: data parallelism inside the cluster, DiLoCo across.
+
+With ``[replicas] ranks = R``, cluster ``c`` runs R processes, one gloo group (NCCL on GPUs).
+Every inner step rank ``r`` takes piece ``r`` of R equal pieces of the cluster's batch (cut
+along the first axis), computes its gradients, and all-reduces their mean with the other
+ranks, so every rank steps its inner optimizer on the same gradient and all hold the same
+weights: R ranks train what one process trains on the whole batch, up to the float rounding
+of the mean. The step's stop votes and the loss ride in the same collective
+(``runtime.agreement``), so the ranks stop at the same event and checkpoint together.
+
+Rank 0 alone talks across the WAN: it sends the pseudo-gradient and gathers the other
+clusters'. After every event it publishes the event's average, float32, to each of its
+cluster's other ranks on ``outer-<c>-r<r>`` (the cluster's own broker: nothing more crosses
+the WAN), and each of them takes the same outer step from it, so every rank of every cluster
+holds the same outer weights. That flow is the other ranks' one ordered stream: exactly once,
+acked with the checkpoints the group writes together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from nebula_mq.codecs import parse_codec
+from nebula_mq.errors import WorkerError
+from nebula_mq.models.frameworks import Framework, Group
+from nebula_mq.runtime.agreement import Agreement
+from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.worker import Worker
+from workers.replicas.exchange import check_start
+from workers.replicas.job import ReplicasJob, rank_flow, replica_id
+
+RAW = parse_codec("none")  # the average goes to the cluster's ranks as the float32 every rank steps on
+
+Arrays = dict[str, np.ndarray]
+
+
+class ClusterRanks:
+    """Rank ``rank`` of cluster ``c``'s replica among its cluster's ranks (see the module docstring)."""
+
+    def __init__(self, job: ReplicasJob, c: int, rank: int, fw: Framework) -> None:
+        if not 0 <= rank < job.ranks:
+            raise WorkerError(f"rank {rank} outside 0..{job.ranks - 1} ([replicas] ranks)")
+        self.job, self.cluster, self.rank, self.world, self.fw = job, c, rank, job.ranks, fw
+        self.group: Group | None = None
+        self.outboxes: list[Outbox] = []
+        if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
+            job.group_address(c).bind_env(rank)
+
+    @property
+    def source(self) -> str:
+        """The producer a rank other than 0 reads: its cluster's rank 0."""
+        return replica_id(self.cluster)
+
+    def open(self, worker: Worker) -> None:
+        """Join the cluster's group (its agreement becomes the worker's), and on rank 0 open the
+        outboxes to the other ranks."""
+        if self.world == 1:
+            return
+        self.group = self.fw.join_group(self.rank, self.job.group_address(self.cluster), self.job.group_timeout_s)
+        worker.agreement = Agreement(worker.stop_requested, self.group)
+        if self.rank == 0:
+            self.outboxes = [Outbox(worker, rank_flow(self.job, self.cluster, r), worker.worker_id)
+                             for r in range(1, self.world)]
+
+    def close(self) -> None:
+        for outbox in self.outboxes:
+            outbox.close()
+
+    def piece(self, arrays: Sequence[Any]) -> list[np.ndarray]:
+        """This rank's piece of a batch's arrays (all of them with one rank)."""
+        out = [np.asarray(a) for a in arrays]
+        if self.world == 1:
+            return out
+        pieces = []
+        for a in out:
+            if a.shape[0] % self.world:
+                raise WorkerError(f"a batch of {a.shape[0]} rows cannot be cut into [replicas] ranks = "
+                                  f"{self.world} equal pieces: make the batch a multiple of the ranks")
+            size = a.shape[0] // self.world
+            pieces.append(a[self.rank * size:(self.rank + 1) * size])
+        return pieces
+
+    def reduce(self, model: Any, loss: float, agreement: Agreement) -> float:
+        """The gradients' mean over the cluster's ranks, on every rank; the stop votes and the
+        loss ride along. Returns the mean loss over the ranks."""
+        if self.group is None:
+            return loss
+        summed = self.group.allreduce_gradients(self.fw.trainable(model), "mean", extra=[agreement.vote(), loss])
+        agreement.count(float(summed[0]))
+        return float(summed[1]) / self.world
+
+    def share(self, event: int, mean: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """Rank 0: the event's average to every other rank of the cluster."""
+        for outbox in self.outboxes:
+            outbox.send(step=event, micro_batch=event, tensors={k: (np.asarray(v), RAW) for k, v in mean.items()},
+                        meta=meta)
+
+    def received(self, worker_id: str, event: int, parts: tuple[Received, ...], mine: str) -> Arrays:
+        """A rank other than 0: the event's average its rank 0 sent, from the same outer weights."""
+        check_start(worker_id, event, parts, mine)
+        (part,) = parts
+        return {k: np.asarray(v, np.float32) for k, v in part.tensors.items()}
