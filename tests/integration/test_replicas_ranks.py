@@ -12,18 +12,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import column, final_checkpoint, free_port_range, run_to_end
+from nebula_mq.chaos.schedule import Fault
+from nebula_mq.settings import load_settings
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.jobs import column, final_checkpoint, free_port_range, run_chaos
 from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.replicas import run
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
+STEPS = 8
 JOB = """
 [job]
 id = "replicas-ranks-{ranks}"
 scenario = "replicas"
 seed = 7
-steps = 6
+steps = {steps}
 run_dir = "{run_dir}"
 
 [replicas]
@@ -44,22 +49,31 @@ def params(run_dir: Path, worker: str) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in arrays.items() if k.startswith(("model/param/", "outer/param/"))}
 
 
-def test_two_ranks_per_cluster_train_what_one_rank_trains_with_identical_ranks(stack: Any, tmp_path: Path) -> None:
-    """The same job with one rank and with two ranks per cluster (each inner step's batch cut in
-    two, the gradients' mean all-reduced), float32 pseudo-gradients: every rank of every cluster
-    ends on the same outer weights, the two ranks of a cluster on the same model bit for bit,
-    and both end where one rank per cluster ends, to float tolerance."""
+def job_file(tmp: Path, ranks: int) -> Path:
+    config = tmp / f"ranks{ranks}.toml"
+    config.write_text(JOB.format(ranks=ranks, steps=STEPS, run_dir=tmp / f"run{ranks}", port=free_port_range(6)))
+    return config
+
+
+def test_two_ranks_per_cluster_train_what_one_rank_trains_and_ride_out_killed_ranks(stack: Any,
+                                                                                   tmp_path: Path) -> None:
+    """Two ranks per cluster (each inner step's batch cut in two, the gradients' mean
+    all-reduced), float32 pseudo-gradients, run clean and then with cluster-b's rank 1 and
+    cluster-a's rank 0 (its WAN rank) killed -9 in turn, each group restarted from its last
+    common checkpoint: the killed run ends bit-identical to the clean one; every rank of every
+    cluster ends on the same outer weights, the two ranks of a cluster on the same model bit for
+    bit, and both where one rank per cluster ends (run in process), to float tolerance."""
     for name in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
         shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
-    runs = {}
-    for ranks in (1, 2):
-        config = tmp_path / f"ranks{ranks}.toml"
-        config.write_text(JOB.format(ranks=ranks, run_dir=tmp_path / f"run{ranks}", port=free_port_range(6)))
-        job = run_to_end(config, stack.run_dir)
-        assert sorted(job.children) == sorted(["replica-0", "replica-1"] + (["replica-0-r1", "replica-1-r1"]
-                                                                            if ranks == 2 else []))
-        runs[ranks] = tmp_path / f"run{ranks}"
-    one, two = runs[1], runs[2]
+    schedule = [Fault(3, "kill", "replica-1-r1", 0.5), Fault(5, "kill", "replica-0", 0.5)]
+    report, text, logs = run_chaos(stack, job_file(tmp_path, 2), schedule, 300)
+    assert set(report.digests) == {"replica-0", "replica-0-r1", "replica-1", "replica-1-r1"}, text
+    assert report.complete and report.identical and len(report.faults) == 2, text
+    assert any("replica-0, replica-0-r1" in line for line in logs), logs  # the group restarted together
+
+    one = tmp_path / "run1"
+    run(load_settings(job_file(tmp_path, 1)), MemoryBroker())  # one rank per cluster, in process
+    two = tmp_path / "run2" / "clean"
     first = params(two, "replica-0")
     for worker in ("replica-0-r1", "replica-1", "replica-1-r1"):
         mine = params(two, worker)
@@ -75,4 +89,4 @@ def test_two_ranks_per_cluster_train_what_one_rank_trains_with_identical_ranks(s
         # The loss each event (the mean over the cluster's ranks) is one rank's, and it learns.
         np.testing.assert_allclose(column(two, worker, "loss"), column(one, worker, "loss"), rtol=1e-4)
     losses = column(two, "replica-0-r1", "loss")
-    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert len(losses) == STEPS and losses[-1] < losses[0], losses

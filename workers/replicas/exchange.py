@@ -44,8 +44,10 @@ class WanExchange:
         self.own: Arrays = {}  # the event's pseudo-gradient as every receiver decodes it
         self.outboxes: list[Outbox] = []
         self.choices: list[Outbox] = []  # the coordinator's, with a quorum
+        self.opened = False  # only a cluster's rank 0 opens one: the others keep no state of it
 
     def open(self, coordinator: bool) -> None:
+        self.opened = True
         self.outboxes = [Outbox(self.worker, pseudograd_flow(self.job, self.index, d), self.worker.worker_id)
                          for d in self.job.peers(self.index)]
         if coordinator:
@@ -54,6 +56,18 @@ class WanExchange:
     def close(self) -> None:
         for outbox in self.outboxes + self.choices:
             outbox.close()
+
+    def state_arrays(self) -> Arrays:
+        """The error feedback, and the pseudo-gradient of an event sent and not applied."""
+        if not self.opened:
+            return {}
+        return {**self.compression.state_arrays("pseudograd"), **{f"own/{k}": v for k, v in self.own.items()}}
+
+    def restore(self, arrays: Mapping[str, np.ndarray], names: list[str], sent: Sequence[str]) -> None:
+        """What :meth:`state_arrays` saved; ``sent``: the parameters of the event sent and not applied."""
+        if self.opened:
+            self.compression.restore(arrays, names, "pseudograd")
+            self.own = {k: np.array(arrays[f"own/{k}"], np.float32) for k in sent}
 
     def encode(self, outer_round: int, delta: Mapping[str, np.ndarray]) -> EncodedTensors:
         encoded, self.own = self.compression.encode(outer_round, delta)

@@ -259,8 +259,7 @@ class Replica:
         arrays = self.fw.state_arrays("model", self.model, self.optimizer)
         arrays.update({f"outer/param/{k}": v for k, v in self.start.items()})
         arrays.update(self.outer.state_arrays("outer/momentum"))
-        arrays.update(self.wan.compression.state_arrays("pseudograd"))
-        arrays.update({f"own/{k}": v for k, v in self.wan.own.items()})
+        arrays.update(self.wan.state_arrays())
         arrays.update({f"before/{k}": v for k, v in self.before.items()})
         return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses,
                         "catching_up": self.membership.catching_up}
@@ -270,12 +269,11 @@ class Replica:
         names = sorted(self.start)
         self.start = {k: np.array(ck.arrays[f"outer/param/{k}"], np.float32) for k in names}
         self.outer.restore(ck.arrays, "outer/momentum")
-        self.wan.compression.restore(ck.arrays, names, "pseudograd")
         # An event sent and not applied when the checkpoint was written: its own pseudo-gradient,
         # and its overlap trained; else the inner steps up to the last event applied.
         self.produced = ck.step if int(ck.meta.get("produced", -1)) == ck.step else -1
         sent = self.fragments[self.schedule.fragment(ck.step)] if self.produced >= 0 else ()
-        self.wan.own = {k: np.array(ck.arrays[f"own/{k}"], np.float32) for k in sent}
+        self.wan.restore(ck.arrays, names, sent)
         self.trained = self.schedule.apply_at(ck.step if self.produced >= 0 else ck.step - 1)
         self.losses = [float(v) for v in ck.meta.get("losses", [])]
         self.round_values = {k: float(v) for k, v in dict(ck.meta.get("round_values", {})).items()}
