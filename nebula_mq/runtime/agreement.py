@@ -21,7 +21,7 @@ group's timeout (``models.collectives.deadline``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from nebula_mq.errors import CheckpointError
@@ -45,9 +45,14 @@ class Collective(Protocol):
 class Agreement:
     """A worker's agreements with its group; alone (``group`` None), it agrees with itself."""
 
-    def __init__(self, stop: StopFlag, group: Collective | None = None) -> None:
+    def __init__(self, stop: StopFlag, group: Collective | None = None,
+                 leaves_alone: Callable[[], bool] | None = None) -> None:
+        """``leaves_alone``: whether this rank may leave without its group once asked to stop and
+        idle (default: yes); a rank whose idleness says nothing of its peers' (it waits for
+        another rank's word) answers from that word."""
         self.stop = stop
         self.group = group
+        self.leaves_alone = leaves_alone or (lambda: True)
         self.agreed_stop = False  # a rank of the group voted to stop at the last step
 
     @property
@@ -78,7 +83,7 @@ class Agreement:
         """Whether to stop between steps now."""
         if self.group is None:
             return self.stop.is_set()
-        return self.agreed_stop or (self.stop.is_set() and idle_polls >= IDLE_POLLS_TO_STOP)
+        return self.agreed_stop or (self.stop.is_set() and idle_polls >= IDLE_POLLS_TO_STOP and self.leaves_alone())
 
     def may_checkpoint(self) -> bool:
         """Whether a final checkpoint may be written now: alone, or at a step the group agreed

@@ -28,10 +28,12 @@ from nebula_mq.errors import WorkerError
 from nebula_mq.models.frameworks import Framework, Group
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.exchange import check_start
 from workers.replicas.job import ReplicasJob, rank_flow, replica_id
 
+LEFT = "left"  # the meta key of rank 0's word that it left without its group (a stop while it waited)
 RAW = parse_codec("none")  # the average goes to the cluster's ranks as the float32 every rank steps on
 
 Arrays = dict[str, np.ndarray]
@@ -46,6 +48,7 @@ class ClusterRanks:
         self.job, self.cluster, self.rank, self.world, self.fw = job, c, rank, job.ranks, fw
         self.group: Group | None = None
         self.outboxes: list[Outbox] = []
+        self.leader_left = False  # a rank other than 0: its rank 0 left alone, and so may it
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
             job.group_address(c).bind_env(rank)
 
@@ -60,14 +63,33 @@ class ClusterRanks:
         if self.world == 1:
             return
         self.group = self.fw.join_group(self.rank, self.job.group_address(self.cluster), self.job.group_timeout_s)
-        worker.agreement = Agreement(worker.stop_requested, self.group)
+        # A rank other than 0 idles while rank 0 waits on the WAN: asked to stop, it leaves alone
+        # only once rank 0 has (or rank 0, given the WAN's message, would enter a collective alone).
+        worker.agreement = Agreement(worker.stop_requested, self.group,
+                                     None if self.rank == 0 else (lambda: self.leader_left))
         if self.rank == 0:
             self.outboxes = [Outbox(worker, rank_flow(self.job, self.cluster, r), worker.worker_id)
                              for r in range(1, self.world)]
 
-    def close(self) -> None:
+    def close(self, worker: Worker) -> None:
+        """Close the outboxes; rank 0 leaving without its group tells the other ranks first."""
+        if self.outboxes and worker.stop_requested.is_set() and not worker.agreement.agreed_stop:
+            for r in range(1, self.world):
+                word = Outbox(worker, rank_flow(self.job, self.cluster, r), f"{worker.worker_id}-{LEFT}")
+                word.send(step=worker.step, micro_batch=worker.step, meta={LEFT: 1})
+                word.flush()
+                word.close()
         for outbox in self.outboxes:
             outbox.close()
+
+    def handle_other(self, worker: Worker, inbox: OrderedInbox, received: Received) -> bool:
+        """A rank other than 0: rank 0's word that it left, taken only by a rank asked to stop
+        itself (a word from an earlier stop is old news to a restarted rank)."""
+        if not received.meta.get(LEFT):
+            return False
+        inbox.settle_unordered(received)
+        self.leader_left = worker.stop_requested.is_set()
+        return True
 
     def piece(self, arrays: Sequence[Any]) -> list[np.ndarray]:
         """This rank's piece of a batch's arrays (all of them with one rank)."""

@@ -39,6 +39,7 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import role_worker
@@ -120,9 +121,8 @@ class Replica:
         return value
 
     def update(self, s: int) -> Arrays:
-        """What event ``s`` sends before it waits: the fragment's pseudo-gradient once the inner
-        steps are trained to ``send_at(s)`` or, exchanging gradients, inner step ``s``'s gradient
-        (its optimizer step waits for every cluster's)."""
+        """What event ``s`` sends: the fragment's pseudo-gradient once trained to ``send_at(s)``
+        or, exchanging gradients, inner step ``s``'s gradient (its step waits for the others')."""
         if self.exchange_gradients:
             self.losses.append(self.backward(s))
             return self.fw.param_grads(self.model)
@@ -147,20 +147,23 @@ class Replica:
 
     def close(self) -> None:
         self.wan.close()
-        self.ranks.close()
+        self.ranks.close(self.worker)
+
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
+        return self.rank > 0 and self.ranks.handle_other(self.worker, inbox, received)
 
     def admit(self, received: Received) -> None:
         self.membership.admit(received)
 
     def left_behind(self) -> int:
-        """With a quorum the others go on without this replica: their events up to the job's end
-        are kept for it to catch up from."""
+        """With a quorum the others may go on to the job's end without this replica (quorum.py)."""
         return self.total if self.membership.active else 0
 
     def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
-        """The streams the event takes (``workers.replicas.quorum``); the coordinator publishes
-        its choice before it applies it."""
+        """The streams the event takes (quorum.py); the coordinator publishes its choice first."""
         s = self.worker.step
+        if self.rank > 0:  # its one stream: rank 0's average of the event
+            return None if heads[0] is None else (True,)
         chosen = self.membership.members(s, self.produced == s, heads)
         if chosen is None:
             return None
@@ -241,9 +244,8 @@ class Replica:
         return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy, "members": float(len(chosen))}
 
     def landed(self, outer: Arrays, last: bool) -> Arrays:
-        """The model's weights once ``outer`` (a fragment's outer step) lands: the fragment takes
-        the outer weights without overlap, a mix after overlap; after the last event every
-        parameter takes ``θ``."""
+        """The model's weights once ``outer`` (a fragment's outer step) lands: the outer weights
+        without overlap, a mix after overlap; every parameter takes ``θ`` after the last event."""
         if last:
             return dict(self.start)
         model = self.weights()

@@ -57,6 +57,15 @@ def test_a_group_stops_where_any_rank_voted_and_a_rank_leaves_alone_only_when_id
     assert asked.stopping(idle_polls=IDLE_POLLS_TO_STOP) and not asked.may_checkpoint()  # leaving alone: no barrier
 
 
+def test_a_rank_waiting_for_another_ranks_word_leaves_alone_only_after_it() -> None:
+    stop, word = StopFlag(), [False]
+    follower = Agreement(stop, Peers(), leaves_alone=lambda: word[0])
+    stop.set()
+    assert not follower.stopping(idle_polls=IDLE_POLLS_TO_STOP + 5)  # its rank 0 may still enter a collective
+    word[0] = True
+    assert follower.stopping(idle_polls=IDLE_POLLS_TO_STOP) and not follower.may_checkpoint()
+
+
 def test_a_group_acks_only_after_the_barrier() -> None:
     peers = Peers()
     Agreement(StopFlag(), peers).before_ack()

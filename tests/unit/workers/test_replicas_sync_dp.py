@@ -60,6 +60,8 @@ def test_sync_data_parallelism_is_adam_on_the_mean_gradient(tmp_path: Path) -> N
         np.testing.assert_allclose(value, params[name].numpy(), rtol=0, atol=1e-6, err_msg=name)
     raw = history(tmp_path, "replica-0", "raw_bytes")
     assert raw == [sum(v.nbytes for v in roles[0].start.values())] * 6  # every gradient, float32, to one peer
+    sent = history(tmp_path, "replica-0", "sent_bytes")
+    assert all(r <= s < r + 512 for r, s in zip(raw, sent)), (raw, sent)  # on the wire as float32: codec none
 
 
 def test_a_sync_replica_stopped_after_sending_resumes_bit_identically(tmp_path: Path) -> None:

@@ -1,0 +1,60 @@
+"""Ranks inside a replicas cluster (workers/replicas/ranks.py) without their group: the plan's
+processes and flows, what a rank other than 0 reads, and rank 0's word that it left. The
+ranks' training across real processes is tests/integration/test_replicas_ranks.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nebula_mq.errors import ConfigError
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.replicas import build, settings_for
+from workers.replicas.plan import plan
+from workers.replicas.ranks import LEFT
+
+pytestmark = pytest.mark.paddle
+
+
+def test_the_plan_runs_every_rank_of_every_cluster_with_exactly_its_flows(tmp_path: Path) -> None:
+    procs = plan(settings_for(tmp_path, 4, ranks=2)).processes
+    assert [(p.worker_id, p.cluster, p.index, p.restart_group) for p in procs] == [
+        ("replica-0", "cluster-a", 0, "replica-0"), ("replica-0-r1", "cluster-a", 1, "replica-0"),
+        ("replica-1", "cluster-b", 2, "replica-1"), ("replica-1-r1", "cluster-b", 3, "replica-1"),
+        ("replica-2", "cluster-c", 4, "replica-2"), ("replica-2-r1", "cluster-c", 5, "replica-2")]
+    b0, b1 = procs[2], procs[3]
+    assert b0.publishes == ("pseudograd-1-0", "pseudograd-1-2", "outer-1-r1")
+    assert b0.consumes == ("pseudograd-0-1", "pseudograd-2-1")
+    assert (b1.publishes, b1.consumes) == ((), ("outer-1-r1",))  # nothing across the WAN
+    assert [p.restart_group for p in plan(settings_for(tmp_path, 4)).processes] == ["", "", ""]
+
+
+def test_a_rank_other_than_0_takes_each_event_from_its_rank_0_alone(tmp_path: Path) -> None:
+    """Three clusters: the rank reads one stream whatever the number of clusters."""
+    rank = build(settings_for(tmp_path, 4, ranks=2), 1, MemoryBroker(), rank=1)
+    assert rank.inputs().sources == ("replica-1",) and [f.name for f in rank.inputs().flows] == ["outer-1-r1"]
+    here: Any = object()
+    assert rank.members((None,)) is None and rank.members((here,)) == (True,)
+
+
+def test_rank_0s_word_that_it_left_is_taken_only_by_a_rank_asked_to_stop(tmp_path: Path) -> None:
+    rank = build(settings_for(tmp_path, 4, ranks=2), 2, MemoryBroker(), rank=1)
+    settled: list[Any] = []
+    inbox: Any = SimpleNamespace(settle_unordered=settled.append)
+    word: Any = SimpleNamespace(meta={LEFT: 1})
+    average: Any = SimpleNamespace(meta={"start": "x"})
+    assert not rank.handle_other(inbox, average) and not settled  # an event's average: ordered
+    assert rank.handle_other(inbox, word) and settled == [word] and not rank.ranks.leader_left  # old news
+    rank.worker.stop_requested.set()
+    assert rank.handle_other(inbox, word) and rank.ranks.leader_left
+
+
+def test_ranks_with_a_quorum_are_refused_in_one_line(tmp_path: Path) -> None:
+    from workers.replicas.job import load_job
+
+    with pytest.raises(ConfigError, match="replicas.ranks") as info:
+        load_job(settings_for(tmp_path, 4, ranks=2, quorum=2))
+    assert "\n" not in str(info.value)
