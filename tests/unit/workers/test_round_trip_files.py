@@ -35,6 +35,7 @@ HELPERS = {
     # the step's bookkeeping: stop flags, agreement, deferred acks, the checkpoint store
     "nebula_mq/runtime/signals.py", "nebula_mq/runtime/agreement.py", "nebula_mq/runtime/checkpoint.py",
     "nebula_mq/runtime/window.py", "nebula_mq/runtime/hold.py",
+    "nebula_mq/runtime/role.py",  # the role protocol's defaults (a role's optional hooks)
     # names, keys and settings read on the way
     "nebula_mq/security/auth.py", "nebula_mq/security/keys.py", "nebula_mq/settings.py",
     "nebula_mq/topology.py", "workers/split/job.py", "workers/split/routing.py",
