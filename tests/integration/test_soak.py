@@ -22,11 +22,12 @@ from tests.fixtures.lanes import CPU_HEAVY
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, pytest.mark.timeout(420), CPU_HEAVY]
 
 # Every kind of fault must come (a shuffled round of four, a fault every 5-15 s after the last
-# one ended) before the last SETTLE_S, in which no fault starts: 2.5 minutes leave room even
-# where a loaded host takes 40 s to restart a broker (seen in CI: one every 7.5-22.5 s left the
-# fourth fault out).
+# one ended) before the last SETTLE_S, in which no fault starts. A broker restart blocks the
+# schedule until the node is back, 40 s and more on a loaded host (seen in CI: the fourth kind
+# never came), so seed 9 draws it last: alarm, cut, kill, restart.
 MINUTES = 2.5
 FAULT_EVERY_S = 10
+SEED = 9
 
 
 def test_a_short_soak_under_every_kind_of_fault_shows_no_growth(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -37,7 +38,7 @@ def test_a_short_soak_under_every_kind_of_fault_shows_no_growth(stack, tmp_path:
     # otherwise outlive it (their parent gone, no fixture sees them) and train on for ever.
     soak = subprocess.Popen(
         [sys.executable, "-m", "nebula_mq", "chaos", str(config), "--stack", str(stack.run_dir),
-         "--soak", str(MINUTES), "--fault-every", str(FAULT_EVERY_S), "--sample-every", "4", "--seed", "2"],
+         "--soak", str(MINUTES), "--fault-every", str(FAULT_EVERY_S), "--sample-every", "4", "--seed", str(SEED)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = soak.communicate(timeout=360)
