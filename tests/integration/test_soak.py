@@ -61,5 +61,9 @@ def test_a_short_soak_under_every_kind_of_fault_shows_no_growth(stack, tmp_path:
     for owner in ("head-0", "tail-0", "cluster-a", "cluster-b"):
         assert {f"{owner} rss_mb", f"{owner} fds"} <= series, (owner, sorted(series))
     assert {"cluster-b dead_letters", "cluster-a queued", "job steps_per_s"} <= series, sorted(series)
-    assert all(t["samples"] >= 5 for t in report["trends"] if t["kind"] != "steps_per_s"), text
+    # Enough points after warm-up for each line to mean something. An owner is not sampled while
+    # it settles after its fault (SETTLE_S), and on a loaded host a sample round takes 10 s or
+    # more: a worker killed late in the run had 4 (seen in CI).
+    assert all(t["samples"] >= 3 for t in report["trends"] if t["kind"] != "steps_per_s"), text
+    assert sum(t["samples"] for t in report["trends"]) >= 5 * len(report["trends"]), text
     assert report["steps"] > 50 and not report["unplanned_exits"], text
