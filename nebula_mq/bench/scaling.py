@@ -73,12 +73,12 @@ def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> di
     }
 
 
-def published_bytes(run_dir: Path) -> float:
-    """Every byte the job's workers published (wire bytes, direction out)."""
+def published_bytes(run_dir: Path, worker: str = "*") -> float:
+    """Every byte the job's workers (or one ``worker``) published (wire bytes, direction out)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    for prom in (run_dir / "metrics").glob("*.prom"):
+    for prom in (run_dir / "metrics").glob(f"{worker}.prom"):
         for family in text_string_to_metric_families(prom.read_text()):
             total += sum(s.value for s in family.samples
                          if s.name == "nebula_wire_bytes_total" and s.labels.get("direction") == "out")

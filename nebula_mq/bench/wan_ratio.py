@@ -15,6 +15,11 @@ ratio to the in-cluster row of the same run, the median step time, each side's s
 of its time spent computing (the rest is waiting for the wire), the wire rate and the
 final loss. The links' shape is put back as it was when the run ends. Worker processes
 import the frameworks; this module does not.
+
+With ``--repeats R`` the whole plan runs R times, each repeat starting with its own in-cluster
+row (the WAN rows in reverse order every other repeat, so that a drift of the shared host's
+speed does not favour one row); each WAN row's ratio is taken against its own repeat's
+in-cluster row, and the table shows the medians with every repeat's ratio beside them.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, split_job
+from nebula_mq.bench.wan_auto import AutoCodecs
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -43,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
                         default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
                         help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
+    parser.add_argument("--codecs", choices=("job", "auto"), default="job",
+                        help="job: the job's own chains in every row; auto: uncompressed in one cluster and "
+                             "auto's pick for each WAN rate")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="times to run the whole plan, each with its own in-cluster row (medians reported)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
 
 
@@ -61,11 +73,13 @@ def numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
 
 def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> dict[str, str]:
     """``NEBULA__`` overrides that make the job file one row: its own id and run_dir, the steps,
-    and for the in-cluster row the tail on the head's cluster."""
+    no evaluation at the end, and for the in-cluster row the tail on the head's cluster."""
     section = settings.job.scenario.upper()
     given = settings.scenario_section()
     env = {"NEBULA__JOB__ID": f"{settings.job.id}-wan-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),
            "NEBULA__JOB__STEPS": str(steps)}
+    if settings.job.scenario == "abnet":  # the rate is the training's: no row waits on a beam search at the end
+        env[f"NEBULA__{section}__EVAL_SAMPLES"] = "0"
     if local:
         head = given.get("src_cluster", given.get("head_cluster", "cluster-a"))
         key = "TGT_CLUSTER" if "tgt_cluster" in given else "TAIL_CLUSTER"
@@ -106,51 +120,94 @@ def run(args: argparse.Namespace) -> int:
     delays = numbers("20" if args.quick else args.delay_ms, "--delay-ms", allow_zero=True)
     steps = 30 if args.quick else args.steps
     warmup = min(args.warmup, steps // 3)
+    repeats = 1 if args.quick else args.repeats
+    if repeats < 1:
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
+    codecs = AutoCodecs(settings) if args.codecs == "auto" else None
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
     rows: list[dict[str, Any]] = []
     shaped: Any = None
     before: dict[str, Any] = {}
     try:
-        plan = [("in-cluster", None, None)] + [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
-        for name, rate, delay in plan:
-            if rate is not None:
-                if shaped is None:
-                    shaped = Stack.open(args.stack)
-                    before = link_shapes(shaped)
-                shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
-            job = run_row(args.config, args.stack, row_env(settings, name, steps, root, rate is None), args.timeout)
-            head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
-            row = {"row": name, "rate_mbit": rate, "delay_ms": delay, **measure(job.run_dir, head, warmup),
-                   "compute_share": shares(job.run_dir)}
-            rows.append(row)
-            print(f"{name}: {row['samples_per_s']:.1f} samples/s", flush=True)
+        wan = [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
+        for repeat in range(repeats):
+            for name, rate, delay in [("in-cluster", None, None)] + (wan if repeat % 2 == 0 else wan[::-1]):
+                if rate is not None:
+                    if shaped is None:
+                        shaped = Stack.open(args.stack)
+                        before = link_shapes(shaped)
+                    shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
+                tag = name if repeats == 1 else f"{name}-r{repeat}"
+                env = row_env(settings, tag, steps, root, rate is None) | (codecs.env(rate) if codecs else {})
+                job = run_row(args.config, args.stack, env, args.timeout)
+                head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
+                if codecs is not None and rate is None:
+                    codecs.learn(job.run_dir, steps, job.plan)
+                chain = codecs.choice(rate).chain if codecs else f"{settings.codec.forward} / {settings.codec.backward}"
+                row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay, "codecs": chain,
+                       **measure(job.run_dir, head, warmup), "compute_share": shares(job.run_dir)}
+                rows.append(row)
+                print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
     finally:
         if shaped is not None:
             put_back(shaped, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
-    print(report(settings, rows, steps, warmup))
+    print(report(settings, rows, steps, warmup, codecs.notes() if codecs else None))
     if args.json:
-        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "rows": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
+                                               "summary": summary(rows)}, indent=2))
     return 0
 
 
-def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int) -> str:
-    """The table: every row beside the in-cluster row of the same run."""
-    base = rows[0]["samples_per_s"]
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per row name, in plan order: medians over the repeats, and each repeat's ratio
+    to the in-cluster row of that same repeat."""
+    base = {r["repeat"]: r["samples_per_s"] for r in rows if r["rate_mbit"] is None}
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    out = []
+    for name in names:
+        runs = [r for r in rows if r["row"] == name]
+        shares_by_worker: dict[str, list[float]] = {}
+        for r in runs:
+            for worker, share in r["compute_share"].items():
+                shares_by_worker.setdefault(worker, []).append(share)
+        ratios = [r["samples_per_s"] / base[r["repeat"]] for r in runs]
+        out.append({"row": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+                    "ratio": statistics.median(ratios), "ratios": ratios,
+                    "step_s_median": statistics.median(r["step_s_median"] for r in runs),
+                    "compute_share": {w: statistics.median(v) for w, v in shares_by_worker.items()},
+                    "final_losses": sorted({r["final_loss"] for r in runs}),
+                    "delay_ms": runs[0]["delay_ms"], "codecs": runs[0].get("codecs", "")})
+    return out
+
+
+def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
+           auto_notes: list[str] | None = None) -> str:
+    """The table: every row beside the in-cluster row of the same run (of the same repeat)."""
+    table = summary(rows)
+    repeats = max(r["repeat"] for r in rows) + 1
     batch = rows[0]["samples"] / steps
     lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
-             f"codecs {settings.codec.forward} / {settings.codec.backward}",
+             + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if auto_notes is None
+                else "codecs by auto (each row's in its last column)")
+             + (f", {repeats} repeats (medians; each repeat's ratio after the median)" if repeats > 1 else ""),
              f"{'row':<16} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
              f"{'compute share by worker':<34} {'final loss':>10}"]
-    for r in rows:
+    for r in table:
         compute = ", ".join(f"{w} {s:.0%}" for w, s in r["compute_share"].items())
-        lines.append(f"{r['row']:<16} {r['samples_per_s']:>10.1f} {r['samples_per_s'] / base:>13.2f}x "
-                     f"{r['step_s_median']:>16.3f} {compute:<34} {r['final_loss']:>10.4f}")
+        each = f" ({', '.join(f'{x:.2f}' for x in r['ratios'])})" if repeats > 1 else ""
+        loss = "/".join(f"{x:.4f}" for x in r["final_losses"])
+        lines.append(f"{r['row']:<16} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x "
+                     f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
+                     + (f"  {r['codecs']}" if auto_notes is not None else ""))
     lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
                  "relay shapes each direction)")
     in_flight = settings.scenario_section().get("in_flight")
-    notes = [n for r in rows[1:] if (n := window_note(in_flight, rows[0]["step_s_median"], r))]
+    notes = [n for r in table[1:] if (n := window_note(in_flight, table[0]["step_s_median"], r))]
+    notes += auto_notes or []
     return "\n".join(lines + notes)
 
 

@@ -54,6 +54,13 @@ class Choice:
     step_s: float  # estimate: max(compute + codec, wire)
 
 
+def activation_shape(forward_bytes: float, batch: int, hidden: int) -> tuple[int, int, int]:
+    """The typical [B, S, H] of an uncompressed activation message of ``forward_bytes``: B*S*H
+    float32, a B*S int8 mask and B int64 ids (the envelope left out)."""
+    seq = max(1, round((forward_bytes - 8 * batch) / (batch * (4 * hidden + 1))))
+    return batch, seq, hidden
+
+
 def _codec_seconds(chain: str, x: np.ndarray, repeats: int = 3) -> float:
     """The best of ``repeats`` encode + decode round trips of ``x`` through ``chain``."""
     codec = parse_codec(chain)

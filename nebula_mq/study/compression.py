@@ -59,12 +59,11 @@ def calibrate(cfg: StudyConfig, work: Path, wire_factor: float, link: Link | Non
     probe = dataclasses.replace(cfg, steps=min(cfg.steps, steps), eval_samples=0)
     r = run_row(SEQUENTIAL_BASELINE, probe, link, work / "calibration")
     hidden = abnet_config.preset(cfg.preset).encoder.hidden if cfg.preset != "small" else 384
-    # Message = B*S*H float32 + B*S int8 mask + B int64 ids (+ envelope, ignored here).
-    seq = max(1, round((r.forward_bytes_per_step - 8 * cfg.batch_size) / (cfg.batch_size * (4 * hidden + 1))))
     wire_bytes = r.forward_bytes_per_step + r.backward_bytes_per_step
     rate = wire_bytes * 8 / (wire_factor * r.s_per_step) / 1e6
     return Calibration(r.s_per_step, r.compute_bound_s_per_step, r.forward_bytes_per_step,
-                       r.backward_bytes_per_step, (cfg.batch_size, seq, hidden), rate)
+                       r.backward_bytes_per_step, auto.activation_shape(r.forward_bytes_per_step, cfg.batch_size, hidden),
+                       rate)
 
 
 class OwnStack:

@@ -1,0 +1,47 @@
+"""``bench wan --repeats``: each WAN row's ratio is taken against the in-cluster row of its own
+repeat, and the table shows the medians."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nebula_mq.bench.wan_ratio import summary
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _row(name: str, repeat: int, sps: float, rate: float | None = 10.0, loss: float = 6.0) -> dict[str, Any]:
+    return {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": None if rate is None else 20.0,
+            "samples_per_s": sps, "step_s_median": 16 / sps, "final_loss": loss,
+            "compute_share": {"enc-0": 0.5 + repeat / 10, "dec-0": 0.8}}
+
+
+def test_each_ratio_is_against_its_own_repeats_in_cluster_row() -> None:
+    rows = [_row("in-cluster", 0, 100.0, None), _row("10mbit-20ms", 0, 95.0),
+            _row("in-cluster", 1, 80.0, None), _row("10mbit-20ms", 1, 80.0),
+            _row("in-cluster", 2, 120.0, None), _row("10mbit-20ms", 2, 90.0)]
+    table = summary(rows)
+    assert [t["row"] for t in table] == ["in-cluster", "10mbit-20ms"]
+    wan = table[1]
+    assert wan["ratios"] == pytest.approx([0.95, 1.0, 0.75])
+    assert wan["ratio"] == pytest.approx(0.95)  # not median(95, 80, 90) / median(100, 80, 120) = 0.9
+    assert wan["samples_per_s"] == 90.0
+    assert wan["compute_share"] == {"enc-0": pytest.approx(0.6), "dec-0": 0.8}
+    assert table[0]["ratios"] == [1.0, 1.0, 1.0]
+
+
+def test_a_model_that_differs_between_repeats_shows_every_final_loss() -> None:
+    rows = [_row("in-cluster", 0, 100.0, None), _row("10mbit-20ms", 0, 95.0, loss=6.0),
+            _row("in-cluster", 1, 100.0, None), _row("10mbit-20ms", 1, 95.0, loss=6.5)]
+    assert summary(rows)[1]["final_losses"] == [6.0, 6.5]
+
+
+def test_repeats_below_one_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from nebula_mq.cli import main
+
+    code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--repeats" in err and "Traceback" not in err
