@@ -2,8 +2,10 @@
 
 Inside one cluster nothing is compressed, so with ``--codecs auto`` the in-cluster row runs
 uncompressed (``none`` / ``none``). Its metrics give what the rule of ``nebula_mq.study.auto``
-needs: the slower side's compute seconds per step, and the size of an uncompressed activation
-(the head's published bytes per step), from which the typical [B, S, H] follows. The picks are
+needs: the slower side's compute seconds per step in the steady state (the median step times
+that side's compute share: the totals would count the first steps' imports and warm-up), and the
+size of an uncompressed activation (the head's published bytes per step), from which the typical
+[B, S, H] follows. The picks are
 made once, from the first repeat's in-cluster row, so every repeat trains the same chains.
 
 ABNet jobs choose among all of ``auto``'s candidates; a split job among those without feedback
@@ -47,12 +49,11 @@ def row_codecs(settings: Any, row: StudyRow) -> dict[str, str]:
     return env
 
 
-def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: list[str]) -> Profile:
-    """The in-cluster row's :class:`Profile` from its workers' metrics."""
-    from nebula_mq.runtime.metrics import read_metrics
-
-    metrics = {prom.stem: read_metrics(prom) for prom in (run_dir / "metrics").glob("*.prom")}
-    compute = max(m.get("nebula_compute_seconds_total", 0.0) for m in metrics.values()) / steps
+def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: list[str],
+            measured: dict[str, Any]) -> Profile:
+    """The in-cluster row's :class:`Profile`: ``measured`` is its row (median step, compute
+    shares), the bytes come from its workers' metrics."""
+    compute = measured["step_s_median"] * max(measured["compute_share"].values())
     forward = sum(published_bytes(run_dir, w) for w in heads) / steps
     backward = sum(published_bytes(run_dir, w) for w in tails) / steps
     section = settings.scenario_section()
@@ -95,12 +96,12 @@ class AutoCodecs:
     def env(self, rate_mbit: float | None) -> dict[str, str]:
         return row_codecs(self.settings, self.choice(rate_mbit))
 
-    def learn(self, run_dir: Path, steps: int, plan: Any) -> None:
+    def learn(self, run_dir: Path, steps: int, plan: Any, measured: dict[str, Any]) -> None:
         if self.found is None:
             roles = [(p.worker_id, p.role) for p in plan.processes]
             heads = [w for w, role in roles if role.endswith(("head", "encoder"))]
             tails = [w for w, role in roles if role.endswith(("tail", "decoder"))]
-            self.found = profile(self.settings, run_dir, steps, heads, tails)
+            self.found = profile(self.settings, run_dir, steps, heads, tails, measured)
 
     def notes(self) -> list[str]:
         found = self.found

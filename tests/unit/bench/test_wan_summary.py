@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.bench.wan_ratio import summary
+from nebula_mq.bench.wan_ratio import row_env, summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -45,3 +45,16 @@ def test_repeats_below_one_is_a_one_line_error(capsys: pytest.CaptureFixture[str
     code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--repeats", "0"])
     err = capsys.readouterr().err
     assert code != 0 and "--repeats" in err and "Traceback" not in err
+
+
+def test_a_fractional_rate_makes_a_valid_job_id(tmp_path: Path) -> None:
+    from workers.registry import load_job_settings
+
+    settings = load_job_settings(str(ROOT / "config" / "demo.toml"))
+    env = row_env(settings, "2.7mbit-20ms-r0", 40, tmp_path, local=False)
+    assert env["NEBULA__JOB__ID"] == "demo-wan-2p7mbit-20ms-r0"
+    assert env["NEBULA__ABNET__EVAL_SAMPLES"] == "0"  # the rows time training, not a beam search
+    reloaded = load_job_settings(str(ROOT / "config" / "demo.toml"), environ=env)
+    assert reloaded.job.id == "demo-wan-2p7mbit-20ms-r0" and reloaded.job.steps == 40
+    local = row_env(settings, "in-cluster", 40, tmp_path, local=True)
+    assert local["NEBULA__ABNET__TAIL_CLUSTER"] == "cluster-a"
