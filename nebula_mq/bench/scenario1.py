@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-mbit", type=float, default=170.0, help="WAN rate of the across run (default 170)")
     parser.add_argument("--max-lead", type=int, default=2, help="steps the generator may run ahead (default 2)")
     parser.add_argument("--preset", default="tiny", help="ELECTRA model preset (default tiny)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="inside/across pairs per n (each pair's ratio; medians reported)")
 
 
 def run_job(stack: Any, stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
@@ -186,6 +189,11 @@ def run(args: argparse.Namespace) -> int:
     warmup = min(int(getattr(args, "warmup", 8)), steps // 3)
     delay, rate_mbit = float(getattr(args, "delay_ms", 20.0)), float(getattr(args, "rate_mbit", 170.0))
     lead, preset = int(getattr(args, "max_lead", 2)), str(getattr(args, "preset", "tiny"))
+    repeats = 1 if args.quick else int(getattr(args, "repeats", 1))
+    if repeats < 1:
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError("<command line>", "--repeats", "a whole number >= 1", repeats)
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
     stack_dir = str(root / "stack")
     stack = Stack(stack_dir, CLUSTERS, base_port=free_base_port(len(CLUSTERS), os.getpid()),
@@ -193,34 +201,51 @@ def run(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     try:
         stack.up()
-        for n in ns:
-            row: dict[str, Any] = {"n": n}
-            for where, gen_cluster in (("inside", "cluster-b"), ("across", "cluster-a")):
-                if where == "across":
-                    stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
-                run_dir = run_job(stack, stack_dir, root, f"{where}-n{n}", n=n, steps=steps, gen_cluster=gen_cluster,
-                                  max_lead=lead, preset=preset)
-                row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
-            row["ratio"] = row["across"] / row["inside"]
-            results.append(row)
-            print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
-                  f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+        for repeat in range(repeats):
+            for n in ns:
+                row: dict[str, Any] = {"n": n, "repeat": repeat}
+                # Each pair side by side, in turn first: a drift of the shared host favours neither.
+                pair = (("inside", "cluster-b"), ("across", "cluster-a"))
+                for where, gen_cluster in pair if repeat % 2 == 0 else pair[::-1]:
+                    if where == "across":
+                        stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
+                    run_dir = run_job(stack, stack_dir, root, f"{where}-n{n}-r{repeat}", n=n, steps=steps,
+                                      gen_cluster=gen_cluster, max_lead=lead, preset=preset)
+                    row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
+                row["ratio"] = row["across"] / row["inside"]
+                results.append(row)
+                print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
+                      f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
         hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
                         delay=delay, rate_mbit=rate_mbit)
     finally:
         stack.down()
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
-    print(f"\nScenario I throughput vs n ({preset}, {steps} steps, warm-up {warmup}, max_lead {lead}):")
+    table = by_n(results)
+    print(f"\nScenario I throughput vs n ({preset}, {steps} steps, warm-up {warmup}, max_lead {lead}"
+          + (f", {repeats} pairs each: medians, every pair's ratio after them" if repeats > 1 else "") + "):")
     print(f"{'n':>3} {'inside/s':>10} {'across/s':>10} {'ratio':>7}")
-    for r in results:
-        print(f"{r['n']:>3} {r['inside']:>10.1f} {r['across']:>10.1f} {r['ratio']:>7.3f}")
-    best = max(results, key=lambda r: r["inside"])
+    for r in table:
+        each = f"  ({', '.join(f'{x:.2f}' for x in r['ratios'])})" if repeats > 1 else ""
+        print(f"{r['n']:>3} {r['inside']:>10.1f} {r['across']:>10.1f} {r['ratio']:>7.3f}{each}")
+    best = max(table, key=lambda r: r["inside"])
     print(f"across/inside ratio at the fastest n={best['n']}: {best['ratio']:.3f} (target >= 0.95, paper 0.85)")
     print(f"hot start (inside {steps} steps, then across {steps}): RTD loss {hot['before']:.4f} (last 3 inside) "
           f"-> {hot['after']:.4f} (first 3 across); plot {hot['plot']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"delay_ms": delay, "rate_mbit": rate_mbit, "results": results,
-                                               "hot_start": hot},
+                                               "by_n": table, "hot_start": hot},
                                               indent=2))
     return 0
+
+
+def by_n(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per n, in the order tried: the medians over its pairs and each pair's own ratio."""
+    out = []
+    for n in dict.fromkeys(r["n"] for r in results):
+        pairs = [r for r in results if r["n"] == n]
+        out.append({"n": n, "inside": statistics.median(r["inside"] for r in pairs),
+                    "across": statistics.median(r["across"] for r in pairs),
+                    "ratio": statistics.median(r["ratio"] for r in pairs), "ratios": [r["ratio"] for r in pairs]})
+    return out

@@ -1,0 +1,30 @@
+"""``bench scenario1 --repeats``: per n, the medians of its inside/across pairs and each pair's
+own ratio (a pair's two runs side by side, so the host's drift between pairs cancels)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nebula_mq.bench.scenario1 import by_n
+from nebula_mq.cli import main
+
+
+def test_each_ratio_is_its_own_pairs_and_the_medians_are_per_n() -> None:
+    results = [{"n": 1, "repeat": 0, "inside": 280.0, "across": 234.0, "ratio": 234 / 280},
+               {"n": 2, "repeat": 0, "inside": 177.0, "across": 223.0, "ratio": 223 / 177},
+               {"n": 1, "repeat": 1, "inside": 200.0, "across": 196.0, "ratio": 0.98},
+               {"n": 2, "repeat": 1, "inside": 210.0, "across": 200.0, "ratio": 200 / 210},
+               {"n": 1, "repeat": 2, "inside": 250.0, "across": 240.0, "ratio": 0.96}]
+    table = by_n(results)
+    assert [r["n"] for r in table] == [1, 2]
+    one = table[0]
+    assert one["ratios"] == pytest.approx([234 / 280, 0.98, 0.96])
+    assert one["ratio"] == pytest.approx(0.96)  # the median pair, not median(across) / median(inside)
+    assert (one["inside"], one["across"]) == (250.0, 234.0)
+    assert table[1]["ratio"] == pytest.approx((223 / 177 + 200 / 210) / 2)
+
+
+def test_repeats_below_one_is_refused_in_one_line_before_any_broker_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "scenario1", "--repeats", "0"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--repeats" in err and "Traceback" not in err
