@@ -41,8 +41,9 @@ class Profile:
 
 
 def row_codecs(settings: Any, row: StudyRow) -> dict[str, str]:
-    """``NEBULA__`` overrides that make a job train with ``row``'s chains."""
-    env = {"NEBULA__CODEC__FORWARD": row.forward, "NEBULA__CODEC__BACKWARD": row.backward}
+    """``NEBULA__`` overrides that make a job train with ``row``'s chains, from its first step."""
+    env = {"NEBULA__CODEC__FORWARD": row.forward, "NEBULA__CODEC__BACKWARD": row.backward,
+           "NEBULA__CODEC__COMPRESS_FROM_STEP": "0"}
     if settings.job.scenario == "abnet":
         env["NEBULA__ABNET__FORWARD_FEEDBACK"] = row.forward_feedback
         env["NEBULA__ABNET__BACKWARD_FEEDBACK"] = row.backward_feedback
@@ -53,15 +54,21 @@ def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: l
             measured: dict[str, Any]) -> Profile:
     """The in-cluster row's :class:`Profile`: ``measured`` is its row (median step, compute
     shares), the bytes come from its workers' metrics."""
-    compute = measured["step_s_median"] * max(measured["compute_share"].values())
+    from nebula_mq.errors import WorkerError
+
+    shares = measured["compute_share"].values()
+    compute = measured["step_s_median"] * max(shares, default=0.0)
     forward = sum(published_bytes(run_dir, w) for w in heads) / steps
     backward = sum(published_bytes(run_dir, w) for w in tails) / steps
-    section = settings.scenario_section()
-    batch = int(section.get("batch_size", 1))
+    if compute <= 0 or forward <= 0:
+        raise WorkerError(f"the in-cluster row left no compute time or activation bytes in {run_dir / 'metrics'}: "
+                          "auto has nothing to choose by")
+    batch = max(1, round(measured["samples"] / steps))  # the global batch, as trained
     if settings.job.scenario == "abnet":
         from nebula_mq.models import abnet_config
+        from workers.abnet.job import load_job  # paddle-free: the launcher reads it too
 
-        shape = auto.activation_shape(forward, batch, abnet_config.preset(str(section.get("preset", "small"))).encoder.hidden)
+        shape = auto.activation_shape(forward, batch, abnet_config.preset(load_job(settings).preset).encoder.hidden)
     else:  # the user's model: its width is unknown, and only the element count sets the chains' cost
         shape = (batch, 1, max(1, round(forward / 4 / batch)))
     return Profile(compute, forward, backward, shape)

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, split_job
-from nebula_mq.bench.wan_auto import AutoCodecs
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -126,31 +125,37 @@ def run(args: argparse.Namespace) -> int:
         from nebula_mq.errors import ConfigError
 
         raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
+    from nebula_mq.bench.wan_auto import AutoCodecs  # numpy and the codecs: not for --help
+
     codecs = AutoCodecs(settings) if args.codecs == "auto" else None
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
     rows: list[dict[str, Any]] = []
     shaped: Any = None
     before: dict[str, Any] = {}
     try:
-        wan = [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
-        for repeat in range(repeats):
-            for name, rate, delay in [("in-cluster", None, None)] + (wan if repeat % 2 == 0 else wan[::-1]):
-                if rate is not None:
-                    if shaped is None:
-                        shaped = Stack.open(args.stack)
-                        before = link_shapes(shaped)
-                    shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
-                tag = name if repeats == 1 else f"{name}-r{repeat}"
-                env = row_env(settings, tag, steps, root, rate is None) | (codecs.env(rate) if codecs else {})
-                job = run_row(args.config, args.stack, env, args.timeout)
-                head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
-                row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
-                       **measure(job.run_dir, head, warmup), "compute_share": shares(job.run_dir)}
-                if codecs is not None and rate is None:
-                    codecs.learn(job.run_dir, steps, job.plan, row)
-                row["codecs"] = codecs.choice(rate).chain if codecs else f"{settings.codec.forward} / {settings.codec.backward}"
-                rows.append(row)
-                print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
+        for repeat, name, rate, delay in plan(rates, delays, repeats):
+            if rate is not None:
+                if shaped is None:
+                    shaped = Stack.open(args.stack)
+                    before = link_shapes(shaped)
+                shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
+            elif shaped is not None:  # every in-cluster row on the links as they were
+                put_back(shaped, before)
+            tag = name if repeats == 1 else f"{name}-r{repeat}"
+            env = row_env(settings, tag, steps, root, rate is None) | (codecs.env(rate) if codecs else {})
+            job = run_row(args.config, args.stack, env, args.timeout)
+            head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
+            row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
+                   **measure(job.run_dir, head, warmup), "compute_share": shares(job.run_dir)}
+            if codecs is not None and rate is None:
+                codecs.learn(job.run_dir, steps, job.plan, row)
+            row["codecs"] = codecs.choice(rate).chain if codecs else f"{settings.codec.forward} / {settings.codec.backward}"
+            rows.append(row)
+            print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
+    except Exception:
+        if rows:  # a later row failed: what the finished rows measured is still printed
+            print(report(settings, rows, steps, warmup, codecs.notes() if codecs else None), flush=True)
+        raise
     finally:
         if shaped is not None:
             put_back(shaped, before)
@@ -161,6 +166,14 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
                                                "summary": summary(rows)}, indent=2))
     return 0
+
+
+def plan(rates: list[float], delays: list[float], repeats: int) -> list[tuple[int, str, float | None, float | None]]:
+    """(repeat, row name, rate, delay) in the order run: each repeat its in-cluster row first,
+    then the WAN rows, reversed every other repeat."""
+    wan: list[tuple[str, float | None, float | None]] = [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
+    return [(repeat, *row) for repeat in range(repeats)
+            for row in [("in-cluster", None, None)] + (wan if repeat % 2 == 0 else wan[::-1])]
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ class _Plan:
     processes = [_P("enc-0", "abnet-encoder"), _P("dec-0", "abnet-decoder")]
 
 
-MEASURED = {"step_s_median": 0.15, "compute_share": {"enc-0": 0.6, "dec-0": 0.8}}
+MEASURED = {"step_s_median": 0.15, "compute_share": {"enc-0": 0.6, "dec-0": 0.8}, "samples": 1600}
 
 
 def test_the_profile_is_the_slower_side_in_the_steady_state_and_each_sides_published_bytes(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_the_profile_is_the_slower_side_in_the_steady_state_and_each_sides_publi
     assert found.forward_bytes == pytest.approx(forward)  # the bytes it received are not counted
     assert found.backward_bytes == pytest.approx(196_608)
     assert found.shape == (16, seq, 384)
-    # 196,608 B at 1 Mbit/s is 1.57 s: 13x the 0.12 s of compute.
+    # The larger direction (the forward's 196,864 B) at 1 Mbit/s is 1.57 s: 13x the 0.12 s of compute.
     assert found.wire_factor(1.0) == pytest.approx(forward * 8 / 1e6 / 0.12)
 
 
@@ -65,13 +65,15 @@ def test_a_split_job_is_never_given_feedback() -> None:
     found = Profile(compute_s=0.01, forward_bytes=1e6, backward_bytes=1e6, shape=(32, 1, 7812))
     row = pick(settings, found, 1.0).row  # wire 8 s a step: the smallest chain it may use
     assert row.forward_feedback == row.backward_feedback == "none"
-    assert set(row_codecs(settings, row)) == {"NEBULA__CODEC__FORWARD", "NEBULA__CODEC__BACKWARD"}
+    assert set(row_codecs(settings, row)) == {"NEBULA__CODEC__FORWARD", "NEBULA__CODEC__BACKWARD",
+                                              "NEBULA__CODEC__COMPRESS_FROM_STEP"}
 
 
 def test_the_in_cluster_row_is_uncompressed_and_the_wan_rows_wait_for_it(tmp_path: Path) -> None:
     settings = load_job_settings(str(DEMO))
     codecs = AutoCodecs(settings)
     assert codecs.env(None) == {"NEBULA__CODEC__FORWARD": "none", "NEBULA__CODEC__BACKWARD": "none",
+                                "NEBULA__CODEC__COMPRESS_FROM_STEP": "0",
                                 "NEBULA__ABNET__FORWARD_FEEDBACK": "none", "NEBULA__ABNET__BACKWARD_FEEDBACK": "none"}
     with pytest.raises(RuntimeError):
         codecs.env(10.0)
@@ -82,3 +84,12 @@ def test_the_in_cluster_row_is_uncompressed_and_the_wan_rows_wait_for_it(tmp_pat
     assert chosen is codecs.choice(3.0) and chosen != UNCOMPRESSED  # picked once, kept for every repeat
     notes = codecs.notes()
     assert "auto at 3 Mbit/s" in notes[-1] and chosen.chain in notes[-1]
+
+
+def test_a_row_that_measured_nothing_is_a_one_line_error(tmp_path: Path) -> None:
+    from nebula_mq.errors import WorkerError
+
+    settings = load_job_settings(str(DEMO))
+    _metrics(tmp_path, "enc-0", out_bytes=0, in_bytes=0)
+    with pytest.raises(WorkerError, match="auto has nothing to choose by"):
+        profile(settings, tmp_path, 100, ["enc-0"], ["dec-0"], {**MEASURED, "compute_share": {}})

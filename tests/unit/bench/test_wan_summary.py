@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.bench.wan_ratio import row_env, summary
+from nebula_mq.bench.wan_ratio import plan, row_env, summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -58,3 +58,11 @@ def test_a_fractional_rate_makes_a_valid_job_id(tmp_path: Path) -> None:
     assert reloaded.job.id == "demo-wan-2p7mbit-20ms-r0" and reloaded.job.steps == 40
     local = row_env(settings, "in-cluster", 40, tmp_path, local=True)
     assert local["NEBULA__ABNET__TAIL_CLUSTER"] == "cluster-a"
+
+
+def test_every_repeat_starts_in_one_cluster_and_turns_the_wan_rows_round() -> None:
+    order = [(repeat, name) for repeat, name, _, _ in plan([10.0, 60.0], [20.0], 3)]
+    assert order == [(0, "in-cluster"), (0, "10mbit-20ms"), (0, "60mbit-20ms"),
+                     (1, "in-cluster"), (1, "60mbit-20ms"), (1, "10mbit-20ms"),
+                     (2, "in-cluster"), (2, "10mbit-20ms"), (2, "60mbit-20ms")]
+    assert plan([2.7], [0.0], 1) == [(0, "in-cluster", None, None), (0, "2.7mbit-0ms", 2.7, 0.0)]
