@@ -5,8 +5,8 @@ uncompressed (``none`` / ``none``). Its metrics give what the rule of ``nebula_m
 needs: the slower side's compute seconds per step in the steady state (the median step times
 that side's compute share: the totals would count the first steps' imports and warm-up), and the
 size of an uncompressed activation (the head's published bytes per step), from which the typical
-[B, S, H] follows. The picks are
-made once, from the first repeat's in-cluster row, so every repeat trains the same chains.
+[B, S, H] follows. The picks are made once, from the first repeat's in-cluster row, so every
+repeat trains the same chains.
 
 ABNet jobs choose among all of ``auto``'s candidates; a split job among those without feedback
 (delta activations and gradient error feedback are ABNet's: they keep state per sample).
