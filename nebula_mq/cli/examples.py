@@ -33,6 +33,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "certs import-crl": ("nebula-mq certs import-crl run/certs cluster-b cluster-a cluster-a-crl.pem",),
     "certs import-ca": ("nebula-mq certs import-ca run/certs cluster-b cluster-a cluster-a-ca.pem",),
     "chaos": ("nebula-mq chaos config/demo.toml --cuts 5,10,30 --stall 20",),
+    "compare": ("nebula-mq compare run/jobs/abnet-corpus-none run/jobs/abnet-corpus-int4",),
     "config show": ("nebula-mq config show config/demo.toml", "NEBULA__JOB__STEPS=50 nebula-mq config show config/demo.toml"),
     "config reference": ("nebula-mq config reference > docs/CONFIG.md",),
     "data build": ("nebula-mq data build",),

@@ -56,6 +56,12 @@ def _metric() -> Any:
     return BLEU(lowercase=True)
 
 
+def _chrf() -> Any:
+    from sacrebleu.metrics import CHRF
+
+    return CHRF(lowercase=True)
+
+
 def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
@@ -70,10 +76,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
 
 def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """sacrebleu's chrF (character n-gram F-score), case-insensitive like our BLEU."""
-    from sacrebleu.metrics import CHRF
-
     _check(hypotheses, references)
-    return float(CHRF(lowercase=True).corpus_score(list(hypotheses), [list(references)]).score)
+    return float(_chrf().corpus_score(list(hypotheses), [list(references)]).score)
 
 
 def scores_by_domain(hypotheses: Sequence[str], references: Sequence[str],
@@ -118,24 +122,44 @@ def evaluation_body(split: str, sample_ids: list[int], hypotheses: list[str], re
 
 @dataclass(frozen=True)
 class PairedResult:
-    baseline_bleu: float
-    system_bleu: float
+    # The metric's score of the baseline and of the system, on all sentences.
+    baseline: float
+    system: float
     # p-value of "the system is no different from the baseline" under paired bootstrap.
     p_value: float
-    # Half-width of the 95% confidence interval of the system's bootstrap BLEU.
+    # Half-width of the 95% confidence interval of the system's bootstrap score.
     system_ci: float
+
+
+METRICS = {"BLEU": _metric, "chrF": _chrf}
+
+
+def paired_test(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
+                samples: int = 1000, metrics: Sequence[str] = ("BLEU", "chrF")) -> dict[str, PairedResult]:
+    """sacrebleu's paired bootstrap resampling (Koehn 2004) of each of ``metrics`` (BLEU, chrF;
+    both case-insensitive), all on the same resamples."""
+    from sacrebleu.significance import PairedTest
+
+    if not len(baseline) == len(system) == len(references):
+        raise DataError("paired bootstrap needs equal numbers of sentences")
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise DataError(f"unknown metric {unknown[0]!r} (known: {', '.join(METRICS)})")
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {m: METRICS[m]() for m in metrics},
+                      references=[list(references)], test_type="bs", n_samples=samples)
+    _, results = test()
+    # One column per metric after "System", in the given order, named by sacrebleu (chrF: "chrF2").
+    columns = [k for k in results if k != "System"]
+    out = {}
+    for m, column in zip(metrics, columns, strict=True):
+        base: Any = results[column][0]
+        sys_: Any = results[column][1]
+        out[m] = PairedResult(float(base.score), float(sys_.score), float(sys_.p_value), float(sys_.ci))
+    return out
 
 
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
                      samples: int = 1000) -> PairedResult:
     """sacrebleu's paired bootstrap resampling (Koehn 2004), case-insensitive BLEU."""
-    from sacrebleu.significance import PairedTest
-
-    if not len(baseline) == len(system) == len(references):
-        raise DataError("paired bootstrap needs equal numbers of sentences")
-    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": _metric()},
-                      references=[list(references)], test_type="bs", n_samples=samples)
-    _, results = test()
-    base: Any = results["BLEU"][0]
-    sys_: Any = results["BLEU"][1]
-    return PairedResult(float(base.score), float(sys_.score), float(sys_.p_value), float(sys_.ci))
+    return paired_test(baseline, system, references, samples, ("BLEU",))["BLEU"]

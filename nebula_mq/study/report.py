@@ -51,7 +51,7 @@ def compare(results: Sequence[RowResult], bootstrap_samples: int = 1000) -> list
             body["speedup" + suffix] = base.s_per_step / r.s_per_step if r.s_per_step > 0 else float("nan")
             if r is not base and r.hypotheses and len(r.hypotheses) == len(base.hypotheses):
                 test = paired_bootstrap(base.hypotheses, r.hypotheses, r.references, bootstrap_samples)
-                body["bleu_delta" + suffix] = test.system_bleu - test.baseline_bleu
+                body["bleu_delta" + suffix] = test.system - test.baseline
                 body["bleu_p_value" + suffix] = test.p_value
         rows.append(body)
     return rows

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -167,22 +168,12 @@ def test_step_rate_needs_two_distinct_times() -> None:
     assert derive.step_rate([{"step": 1, "time": 5.0}, {"step": 2, "time": 5.0}], 0) is None
 
 
-def _metrics_run(tmp_path: Path, counts: dict[str, dict[tuple[str, str], int]]) -> object:
-    for worker, by_key in counts.items():
-        hook = MetricsHook("r", tmp_path / "metrics" / f"{worker}.prom")
-        for (flow, direction), n in by_key.items():
-            for _ in range(n):
-                ev = MessageEvent(flow, raw_bytes=100, wire_bytes=25)
-                (hook.on_published if direction == "out" else hook.on_received)(ev)
-        hook.on_step(1, {})
-    return load_run(tmp_path)
-
-
-def test_flow_compression_counts_each_message_once_from_the_more_complete_side(tmp_path: Path) -> None:
+def test_flow_compression_counts_each_message_once_from_the_more_complete_side(
+        tmp_path: Path, write_metrics: Callable[..., None]) -> None:
     # The sender restarted (its counters cover 4 messages); the receiver saw all 10.
-    run = _metrics_run(tmp_path, {"enc": {("act", "out"): 4, ("rep", "in"): 4},
-                                  "dec": {("act", "in"): 10, ("rep", "out"): 10}})
-    by_flow = {f.flow: f for f in derive.flow_compression(run.workers.values())}  # type: ignore[attr-defined]
+    write_metrics(tmp_path, {"enc": {("act", "out"): 4, ("rep", "in"): 4},
+                             "dec": {("act", "in"): 10, ("rep", "out"): 10}})
+    by_flow = {f.flow: f for f in derive.flow_compression(load_run(tmp_path).workers.values())}
     assert (by_flow["act"].direction, by_flow["act"].messages) == ("in", 10)
     assert (by_flow["rep"].direction, by_flow["rep"].wire_bytes) == ("out", 250)
     assert by_flow["act"].ratio == 4.0

@@ -1,0 +1,136 @@
+"""Two runs of one job side by side: ``nebula-mq compare BASELINE SYSTEM``.
+
+It answers the question compression raises: does the compressed run translate as well
+as the uncompressed one, and how much less did it send? Each run's evaluation
+(``eval.json``, written by T) holds every hypothesis beside its reference. Two runs are
+comparable when they decoded the same sentences: the same split, sample ids and
+references. BLEU and chrF are then compared by sacrebleu's paired bootstrap over all
+sentences and per domain. Beside the scores stand the bytes each run put on the wire
+per training step, from its workers' counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.errors import DataError
+from nebula_mq.evaluation.bleu import PairedResult, paired_test
+from nebula_mq.report.derive import flow_compression
+from nebula_mq.report.records import RunData
+
+
+@dataclass(frozen=True)
+class DomainComparison:
+    domain: str
+    sentences: int
+    bleu: PairedResult
+    chrf: PairedResult
+
+
+@dataclass(frozen=True)
+class Traffic:
+    steps: int
+    # Every message each flow carried (counted once, on the side that counted more), the
+    # evaluation's activations included: a few percent of an ABNet run's messages.
+    wire_bytes: float
+    raw_bytes: float
+
+    @property
+    def wire_per_step(self) -> float:
+        return self.wire_bytes / self.steps if self.steps else 0.0
+
+
+def evaluation(run: RunData) -> Mapping[str, Any]:
+    """The run's evaluation body; DataError (one line) when it has none."""
+    body = run.evaluation
+    if body is None or not body.get("hypotheses"):
+        raise DataError(f"{run.run_dir}: no evaluation (eval.json) to compare; a job writes it after its "
+                        "last step when [abnet] eval_samples > 0")
+    return body
+
+
+def check_comparable(base: Mapping[str, Any], system: Mapping[str, Any]) -> None:
+    """The two evaluations decoded the same sentences, or DataError saying how they differ."""
+    if base.get("split") != system.get("split"):
+        raise DataError(f"the runs were evaluated on different splits ({base.get('split')!r}, "
+                        f"{system.get('split')!r})")
+    if list(base.get("sample_ids") or []) != list(system.get("sample_ids") or []):
+        raise DataError(f"the runs decoded different sentences ({len(base.get('sample_ids') or [])} and "
+                        f"{len(system.get('sample_ids') or [])} sample ids, or the same count in another order): "
+                        "compare runs of one job with the same eval_samples")
+    if list(base.get("references") or []) != list(system.get("references") or []):
+        raise DataError("the runs' references differ: they were built from different data")
+
+
+def compare_scores(base: Mapping[str, Any], system: Mapping[str, Any],
+                   samples: int = 1000) -> list[DomainComparison]:
+    """Paired bootstrap of BLEU and chrF over all sentences, then per domain (sorted)."""
+    check_comparable(base, system)
+    hyp_a, hyp_b, refs = list(base["hypotheses"]), list(system["hypotheses"]), list(base["references"])
+    domains: Sequence[str] = base.get("domains") or ["all"] * len(refs)
+    groups = {"all": list(range(len(refs)))}
+    if len(set(domains)) > 1:
+        for name in sorted(set(domains)):
+            groups[name] = [i for i, d in enumerate(domains) if d == name]
+    out = []
+    for name, idx in groups.items():
+        tests = paired_test([hyp_a[i] for i in idx], [hyp_b[i] for i in idx], [refs[i] for i in idx], samples)
+        out.append(DomainComparison(name, len(idx), tests["BLEU"], tests["chrF"]))
+    return out
+
+
+def traffic(run: RunData) -> Traffic:
+    """Wire and raw bytes of every flow of the run, and the steps it trained."""
+    flows = flow_compression(run.workers.values())
+    # The status holds the job's step; a process's counters restart with it (a fallback only).
+    steps = max((w.status.step if w.status is not None else w.metrics.steps if w.metrics is not None else 0
+                 for w in run.workers.values()), default=0)
+    return Traffic(int(steps), sum(f.wire_bytes for f in flows), sum(f.raw_bytes for f in flows))
+
+
+def comparison_body(base: RunData, system: RunData, samples: int = 1000) -> dict[str, Any]:
+    """What ``--json`` prints: the runs, the scores per domain, the traffic."""
+    body_a, body_b = evaluation(base), evaluation(system)
+    rows = compare_scores(body_a, body_b, samples)
+    sent = {name: traffic(run) for name, run in (("baseline", base), ("system", system))}
+    return {
+        "baseline": str(base.run_dir), "system": str(system.run_dir), "bootstrap_samples": samples,
+        "split": body_a.get("split"),
+        "scores": [asdict(r) for r in rows],
+        "traffic": {name: {**asdict(t), "wire_per_step": t.wire_per_step} for name, t in sent.items()},
+    }
+
+
+def render(body: Mapping[str, Any]) -> str:
+    """The comparison as a plain-text table."""
+    lines = [f"baseline {body['baseline']}", f"system   {body['system']}",
+             f"{body['split']} split, paired bootstrap ({body['bootstrap_samples']} resamples); "
+             "p: the chance of a difference this large between equal systems", "",
+             f"{'domain':<10} {'sentences':>9}  {'BLEU':>6} {'BLEU':>14} {'p':>6}  {'chrF':>6} {'chrF':>14} {'p':>6}",
+             f"{'':<10} {'':>9}  {'base':>6} {'system (±95%)':>14} {'':>6}  {'base':>6} {'system (±95%)':>14} {'':>6}"]
+    for r in body["scores"]:
+        b, c = r["bleu"], r["chrf"]
+        lines.append(f"{r['domain']:<10} {r['sentences']:>9}  {b['baseline']:>6.2f} "
+                     f"{b['system']:>7.2f} ±{b['system_ci']:<5.2f} {b['p_value']:>6.3f}  "
+                     f"{c['baseline']:>6.2f} {c['system']:>7.2f} ±{c['system_ci']:<5.2f} {c['p_value']:>6.3f}")
+    t_base, t_sys = body["traffic"]["baseline"], body["traffic"]["system"]
+    lines.append("")
+    for name, t in (("baseline", t_base), ("system", t_sys)):
+        ratio = t["raw_bytes"] / t["wire_bytes"] if t["wire_bytes"] else 0.0
+        lines.append(f"{name:<9} {t['steps']} steps, {t['wire_per_step'] / 1e3:,.1f} kB on the wire per step "
+                     f"(raw / wire {ratio:.2f}x)")
+    if t_sys["wire_per_step"] > 0:
+        lines.append(f"the system sent {t_base['wire_per_step'] / t_sys['wire_per_step']:.2f}x fewer bytes per step "
+                     "(every message, the evaluation's included)")
+    return "\n".join(lines)
+
+
+def compare_runs(base_dir: Path, system_dir: Path, samples: int = 1000) -> dict[str, Any]:
+    from nebula_mq.report.parse import load_run
+
+    if samples < 1:
+        raise DataError(f"bootstrap resamples must be at least 1, not {samples}")
+    return comparison_body(load_run(base_dir), load_run(system_dir), samples)
