@@ -49,9 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
                         default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
                         help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
-    parser.add_argument("--codecs", choices=("job", "auto"), default="job",
+    parser.add_argument("--codecs", default="job", metavar="SETS",
                         help="job: the job's own chains in every row; auto: uncompressed in one cluster and "
-                             "auto's pick for each WAN rate")
+                             "auto's pick for each WAN rate; none: uncompressed everywhere; none,auto: both "
+                             "WAN rows at each rate and delay, beside one uncompressed in-cluster row")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times to run the whole plan, each with its own in-cluster row (medians reported)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
@@ -68,6 +69,21 @@ def numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
     if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
         raise ConfigError("<command line>", flag, "positive numbers separated by commas, like 10,60", text)
     return values
+
+
+CODEC_SETS = ("job", "none", "auto")
+
+
+def codec_sets(text: str) -> list[str]:
+    """``--codecs``: ``job`` alone, or any of ``none`` and ``auto`` (their in-cluster row is
+    uncompressed); anything else is a one-line ConfigError."""
+    from nebula_mq.errors import ConfigError
+
+    sets = [v.strip() for v in text.split(",") if v.strip()]
+    if not sets or any(v not in CODEC_SETS for v in sets) or len(set(sets)) < len(sets) \
+            or ("job" in sets and len(sets) > 1):
+        raise ConfigError("<command line>", "--codecs", "job, auto, none, or none,auto", text)
+    return sets
 
 
 def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> dict[str, str]:
@@ -125,15 +141,17 @@ def run(args: argparse.Namespace) -> int:
         from nebula_mq.errors import ConfigError
 
         raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
-    from nebula_mq.bench.wan_auto import AutoCodecs  # numpy and the codecs: not for --help
+    sets = codec_sets(args.codecs)
+    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, row_codecs  # numpy and the codecs: not for --help
 
-    codecs = AutoCodecs(settings) if args.codecs == "auto" else None
+    codecs = AutoCodecs(settings) if "auto" in sets else None
+    own = f"{settings.codec.forward} / {settings.codec.backward}"
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
     rows: list[dict[str, Any]] = []
     shaped: Any = None
     before: dict[str, Any] = {}
     try:
-        for repeat, name, rate, delay in plan(rates, delays, repeats):
+        for repeat, name, rate, delay, chains in plan(rates, delays, repeats, sets):
             if rate is not None:
                 if shaped is None:
                     shaped = Stack.open(args.stack)
@@ -142,38 +160,58 @@ def run(args: argparse.Namespace) -> int:
             elif shaped is not None:  # every in-cluster row on the links as they were
                 put_back(shaped, before)
             tag = name if repeats == 1 else f"{name}-r{repeat}"
-            env = row_env(settings, tag, steps, root, rate is None) | (codecs.env(rate) if codecs else {})
+            if chains == "auto" and codecs is not None:
+                env_codecs, label = codecs.env(rate), codecs.choice(rate).chain
+            elif sets == ["job"]:
+                env_codecs, label = {}, own
+            else:  # "none", and the in-cluster row beside none or auto: nothing is compressed in one cluster
+                env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
+            env = row_env(settings, tag, steps, root, rate is None) | env_codecs
             job = run_row(args.config, args.stack, env, args.timeout)
             head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
             row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
                    **measure(job.run_dir, head, warmup), "compute_share": shares(job.run_dir)}
             if codecs is not None and rate is None:
                 codecs.learn(job.run_dir, steps, job.plan, row)
-            row["codecs"] = codecs.choice(rate).chain if codecs else f"{settings.codec.forward} / {settings.codec.backward}"
+            row["codecs"] = label
             rows.append(row)
             print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
     except Exception:
         if rows:  # a later row failed: what the finished rows measured is still printed
-            print(report(settings, rows, steps, warmup, codecs.notes() if codecs else None), flush=True)
+            print(report(settings, rows, steps, warmup, codec_notes(sets, codecs)), flush=True)
         raise
     finally:
         if shaped is not None:
             put_back(shaped, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
-    print(report(settings, rows, steps, warmup, codecs.notes() if codecs else None))
+    print(report(settings, rows, steps, warmup, codec_notes(sets, codecs)))
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
                                                "summary": summary(rows)}, indent=2))
     return 0
 
 
-def plan(rates: list[float], delays: list[float], repeats: int) -> list[tuple[int, str, float | None, float | None]]:
-    """(repeat, row name, rate, delay) in the order run: each repeat its in-cluster row first,
-    then the WAN rows, reversed every other repeat."""
-    wan: list[tuple[str, float | None, float | None]] = [(f"{r:g}mbit-{d:g}ms", r, d) for r in rates for d in delays]
+def codec_notes(sets: list[str], codecs: Any) -> list[str] | None:
+    """The lines under the table about each row's chains (None: every row runs the job's own)."""
+    if sets == ["job"]:
+        return None
+    return codecs.notes() if codecs is not None else []
+
+
+PlanRow = tuple[int, str, float | None, float | None, str | None]
+
+
+def plan(rates: list[float], delays: list[float], repeats: int, sets: list[str] | None = None) -> list[PlanRow]:
+    """(repeat, row name, rate, delay, codec set) in the order run: each repeat its in-cluster
+    row first (no set), then the WAN rows, one per rate, delay and set (a set's name ends the
+    row's when there are several), reversed every other repeat."""
+    sets = sets or ["job"]
+    wan: list[tuple[str, float | None, float | None, str | None]] = [
+        (f"{r:g}mbit-{d:g}ms" + (f"-{c}" if len(sets) > 1 else ""), r, d, c)
+        for r in rates for d in delays for c in sets]
     return [(repeat, *row) for repeat in range(repeats)
-            for row in [("in-cluster", None, None)] + (wan if repeat % 2 == 0 else wan[::-1])]
+            for row in [("in-cluster", None, None, None)] + (wan if repeat % 2 == 0 else wan[::-1])]
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,7 +244,7 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
     batch = rows[0]["samples"] / steps
     lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
              + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if auto_notes is None
-                else "codecs by auto (each row's in its last column)")
+                else "each row's codecs in its last column")
              + (f", {repeats} repeats (medians; each repeat's ratio after the median)" if repeats > 1 else ""),
              f"{'row':<16} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
              f"{'compute share by worker':<34} {'final loss':>10}"]

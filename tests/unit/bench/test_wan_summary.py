@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.bench.wan_ratio import plan, row_env, summary
+from nebula_mq.errors import ConfigError
+
+from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env, summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -61,8 +63,24 @@ def test_a_fractional_rate_makes_a_valid_job_id(tmp_path: Path) -> None:
 
 
 def test_every_repeat_starts_in_one_cluster_and_turns_the_wan_rows_round() -> None:
-    order = [(repeat, name) for repeat, name, _, _ in plan([10.0, 60.0], [20.0], 3)]
+    order = [(repeat, name) for repeat, name, _, _, _ in plan([10.0, 60.0], [20.0], 3)]
     assert order == [(0, "in-cluster"), (0, "10mbit-20ms"), (0, "60mbit-20ms"),
                      (1, "in-cluster"), (1, "60mbit-20ms"), (1, "10mbit-20ms"),
                      (2, "in-cluster"), (2, "10mbit-20ms"), (2, "60mbit-20ms")]
-    assert plan([2.7], [0.0], 1) == [(0, "in-cluster", None, None), (0, "2.7mbit-0ms", 2.7, 0.0)]
+    assert plan([2.7], [0.0], 1) == [(0, "in-cluster", None, None, None), (0, "2.7mbit-0ms", 2.7, 0.0, "job")]
+
+
+def test_uncompressed_and_auto_rows_share_one_in_cluster_row_per_repeat() -> None:
+    rows = plan([2.7], [20.0, 100.0], 2, codec_sets("none,auto"))
+    assert [(r, name, chains) for r, name, _, _, chains in rows] == [
+        (0, "in-cluster", None), (0, "2.7mbit-20ms-none", "none"), (0, "2.7mbit-20ms-auto", "auto"),
+        (0, "2.7mbit-100ms-none", "none"), (0, "2.7mbit-100ms-auto", "auto"),
+        (1, "in-cluster", None), (1, "2.7mbit-100ms-auto", "auto"), (1, "2.7mbit-100ms-none", "none"),
+        (1, "2.7mbit-20ms-auto", "auto"), (1, "2.7mbit-20ms-none", "none")]
+    assert [name for _, name, _, _, _ in plan([60.0], [20.0], 1, ["auto"])] == ["in-cluster", "60mbit-20ms"]
+
+
+@pytest.mark.parametrize("text", ["", "zip", "job,auto", "auto,auto", "none,fp16"])
+def test_codec_sets_other_than_job_none_and_auto_are_one_line_errors(text: str) -> None:
+    with pytest.raises(ConfigError, match="--codecs"):
+        codec_sets(text)
