@@ -137,7 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 5,45; quick 2)")
     parser.add_argument("--netns", action="store_true",
                         help="also measure the goodput points over a kernel-shaped link between two network "
-                             "namespaces (brokers federated by hostname; needs root), beside the relay's")
+                             "namespaces (brokers federated by hostname; needs root), beside the relay's; with "
+                             "--recovery, the grid over that link, its drop the link set down")
+    parser.add_argument("--rto-max-ms", type=int, metavar="MS", default=None,
+                        help="--recovery --netns: cap TCP's retransmission timeout on both broker hosts "
+                             "(net.ipv4.tcp_rto_max_ms, Linux 6.15+), as an operator would on a WAN")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -165,9 +169,13 @@ def check_flags(args: argparse.Namespace) -> None:
     for flag in ("recovery_delays", "outages"):
         if not recovery and getattr(args, flag, None):
             raise bad(f"--{flag.replace('_', '-')}", "--recovery beside it (only the recovery grid reads it)")
-    for flag in ("netns", "compare_pika"):
-        if recovery and getattr(args, flag, False):
-            raise bad(f"--{flag.replace('_', '-')}", "no --recovery (the recovery grid measures no goodput)")
+    rto = getattr(args, "rto_max_ms", None)
+    if rto is not None and not (recovery and getattr(args, "netns", False)):
+        raise bad("--rto-max-ms", "--recovery --netns beside it (it tunes the namespaced hosts' TCP)")
+    if rto is not None and not 1000 <= rto <= 120000:  # the kernel's own bounds for the sysctl
+        raise bad("--rto-max-ms", "milliseconds in 1000..120000", rto)
+    if recovery and getattr(args, "compare_pika", False):
+        raise bad("--compare-pika", "no --recovery (the recovery grid measures no goodput)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,6 +215,10 @@ def _run(args: argparse.Namespace) -> int:
             print("nebula-mq bench transport: --outages: each must be > 0 seconds", file=sys.stderr)
             return 2
         cfg = replace(cfg, recovery_outages_s=args.outages)
+    if getattr(args, "recovery", False) and getattr(args, "netns", False):
+        from nebula_mq.bench.wan_link_down import run_link_down
+
+        return run_link_down(args, cfg)
     if getattr(args, "recovery", False):
         return run_recovery(args, cfg)
     job_id = f"bench-{os.getpid()}-{int(time.time())}"

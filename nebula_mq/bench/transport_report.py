@@ -111,7 +111,13 @@ def targets(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig) -> str:
+RELAY_KINDS = ("reset: the relay's cut (every connection reset, new ones refused); drop: a blackhole (nothing crosses, "
+               "nothing is reset, new connections unanswered)")
+LINK_DOWN_KINDS = ("reset: the relay's cut in front of each broker (every connection reset, new ones refused); drop: the "
+                   "kernel link between the namespaces set down (packets lost, nothing reset)")
+
+
+def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig, kinds: str = RELAY_KINDS) -> str:
     """``--recovery``'s table: per one-way delay and outage length, each kind's medians side by side."""
 
     def s(x: float | None) -> str:
@@ -119,8 +125,7 @@ def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig) -> str:
 
     lines = [f"recovery after a WAN outage at {cfg.recovery_rate_mbit:g} Mbit/s: {size_text(cfg.recovery_message_kib * 1024)} "
              f"messages at {cfg.recovery_pace:g}/s, upstream cap {cfg.recovery_cap_mib} MiB; medians of {cfg.repeats}",
-             "reset: the relay's cut (every connection reset, new ones refused); drop: a blackhole (nothing crosses, "
-             "nothing is reset, new connections unanswered)",
+             kinds,
              "seconds after the heal: first message (any), first message published during the outage (during), backlog "
              "drained (back in step with the producer); reconn: this job's federation links reconnected, per run",
              f"{'delay':>6} {'outage':>6} {'RTT':>5} {'kind':>6} {'first':>6} {'RTTs':>5} {'during':>8} {'drained':>8} "

@@ -17,7 +17,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flows
 from nebula_mq.bench.wan_transfer import goodput_points
-from nebula_mq.settings import BrokerSettings
+from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 
 HOSTNAMES = {A: "broker-a.nebula.test", B: "broker-b.nebula.test"}
@@ -50,9 +51,11 @@ class NetnsJob:
                               server_name=HOSTNAMES[cluster], heartbeat_s=30)
 
 
-def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequence[str], peer_port: int) -> None:
+def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequence[str], peer_port: int,
+                   max_queue_bytes: int) -> None:
     """Inside ``cluster``'s namespace: the bench job on its broker, the peer named by hostname at
-    ``peer_port`` (``python -m nebula_mq.bench.wan_netns provision ...`` runs this)."""
+    ``peer_port``, each flow's sending-side copy capped at ``max_queue_bytes`` (``python -m
+    nebula_mq.bench.wan_netns provision ...`` runs this)."""
     from nebula_mq.security.certs import federation_identity
     from nebula_mq.stack import Stack, provision
 
@@ -65,7 +68,7 @@ def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequen
     for cn in workers:
         stack.ca(cluster).ensure_client(cn)
     stack.admin(cluster).import_definitions(
-        provision.definitions(job_id, cluster, flows, workers, [peer], upstreams))
+        provision.definitions(job_id, cluster, flows, workers, [peer], upstreams, max_queue_bytes=max_queue_bytes))
 
 
 def _exchange_trust(stacks: dict[str, Path]) -> None:
@@ -81,12 +84,17 @@ def _exchange_trust(stacks: dict[str, Path]) -> None:
         import_peer_crl(stacks[dst] / "certs", cas[dst], src, crl)
 
 
+def relay_dir(tmp: Path, host: Any) -> Path:
+    """Where the delaying relay in front of ``host``'s broker keeps its control and status files."""
+    return tmp / f"relay-{host.ns}"
+
+
 def _start_delay_relay(host: Any, tmp: Path, delay_ms: float) -> None:
     """A relay on ``host``'s link address in front of its broker: +``delay_ms`` each way, any rate."""
     from nebula_mq.atomic import write_json_atomic
     from nebula_mq.stack.relay import Shape
 
-    d = tmp / f"relay-{host.ns}"
+    d = relay_dir(tmp, host)
     d.mkdir()
     write_json_atomic(d / "control.json", asdict(Shape(rate_mbit=0.0, delay_ms=delay_ms, generation=1)))
     host.run(sys.executable, "-m", "nebula_mq.stack.relay", "--daemon", "--listen-host", host.address,
@@ -94,36 +102,52 @@ def _start_delay_relay(host: Any, tmp: Path, delay_ms: float) -> None:
              "--status", str(d / "status.json"), "--pidfile", str(d / "pid"), "--log", str(d / "log"))
 
 
+@contextmanager
+def netns_brokers(job_id: str, flow_names: Sequence[str], relay_delay_ms: float | None,
+                  max_queue_bytes: int = TransportSettings().max_queue_bytes, rto_max_ms: int | None = None
+                  ) -> Iterator[tuple[dict[str, Any], NetnsJob, Path]]:
+    """Two hosts, a broker each, federated by hostname over the kernel link, the job provisioned:
+    yields the hosts by cluster, the job as a producer and consumer here reach it, and the
+    temporary directory. With ``relay_delay_ms`` (0 included) the federation crosses a relay in
+    front of each broker that adds that delay; without, it reaches the peer's broker directly.
+    ``rto_max_ms`` caps TCP's retransmission timeout on both hosts (``net.ipv4.tcp_rto_max_ms``,
+    Linux 6.15+), set before any connection opens: a socket takes it when it is made."""
+    from nebula_mq.stack.netns import host_pair
+
+    with tempfile.TemporaryDirectory(prefix="nebula-netns-", dir="/tmp") as tmp, \
+            host_pair("bn", (HOSTNAMES[A], HOSTNAMES[B]), reach_from_here=True) as (ha, hb):
+        hosts = {A: ha, B: hb}
+        if rto_max_ms is not None:
+            for h in hosts.values():
+                h.run("sh", "-c", f"echo {int(rto_max_ms)} > /proc/sys/net/ipv4/tcp_rto_max_ms")
+        stacks = {c: Path(tmp) / c for c in hosts}
+        _exchange_trust(stacks)
+        peer_port = RELAY_PORT if relay_delay_ms is not None else PORT
+        try:
+            for c, h in hosts.items():
+                h.nebula("stack", "up", "--stack", str(stacks[c]), "--clusters", c, "--listen", "0.0.0.0",
+                         "--hostname", h.hostname, "--base-port", str(PORT), "--prefix", f"nbn{os.getpid()}")
+                if relay_delay_ms is not None:
+                    _start_delay_relay(h, Path(tmp), relay_delay_ms)
+                h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
+                      json.dumps(list(flow_names)), str(peer_port), str(max_queue_bytes))
+            yield hosts, NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()}), Path(tmp)
+        finally:
+            for c, h in hosts.items():
+                h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
+
+
 def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Goodput at ``cfg.rates_mbit`` x ``cfg.sizes_mib`` over the kernel-shaped namespace link,
     with ``cfg.delay_ms`` added by a relay on each host: one row per point, median of
     ``cfg.repeats``, as ``run_bench`` reports the relay's."""
-    from nebula_mq.stack.netns import host_pair
-
     flows = topology.physical_flows(goodput_flows(cfg))
-    with tempfile.TemporaryDirectory(prefix="nebula-netns-", dir="/tmp") as tmp, \
-            host_pair("bn", (HOSTNAMES[A], HOSTNAMES[B]), reach_from_here=True) as (ha, hb):
-        hosts = {A: ha, B: hb}
-        stacks = {c: Path(tmp) / c for c in hosts}
-        _exchange_trust(stacks)
-        peer_port = RELAY_PORT if cfg.delay_ms > 0 else PORT
-        for c, h in hosts.items():
-            h.nebula("stack", "up", "--stack", str(stacks[c]), "--clusters", c, "--listen", "0.0.0.0",
-                     "--hostname", h.hostname, "--base-port", str(PORT), "--prefix", f"nbn{os.getpid()}")
-            if cfg.delay_ms > 0:
-                _start_delay_relay(h, Path(tmp), cfg.delay_ms)
-            h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
-                  json.dumps([f.name for f in flows]), str(peer_port))
-        job = NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()})
-
+    with netns_brokers(job_id, [f.name for f in flows], cfg.delay_ms if cfg.delay_ms > 0 else None) as (hosts, job, _):
         def shape(rate: float) -> None:
             for h in hosts.values():
                 h.shape(rate)
 
-        rows = goodput_points(job, cfg, shape, "netns", say, link_bytes=ha.tx_bytes)
-        for c, h in hosts.items():
-            h.nebula("stack", "down", "--stack", str(stacks[c]), check=False)
-    return rows
+        return goodput_points(job, cfg, shape, "netns", say, link_bytes=hosts[A].tx_bytes)
 
 
 def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) -> list[str]:
@@ -143,11 +167,11 @@ def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) ->
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 6 and argv[0] == "provision":
-        provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]), int(argv[5]))
+    if len(argv) == 7 and argv[0] == "provision":
+        provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]), int(argv[5]), int(argv[6]))
         return 0
-    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON PEER_PORT",
-          file=sys.stderr)
+    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON PEER_PORT "
+          "MAX_QUEUE_BYTES", file=sys.stderr)
     return 2
 
 

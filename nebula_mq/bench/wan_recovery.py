@@ -236,3 +236,4 @@ def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
             json.dump(result, fh, indent=2)
         print(f"wrote {args.json}")
     return 0 if all(r["exactly_once"] for r in result["runs"]) else 1
+

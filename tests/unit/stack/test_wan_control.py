@@ -78,7 +78,9 @@ def test_the_summary_groups_on_the_outage_asked_for_not_the_one_measured() -> No
     (["--recovery", "--recovery-delays=-5"], "--recovery-delays"),
     (["--recovery-delays=20"], "--recovery-delays"),
     (["--outages=3"], "--outages"),
-    (["--recovery", "--netns"], "--netns"),
+    (["--rto-max-ms=1000"], "--rto-max-ms"),
+    (["--recovery", "--rto-max-ms=1000"], "--rto-max-ms"),
+    (["--recovery", "--netns", "--rto-max-ms=200"], "--rto-max-ms"),
     (["--recovery", "--compare-pika"], "--compare-pika"),
 ])
 def test_bench_transport_refuses_flags_out_of_place_in_one_line(argv: list[str], flag: str,
