@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from nebula_mq import topology
 from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, bench_stack, compare_flow,
                                       delete_vhosts, throughput_flows)
 from nebula_mq.bench.transport_report import machine_facts, render, size_text, stack_facts, targets
+from nebula_mq.bench.wan_netns import RTO_MAX_SYSCTL
 from nebula_mq.bench.wan_recovery import recovery, run_recovery
 from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
 from nebula_mq.errors import ConfigError, NebulaError
@@ -174,6 +176,10 @@ def check_flags(args: argparse.Namespace) -> None:
         raise bad("--rto-max-ms", "--recovery --netns beside it (it tunes the namespaced hosts' TCP)")
     if rto is not None and not 1000 <= rto <= 120000:  # the kernel's own bounds for the sysctl
         raise bad("--rto-max-ms", "milliseconds in 1000..120000", rto)
+    if rto is not None and not RTO_MAX_SYSCTL.exists():
+        raise bad("--rto-max-ms", "Linux 6.15 or later (net.ipv4.tcp_rto_max_ms)", f"{platform.release()}")
+    if recovery and getattr(args, "netns", False) and getattr(args, "stack", None):
+        raise bad("--stack", "no --recovery --netns (that grid makes its own namespaced brokers)")
     if recovery and getattr(args, "compare_pika", False):
         raise bad("--compare-pika", "no --recovery (the recovery grid measures no goodput)")
 

@@ -16,21 +16,19 @@ a larger start, so at long delays these runs are TCP's shortest waits, not its l
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.atomic import write_json_atomic
 from nebula_mq.bench.transport_report import LINK_DOWN_KINDS, render_recovery
 from nebula_mq.bench.wan_jobs import MIB, RECOVERY_FLOW, BenchConfig
 from nebula_mq.bench.wan_netns import netns_brokers, relay_dir
-from nebula_mq.bench.wan_recovery import recovery_grid, summarize
-from nebula_mq.errors import NebulaError, StackError
-from nebula_mq.stack.relay import Shape
+from nebula_mq.bench.wan_recovery import finish, recovery_grid, summarize
+from nebula_mq.errors import NebulaError
+from nebula_mq.stack.wan import apply_shape
 
 # Run inside a namespace: rabbitmqctl must reach that namespace's own epmd and node.
 _CTL = ("import sys; from nebula_mq.stack import Stack; "
@@ -45,23 +43,13 @@ class LinkDownStack:
         self.hosts, self.stacks = hosts, stacks
         self.clusters = list(hosts)
         self.relays = {c: relay_dir(tmp, h) for c, h in hosts.items()}
-        self.shape = Shape(rate_mbit=0.0)  # the relays' part: delay and cut (the kernel shapes the rate)
+        self.cut_now = False
 
     def _relays(self, **changes: Any) -> None:
-        self.shape = replace(self.shape, generation=self.shape.generation + 1, **changes)
-        for d in self.relays.values():
-            write_json_atomic(d / "control.json", asdict(self.shape))
-        deadline = time.monotonic() + 5.0
+        """The relays' part of the shape (delay and cut; the kernel shapes the rate), applied by both."""
         for c, d in self.relays.items():
-            while True:
-                try:
-                    if json.loads((d / "status.json").read_text())["shape"]["generation"] >= self.shape.generation:
-                        break
-                except (OSError, ValueError, KeyError, TypeError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise StackError(f"{c}: the relay did not apply its new shape within 5 s")
-                time.sleep(0.02)
+            apply_shape(f"relay {c}", d / "control.json", d / "status.json", True, **changes)
+        self.cut_now = bool(changes.get("cut", self.cut_now))
 
     def _link(self, state: str) -> None:
         for h in self.hosts.values():
@@ -72,7 +60,7 @@ class LinkDownStack:
         if rate_mbit > 0:  # 0: the link as it is (tbf has no "unlimited")
             for h in self.hosts.values():
                 h.shape(rate_mbit)
-        self._relays(delay_ms=delay_ms, cut=False, drop=False)
+        self._relays(rate_mbit=0.0, delay_ms=delay_ms, cut=False, drop=False)
 
     def cut(self) -> None:
         self._relays(cut=True)
@@ -82,7 +70,7 @@ class LinkDownStack:
 
     def heal(self) -> None:
         self._link("up")
-        if self.shape.cut:
+        if self.cut_now:
             self._relays(cut=False)
 
     def rabbitmqctl(self, cluster: str, *args: str) -> str:
@@ -109,10 +97,5 @@ def run_link_down(args: argparse.Namespace, cfg: BenchConfig) -> int:
     result = {"config": asdict(cfg), "rto_max_ms": args.rto_max_ms, "runs": runs, "recovery": summarize(runs),
               "wall_s": time.monotonic() - t0}
     rto = f"TCP's retransmission timeout capped at {args.rto_max_ms} ms" if args.rto_max_ms else "TCP as the kernel ships it"
-    print(f"\n{rto} on both broker hosts\n" + render_recovery(result["recovery"], cfg, LINK_DOWN_KINDS))
-    print(f"wall time {result['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-        print(f"wrote {args.json}")
-    return 0 if all(r["exactly_once"] for r in runs) else 1
+    return finish(args, result, f"\n{rto} on both broker hosts\n"
+                  + render_recovery(result["recovery"], cfg, LINK_DOWN_KINDS))

@@ -30,6 +30,8 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 
 HOSTNAMES = {A: "broker-a.nebula.test", B: "broker-b.nebula.test"}
+# TCP's retransmission timeout cap (Linux 6.15+), per network namespace.
+RTO_MAX_SYSCTL = Path("/proc/sys/net/ipv4/tcp_rto_max_ms")
 PORT = 5671  # each namespace has its own port space
 RELAY_PORT = 5673  # the delaying relay in front of a broker, on its host's link address
 
@@ -119,7 +121,7 @@ def netns_brokers(job_id: str, flow_names: Sequence[str], relay_delay_ms: float 
         hosts = {A: ha, B: hb}
         if rto_max_ms is not None:
             for h in hosts.values():
-                h.run("sh", "-c", f"echo {int(rto_max_ms)} > /proc/sys/net/ipv4/tcp_rto_max_ms")
+                h.run("sh", "-c", f"echo {int(rto_max_ms)} > {RTO_MAX_SYSCTL}")
         stacks = {c: Path(tmp) / c for c in hosts}
         _exchange_trust(stacks)
         peer_port = RELAY_PORT if relay_delay_ms is not None else PORT

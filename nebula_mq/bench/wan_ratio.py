@@ -246,13 +246,13 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
              + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if auto_notes is None
                 else "each row's codecs in its last column")
              + (f", {repeats} repeats (medians; each repeat's ratio after the median)" if repeats > 1 else ""),
-             f"{'row':<16} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
+             f"{'row':<20} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
              f"{'compute share by worker':<34} {'final loss':>10}"]
     for r in table:
         compute = ", ".join(f"{w} {s:.0%}" for w, s in r["compute_share"].items())
         each = f" ({', '.join(f'{x:.2f}' for x in r['ratios'])})" if repeats > 1 else ""
         loss = "/".join(f"{x:.4f}" for x in r["final_losses"])
-        lines.append(f"{r['row']:<16} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x "
+        lines.append(f"{r['row']:<20} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x "
                      f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
                      + (f"  {r['codecs']}" if auto_notes is not None else ""))
     lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "

@@ -227,13 +227,18 @@ def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
                 delete_vhosts(stack, [job_id])
     result["recovery"] = summarize(result["runs"])
     m = result["machine"]
-    print(f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at start, RabbitMQ "
-          f"{m['rabbitmq']}; federation heartbeat {provision.HEARTBEAT_S} s, reconnect delay "
-          f"{provision.RECONNECT_DELAY_S} s\n" + render_recovery(result["recovery"], cfg))
+    return finish(args, result, f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at "
+                  f"start, RabbitMQ {m['rabbitmq']}; federation heartbeat {provision.HEARTBEAT_S} s, reconnect delay "
+                  f"{provision.RECONNECT_DELAY_S} s\n" + render_recovery(result["recovery"], cfg))
+
+
+def finish(args: argparse.Namespace, result: dict[str, Any], table: str) -> int:
+    """Print a recovery grid's table and wall time, write its JSON (``--json``); 0 when every run
+    was exactly once."""
+    print(table)
     print(f"wall time {result['wall_s']:.0f} s")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
         print(f"wrote {args.json}")
     return 0 if all(r["exactly_once"] for r in result["runs"]) else 1
-

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.atomic import write_json_atomic
+from nebula_mq.cli.options import run_dir_of
+from nebula_mq.errors import ConfigError
 
 def register(sub: Any) -> None:
     p = sub.add_parser("compare", help="score two runs' evaluations against each other (paired bootstrap)",
@@ -26,20 +28,12 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_compare)
 
 
-def run_dir(target: str) -> Path:
-    """A run directory as given, or a job file's ``[job] run_dir``."""
-    path = Path(target)
-    if not path.is_file():
-        return path
-    from workers.registry import load_job_settings
-
-    return Path(load_job_settings(str(path)).run_dir)
-
-
 def _compare(args: argparse.Namespace) -> int:
     from nebula_mq.report.compare import compare_runs, render
 
-    body = compare_runs(run_dir(args.baseline), run_dir(args.system), args.bootstrap)
+    if args.bootstrap < 1:
+        raise ConfigError("<command line>", "--bootstrap", "a whole number of resamples >= 1", args.bootstrap)
+    body = compare_runs(run_dir_of(args.baseline), run_dir_of(args.system), args.bootstrap)
     if args.json_out is not None:
         write_json_atomic(args.json_out, body)
     print(json.dumps(body, indent=2) if args.json else render(body))

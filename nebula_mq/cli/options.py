@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 DEFAULT_STACK = "run/stack"
 STACK_HELP = "local stack directory (default $NEBULA_RUN_DIR or run/stack)"
@@ -36,3 +37,13 @@ def seconds_list(text: str) -> tuple[float, ...]:
     if not values or any(not v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive seconds separated by commas, like 5,10,20; got {text!r}")
     return values
+
+
+def run_dir_of(target: str) -> Path:
+    """A run directory as given, or a job file's ``[job] run_dir`` (``report``, ``compare``)."""
+    path = Path(target)
+    if not path.is_file():
+        return path
+    from workers.registry import load_job_settings
+
+    return Path(load_job_settings(str(path)).run_dir)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.cli.options import add_stack_option, default_stack
+from nebula_mq.cli.options import add_stack_option, default_stack, run_dir_of
 from nebula_mq.errors import ConfigError, NebulaError
 
 if TYPE_CHECKING:
@@ -71,16 +71,14 @@ def _target(args: argparse.Namespace) -> tuple[Path, FeedWatch | None]:
     """The run dir (the argument, or the job file's ``[job] run_dir``) and, with ``--feed``, the
     feed's watch (an unknown cluster is a ConfigError here, before anything is served)."""
     target = Path(args.target)
+    if not args.feed:
+        return run_dir_of(args.target), None
     if not target.is_file():
-        if args.feed:
-            raise ConfigError("<command line>", "RUN_DIR|JOB.toml", "the job file with --feed (it names the "
-                              "job whose feed to read)", args.target)
-        return target, None
+        raise ConfigError("<command line>", "RUN_DIR|JOB.toml", "the job file with --feed (it names the "
+                          "job whose feed to read)", args.target)
     from workers.registry import load_job_settings
 
     settings = load_job_settings(str(target))
-    if not args.feed:
-        return settings.run_dir, None
     from nebula_mq.cli.status_feed import feed_reader
     from nebula_mq.report.feed import FeedWatch
 

@@ -80,16 +80,22 @@ def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     return float(_chrf().corpus_score(list(hypotheses), [list(references)]).score)
 
 
-def scores_by_domain(hypotheses: Sequence[str], references: Sequence[str],
-                     domains: Sequence[str]) -> dict[str, dict[str, float]]:
-    """``{domain: {"bleu", "chrf", "sentences"}}`` for every domain plus ``all``."""
+def domain_groups(hypotheses: Sequence[str], references: Sequence[str],
+                  domains: Sequence[str]) -> dict[str, list[int]]:
+    """Sentence indices of ``all``, then of each domain in name order."""
     if not len(hypotheses) == len(references) == len(domains):
         raise DataError("hypotheses, references and domains differ in length")
     groups = {"all": list(range(len(references)))}
     for name in sorted(set(domains)):
         groups[name] = [i for i, d in enumerate(domains) if d == name]
+    return groups
+
+
+def scores_by_domain(hypotheses: Sequence[str], references: Sequence[str],
+                     domains: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{domain: {"bleu", "chrf", "sentences"}}`` for every domain plus ``all``."""
     out: dict[str, dict[str, float]] = {}
-    for name, idx in groups.items():
+    for name, idx in domain_groups(hypotheses, references, domains).items():
         hyp, ref = [hypotheses[i] for i in idx], [references[i] for i in idx]
         out[name] = {"bleu": corpus_bleu(hyp, ref), "chrf": corpus_chrf(hyp, ref), "sentences": float(len(idx))}
     return out
@@ -151,11 +157,15 @@ def paired_test(baseline: Sequence[str], system: Sequence[str], references: Sequ
     _, results = test()
     # One column per metric after "System", in the given order, named by sacrebleu (chrF: "chrF2").
     columns = [k for k in results if k != "System"]
+    # Identical outputs: every resampled difference is 0 and sacrebleu reports its smallest p,
+    # 1 / (n + 1); no resample can show a difference, so p is 1.
+    same = list(baseline) == list(system)
     out = {}
     for m, column in zip(metrics, columns, strict=True):
         base: Any = results[column][0]
         sys_: Any = results[column][1]
-        out[m] = PairedResult(float(base.score), float(sys_.score), float(sys_.p_value), float(sys_.ci))
+        out[m] = PairedResult(float(base.score), float(sys_.score), 1.0 if same else float(sys_.p_value),
+                              float(sys_.ci))
     return out
 
 

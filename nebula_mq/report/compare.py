@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import DataError
-from nebula_mq.evaluation.bleu import PairedResult, paired_test
-from nebula_mq.report.derive import flow_compression
+from nebula_mq.evaluation.bleu import PairedResult, domain_groups, paired_test
 from nebula_mq.report.records import RunData
 
 
@@ -33,20 +32,20 @@ class DomainComparison:
 @dataclass(frozen=True)
 class Traffic:
     steps: int
-    # Every message each flow carried (counted once, on the side that counted more), the
-    # evaluation's activations included: a few percent of an ABNet run's messages.
-    wire_bytes: float
-    raw_bytes: float
-
-    @property
-    def wire_per_step(self) -> float:
-        return self.wire_bytes / self.steps if self.steps else 0.0
+    # What every worker published per step of its current process (its counters restart with
+    # it), summed over the workers: each message once, on its sender. The evaluation's
+    # activations count too: a few percent of an ABNet run's messages.
+    wire_per_step: float
+    raw_per_step: float
 
 
 def evaluation(run: RunData) -> Mapping[str, Any]:
     """The run's evaluation body; DataError (one line) when it has none."""
     body = run.evaluation
     if body is None or not body.get("hypotheses"):
+        unreadable = [p for p in run.problems if p.startswith("eval.json")]
+        if unreadable:
+            raise DataError(f"{run.run_dir}: {unreadable[0]}")
         raise DataError(f"{run.run_dir}: no evaluation (eval.json) to compare; a job writes it after its "
                         "last step when [abnet] eval_samples > 0")
     return body
@@ -71,24 +70,25 @@ def compare_scores(base: Mapping[str, Any], system: Mapping[str, Any],
     check_comparable(base, system)
     hyp_a, hyp_b, refs = list(base["hypotheses"]), list(system["hypotheses"]), list(base["references"])
     domains: Sequence[str] = base.get("domains") or ["all"] * len(refs)
-    groups = {"all": list(range(len(refs)))}
-    if len(set(domains)) > 1:
-        for name in sorted(set(domains)):
-            groups[name] = [i for i, d in enumerate(domains) if d == name]
     out = []
-    for name, idx in groups.items():
+    for name, idx in domain_groups(hyp_a, refs, domains).items():
+        if name != "all" and len(idx) == len(refs):
+            continue  # one domain: the same sentences as "all"
         tests = paired_test([hyp_a[i] for i in idx], [hyp_b[i] for i in idx], [refs[i] for i in idx], samples)
         out.append(DomainComparison(name, len(idx), tests["BLEU"], tests["chrF"]))
     return out
 
 
 def traffic(run: RunData) -> Traffic:
-    """Wire and raw bytes of every flow of the run, and the steps it trained."""
-    flows = flow_compression(run.workers.values())
-    # The status holds the job's step; a process's counters restart with it (a fallback only).
-    steps = max((w.status.step if w.status is not None else w.metrics.steps if w.metrics is not None else 0
-                 for w in run.workers.values()), default=0)
-    return Traffic(int(steps), sum(f.wire_bytes for f in flows), sum(f.raw_bytes for f in flows))
+    """Bytes each worker published per step of its current process, summed; the job's step."""
+    wire = raw = 0.0
+    for w in run.workers.values():
+        m = w.metrics
+        if m is not None and m.steps > 0:
+            wire += sum(v for (_, d), v in m.wire_bytes.items() if d == "out") / m.steps
+            raw += sum(v for (_, d), v in m.raw_bytes.items() if d == "out") / m.steps
+    steps = max((w.status.step for w in run.workers.values() if w.status is not None), default=0)
+    return Traffic(int(steps), wire, raw)
 
 
 def comparison_body(base: RunData, system: RunData, samples: int = 1000) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def comparison_body(base: RunData, system: RunData, samples: int = 1000) -> dict
         "baseline": str(base.run_dir), "system": str(system.run_dir), "bootstrap_samples": samples,
         "split": body_a.get("split"),
         "scores": [asdict(r) for r in rows],
-        "traffic": {name: {**asdict(t), "wire_per_step": t.wire_per_step} for name, t in sent.items()},
+        "traffic": {name: asdict(t) for name, t in sent.items()},
     }
 
 
@@ -108,7 +108,8 @@ def render(body: Mapping[str, Any]) -> str:
     """The comparison as a plain-text table."""
     lines = [f"baseline {body['baseline']}", f"system   {body['system']}",
              f"{body['split']} split, paired bootstrap ({body['bootstrap_samples']} resamples); "
-             "p: the chance of a difference this large between equal systems", "",
+             "p: the chance of a difference this large between equal systems; ±: half the 95% interval "
+             "of the system's own score", "",
              f"{'domain':<10} {'sentences':>9}  {'BLEU':>6} {'BLEU':>14} {'p':>6}  {'chrF':>6} {'chrF':>14} {'p':>6}",
              f"{'':<10} {'':>9}  {'base':>6} {'system (±95%)':>14} {'':>6}  {'base':>6} {'system (±95%)':>14} {'':>6}"]
     for r in body["scores"]:
@@ -119,18 +120,18 @@ def render(body: Mapping[str, Any]) -> str:
     t_base, t_sys = body["traffic"]["baseline"], body["traffic"]["system"]
     lines.append("")
     for name, t in (("baseline", t_base), ("system", t_sys)):
-        ratio = t["raw_bytes"] / t["wire_bytes"] if t["wire_bytes"] else 0.0
+        ratio = t["raw_per_step"] / t["wire_per_step"] if t["wire_per_step"] else 0.0
         lines.append(f"{name:<9} {t['steps']} steps, {t['wire_per_step'] / 1e3:,.1f} kB on the wire per step "
                      f"(raw / wire {ratio:.2f}x)")
-    if t_sys["wire_per_step"] > 0:
-        lines.append(f"the system sent {t_base['wire_per_step'] / t_sys['wire_per_step']:.2f}x fewer bytes per step "
-                     "(every message, the evaluation's included)")
+    if t_sys["wire_per_step"] > 0 and t_base["wire_per_step"] > 0:
+        ratio = t_base["wire_per_step"] / t_sys["wire_per_step"]
+        lines.append(f"the system sent {ratio:.2f}x fewer bytes per step" if ratio >= 1 else
+                     f"the system sent {1 / ratio:.2f}x more bytes per step")
+        lines[-1] += " (every message, the evaluation's included)"
     return "\n".join(lines)
 
 
 def compare_runs(base_dir: Path, system_dir: Path, samples: int = 1000) -> dict[str, Any]:
     from nebula_mq.report.parse import load_run
 
-    if samples < 1:
-        raise DataError(f"bootstrap resamples must be at least 1, not {samples}")
     return comparison_body(load_run(base_dir), load_run(system_dir), samples)

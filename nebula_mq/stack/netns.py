@@ -49,7 +49,10 @@ class Host:
         return ["ip", "netns", "exec", self.ns, *args]
 
     def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout)
+        try:
+            out = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise StackError(f"[{self.ns}] {' '.join(args[:3])} did not finish within {timeout:g} s") from None
         if check and out.returncode != 0:
             raise StackError(f"[{self.ns}] {' '.join(args)} failed ({out.returncode}): "
                              f"{(out.stderr.strip() or out.stdout.strip())[-1500:]}")

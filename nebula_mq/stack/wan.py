@@ -27,6 +27,40 @@ from nebula_mq.atomic import write_json_atomic
 APPLY_TIMEOUT_S = 5.0
 
 
+def read_shape(control_file: Path) -> Shape:
+    """The shape last written to a relay's control file (the default before any)."""
+    try:
+        return Shape.from_dict(dict(json.loads(control_file.read_text())))[0]
+    except FileNotFoundError:
+        return Shape()
+    except (OSError, ValueError, TypeError) as exc:
+        raise StackError(f"{control_file}: unreadable ({exc})") from None
+
+
+def apply_shape(name: str, control_file: Path, status_file: Path, wait: bool, **changes: Any) -> Shape:
+    """Write the relay's shape with ``changes`` and the next generation; with ``wait``, return
+    once the relay echoes that generation in its status file (StackError after 5 s)."""
+    shape = replace(read_shape(control_file), **changes)
+    if shape.rate_mbit < 0 or shape.delay_ms < 0:
+        raise StackError(f"{name}: rate and delay must be >= 0, got {shape}")
+    shape = replace(shape, generation=shape.generation + 1)
+    data = asdict(shape)
+    if not shape.drop:
+        del data["drop"]  # a relay started before drop existed rejects the key; absent = False
+    write_json_atomic(control_file, data)
+    if wait:
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(status_file.read_text()).get("shape", {}).get("generation") == shape.generation:
+                    return shape
+            except (OSError, ValueError, AttributeError):
+                pass
+            time.sleep(0.02)
+        raise StackError(f"{name}: relay did not apply the new shape within {APPLY_TIMEOUT_S}s")
+    return shape
+
+
 def link_name(node: NodeLayout) -> str:
     return f"to-{node.cluster}"
 
@@ -46,31 +80,12 @@ class Link:
     # ------------------------------------------------------------------ shape
 
     def shape(self) -> Shape:
-        try:
-            return Shape.from_dict(dict(json.loads(self.control_file.read_text())))[0]
-        except FileNotFoundError:
-            return Shape()
-        except (OSError, ValueError, TypeError) as exc:
-            raise StackError(f"{self.control_file}: unreadable ({exc})") from None
+        return read_shape(self.control_file)
 
     def set_shape(self, wait: bool = True, **changes: Any) -> Shape:
         """Change the link (rate_mbit, delay_ms, cut, drop); waits until a running relay applied it."""
-        shape = replace(self.shape(), **changes)
-        if shape.rate_mbit < 0 or shape.delay_ms < 0:
-            raise StackError(f"{self.name}: rate and delay must be >= 0, got {shape}")
-        shape = replace(shape, generation=shape.generation + 1)
-        data = asdict(shape)
-        if not shape.drop:
-            del data["drop"]  # a relay started before drop existed rejects the key; absent = False
-        write_json_atomic(self.control_file, data)
-        if wait and self.pid() is not None:
-            deadline = time.monotonic() + APPLY_TIMEOUT_S
-            while time.monotonic() < deadline:
-                if self.status().get("shape", {}).get("generation") == shape.generation:
-                    return shape
-                time.sleep(0.02)
-            raise StackError(f"{self.name}: relay did not apply the new shape within {APPLY_TIMEOUT_S}s")
-        return shape
+        return apply_shape(self.name, self.control_file, self.status_file, wait and self.pid() is not None,
+                           **changes)
 
     def status(self) -> dict[str, Any]:
         try:

@@ -143,7 +143,9 @@ def test_a_drop_in_the_kernel_resets_nothing_and_loses_nothing() -> None:
     from nebula_mq.bench.wan_link_down import link_down_recovery
     from nebula_mq.stack.netns import unusable_reason
 
-    why = unusable_reason()
+    from nebula_mq.bench.wan_netns import RTO_MAX_SYSCTL
+
+    why = unusable_reason() or ("" if RTO_MAX_SYSCTL.exists() else "no net.ipv4.tcp_rto_max_ms (Linux < 6.15)")
     if why:
         pytest.skip(f"namespace benchmark skipped: {why}")
     cfg = replace(bench.BenchConfig.quick(), timeout_s=30.0)

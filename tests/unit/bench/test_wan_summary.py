@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.errors import ConfigError
-
 from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env, summary
+from nebula_mq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 

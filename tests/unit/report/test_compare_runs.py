@@ -25,7 +25,7 @@ def write_run(run_dir: Path, hyps: list[str], write_metrics: Callable[..., None]
     (run_dir / "eval.json").write_text(json.dumps(body))
     write_metrics(run_dir, {"enc-0": {("activations", "out"): steps, ("reply-enc-0", "in"): steps},
                             "dec-0": {("activations", "in"): steps, ("reply-enc-0", "out"): steps}},
-                  raw=1000, wire=wire)
+                  raw=1000, wire=wire, steps=steps)
     for worker in ("enc-0", "dec-0"):
         (run_dir / "status" / f"{worker}.json").parent.mkdir(exist_ok=True)
         (run_dir / "status" / f"{worker}.json").write_text(json.dumps(
@@ -55,6 +55,16 @@ def test_a_worse_system_is_significant_overall_and_per_domain_with_its_traffic(
     assert json.loads((tmp_path / "c.json").read_text())["bootstrap_samples"] == 50
 
 
+def test_a_run_against_itself_is_no_difference_and_a_restart_keeps_bytes_per_step(
+        tmp_path: Path, write_metrics: Callable[..., None]) -> None:
+    base = write_run(tmp_path / "base", list(REFS), write_metrics, wire=1000)
+    body = compare_runs(base, base, samples=100)
+    assert all(r[m]["p_value"] == 1.0 for r in body["scores"] for m in ("bleu", "chrf"))
+    # A worker that restarted near the end: its counters cover its own 5 steps, not the job's 50.
+    write_metrics(base, {"dec-0": {("reply-enc-0", "out"): 5}}, raw=1000, wire=1000, steps=5)
+    assert compare_runs(base, base, samples=10)["traffic"]["system"]["wire_per_step"] == pytest.approx(2000)
+
+
 def test_paired_test_finds_no_difference_between_near_equal_systems() -> None:
     near = list(REFS)
     near[0], near[1] = near[0].replace("opened", "closed"), near[1].replace("saved", "kept")
@@ -80,3 +90,8 @@ def test_runs_that_decoded_different_sentences_are_refused_in_one_line(
     assert "no evaluation (eval.json)" in capsys.readouterr().err
     with pytest.raises(DataError, match="different splits"):
         check_comparable({"split": "test"}, {"split": "valid"})
+    (tmp_path / "other" / "eval.json").write_text("{not json")
+    assert cli_main(["compare", str(base), str(tmp_path / "other")]) == 1
+    assert "eval.json" in capsys.readouterr().err
+    assert cli_main(["compare", str(base), str(base), "--bootstrap", "0"]) == 1
+    assert "--bootstrap" in capsys.readouterr().err

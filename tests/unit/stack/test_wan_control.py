@@ -81,6 +81,7 @@ def test_the_summary_groups_on_the_outage_asked_for_not_the_one_measured() -> No
     (["--rto-max-ms=1000"], "--rto-max-ms"),
     (["--recovery", "--rto-max-ms=1000"], "--rto-max-ms"),
     (["--recovery", "--netns", "--rto-max-ms=200"], "--rto-max-ms"),
+    (["--recovery", "--netns"], "--stack"),
     (["--recovery", "--compare-pika"], "--compare-pika"),
 ])
 def test_bench_transport_refuses_flags_out_of_place_in_one_line(argv: list[str], flag: str,
