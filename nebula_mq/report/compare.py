@@ -18,6 +18,7 @@ from typing import Any
 
 from nebula_mq.errors import DataError
 from nebula_mq.evaluation.bleu import PairedResult, domain_groups, paired_test
+from nebula_mq.report.derive import wire_bytes_per_step
 from nebula_mq.report.records import RunData
 
 
@@ -81,12 +82,9 @@ def compare_scores(base: Mapping[str, Any], system: Mapping[str, Any],
 
 def traffic(run: RunData) -> Traffic:
     """Bytes each worker published per step of its current process, summed; the job's step."""
-    wire = raw = 0.0
-    for w in run.workers.values():
-        m = w.metrics
-        if m is not None and m.steps > 0:
-            wire += sum(v for (_, d), v in m.wire_bytes.items() if d == "out") / m.steps
-            raw += sum(v for (_, d), v in m.raw_bytes.items() if d == "out") / m.steps
+    metrics = [w.metrics for w in run.workers.values() if w.metrics is not None]
+    wire = sum(wire_bytes_per_step(m) or 0.0 for m in metrics)
+    raw = sum(wire_bytes_per_step(m, raw=True) or 0.0 for m in metrics)
     steps = max((w.status.step for w in run.workers.values() if w.status is not None), default=0)
     return Traffic(int(steps), wire, raw)
 

@@ -75,11 +75,13 @@ def step_rate(history: Sequence[Mapping[str, float]], origin: float, bins: int |
     return RateSeries(t=(edges[:-1] + edges[1:]) / 2 - origin, rate=counts / width, bin_s=width)
 
 
-def wire_bytes_per_step(metrics: WorkerMetrics, direction: str = "out") -> float | None:
+def wire_bytes_per_step(metrics: WorkerMetrics, direction: str = "out", raw: bool = False) -> float | None:
+    """Wire (or, with ``raw``, uncompressed) bytes a step of the worker's current process, over
+    its flows in ``direction``; None before its first step."""
     if metrics.steps <= 0:
         return None
-    total = sum(v for (_, d), v in metrics.wire_bytes.items() if d == direction)
-    return total / metrics.steps
+    counts = metrics.raw_bytes if raw else metrics.wire_bytes
+    return sum(v for (_, d), v in counts.items() if d == direction) / metrics.steps
 
 
 def process_wall_s(worker: WorkerRun) -> float | None:
