@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 from pathlib import Path
@@ -102,8 +103,11 @@ def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) ->
 
     job = JobProcesses(config, stack_dir, env=env)
     job.provision()
-    job.start_all()
-    codes = job.wait_all(timeout)
+    try:
+        job.start_all()
+        codes = job.wait_all(timeout)
+    finally:
+        job.signal_all(signal.SIGKILL)  # a row stopped while its workers start leaves none behind
     if any(codes.values()):
         raise WorkerError(f"job {job.settings.job.id} did not finish ({codes}): see the logs in {job.logs}")
     return job

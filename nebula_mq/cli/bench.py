@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
+import sys
 from typing import Any
 
 # name -> (module exposing add_arguments(parser) and run(args) -> int, help text)
@@ -35,5 +37,7 @@ def register(subparsers: Any) -> None:
 
 def _runner(module: str) -> Any:
     def run(args: argparse.Namespace) -> int:
+        # SIGTERM unwinds like Ctrl-C, so a row's workers are killed and its stack's links put back.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         return int(importlib.import_module(module).run(args))  # heavy imports only now
     return run

@@ -221,11 +221,14 @@ class JobProcesses:
     def wait_all(self, timeout: float) -> dict[str, int]:
         """Wait for every worker to exit, at most ``timeout`` seconds; the first failure ends the
         wait (its peers would only sit out their own timeouts). Whatever still runs is killed.
-        Returns each worker's exit code."""
+        Returns each worker's exit code. Interrupted (Ctrl-C, a SIGTERM that unwinds), it kills
+        the workers before it lets the interruption through: none outlives its caller."""
         deadline = time.monotonic() + timeout
-        while self.running() and not self.failed() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        self.signal_all(signal.SIGKILL)
+        try:
+            while self.running() and not self.failed() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            self.signal_all(signal.SIGKILL)
         codes = {w: c.wait(10) for w, c in self.children.items()}
         self.drain_logs()
         return codes
