@@ -92,8 +92,13 @@ def measure(run_dir: Path, head: str, warmup: int) -> dict[str, float]:
     w = min(warmup, len(t) - 2)
     batch = rows[-1]["samples"]
     samples = batch * len(rows)
+    by_side: dict[str, float] = {}  # a side's ranks all publish in one direction: head-0, head-1 -> head
+    for prom in (run_dir / "metrics").glob("*.prom"):
+        side = prom.stem.rsplit("-", 1)[0]
+        by_side[side] = by_side.get(side, 0.0) + published_bytes(run_dir, prom.stem)
     return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
-            "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
+            "bytes_per_sample": sum(by_side.values()) / samples, "final_loss": rows[-1]["loss"],
+            "busiest_bytes_per_step": max(by_side.values(), default=0.0) / len(rows),
             "step_s_median": statistics.median(b - a for a, b in zip(t[w:], t[w + 1:]))}
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, split_job
+from nebula_mq.bench.wan_notes import link_note, window_note
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -232,7 +232,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "step_s_median": statistics.median(r["step_s_median"] for r in runs),
                     "compute_share": {w: statistics.median(v) for w, v in shares_by_worker.items()},
                     "final_losses": sorted({r["final_loss"] for r in runs}),
-                    "delay_ms": runs[0]["delay_ms"], "codecs": runs[0].get("codecs", "")})
+                    "delay_ms": runs[0]["delay_ms"], "rate_mbit": runs[0]["rate_mbit"],
+                    "busiest_bytes_per_step": statistics.median(r.get("busiest_bytes_per_step", 0.0) for r in runs),
+                    "codecs": runs[0].get("codecs", "")})
     return out
 
 
@@ -258,30 +260,7 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
     lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
                  "relay shapes each direction)")
     in_flight = settings.scenario_section().get("in_flight")
-    notes = [n for r in table[1:] if (n := window_note(in_flight, table[0]["step_s_median"], r))]
+    step_s = table[0]["step_s_median"]
+    notes = [n for r in table[1:] if (n := link_note(step_s, r) or window_note(in_flight, step_s, r))]
     notes += auto_notes or []
     return "\n".join(lines + notes)
-
-
-def window_note(in_flight: int | None, step_s: float, row: dict[str, Any]) -> str | None:
-    """A line for a WAN row whose round trip ``in_flight`` steps do not cover.
-
-    A gradient comes back a round trip plus the tail's step after its activation left, so the
-    head keeps computing only while ``in_flight`` in-cluster steps span that; below it the head
-    waits on the link (on an H200, in_flight 4 at 100 ms each way kept 0.54x the GPU busy time,
-    12 kept 1.05x). ``in_flight`` changes how stale the head's weights are when a gradient lands,
-    so it is the job's to choose, not the bench's."""
-    if not in_flight or not step_s or not row.get("delay_ms"):
-        return None
-    needed = 2 * row["delay_ms"] / 1000 + step_s
-    if in_flight * step_s >= needed:
-        # The estimate leaves out each message's time on the link and in both brokers: the demo
-        # at 10 Mbit/s +20 ms kept 0.77x with 4 in flight, which "cover" 3x the round trip, and
-        # 0.99x with 8.
-        if row.get("ratio", 1.0) >= 0.95:
-            return None
-        return (f"note: {row['row']}: {row['ratio']:.2f}x with in_flight {in_flight}; where the link is not full, "
-                f"a deeper window hides more of it (in_flight {2 * in_flight})")
-    return (f"note: {row['row']}: in_flight {in_flight} x the {step_s * 1000:.0f} ms step covers "
-            f"{in_flight * step_s * 1000:.0f} ms of the {needed * 1000:.0f} ms round trip and step: the head "
-            f"waits for gradients; in_flight >= {math.ceil(needed / step_s)} would hide the link")

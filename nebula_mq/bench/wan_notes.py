@@ -1,0 +1,53 @@
+"""``bench wan``'s notes under its table: why a WAN row is below its in-cluster row, where the
+run's own numbers say so. A link too slow for a step's bytes is named first: a deeper window
+cannot help there. Otherwise a window too small for the round trip is named."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def link_note(step_s: float, row: dict[str, Any]) -> str | None:
+    """A line for a WAN row whose link cannot carry a step's bytes in one in-cluster step.
+
+    Each direction of the link is shaped to ``rate_mbit``; a step sends its activations one way
+    and its gradients the other, so the busier direction's bytes a step, over the rate, is the
+    shortest a step can take across the link. Where that is longer than the in-cluster step the
+    link, not the window, bounds the rate (on an H200, the language-identification split job's
+    fp16 activations took 26 ms a step at 60 Mbit/s against a 14 ms step: 0.55x at any window;
+    int8 took 13 ms, and 48 in flight reached 1.00-1.08x)."""
+    rate, per_step = row.get("rate_mbit"), row.get("busiest_bytes_per_step")
+    if not rate or not per_step or not step_s:
+        return None
+    wire_s = per_step * 8 / (rate * 1e6)
+    if wire_s < step_s:
+        return None
+    return (f"note: {row['row']}: the link is full: {per_step / 1e3:.0f} kB a step in the busier direction take "
+            f"{wire_s * 1000:.0f} ms at {rate:g} Mbit/s, longer than the {step_s * 1000:.0f} ms step in one cluster "
+            f"(at most {step_s / wire_s:.2f}x); fewer bytes a step would help (a smaller codec, --codecs auto), "
+            "a deeper window would not")
+
+
+def window_note(in_flight: int | None, step_s: float, row: dict[str, Any]) -> str | None:
+    """A line for a WAN row whose round trip ``in_flight`` steps do not cover.
+
+    A gradient comes back a round trip plus the tail's step after its activation left, so the
+    head keeps computing only while ``in_flight`` in-cluster steps span that; below it the head
+    waits on the link (on an H200, in_flight 4 at 100 ms each way kept 0.54x the GPU busy time,
+    12 kept 1.05x). ``in_flight`` changes how stale the head's weights are when a gradient lands,
+    so it is the job's to choose, not the bench's."""
+    if not in_flight or not step_s or not row.get("delay_ms"):
+        return None
+    needed = 2 * row["delay_ms"] / 1000 + step_s
+    if in_flight * step_s >= needed:
+        # The estimate leaves out each message's time on the link and in both brokers: the demo
+        # at 10 Mbit/s +20 ms kept 0.77x with 4 in flight, which "cover" 3x the round trip, and
+        # 0.99x with 8.
+        if row.get("ratio", 1.0) >= 0.95:
+            return None
+        return (f"note: {row['row']}: {row['ratio']:.2f}x with in_flight {in_flight}; where the link is not full, "
+                f"a deeper window hides more of it (in_flight {2 * in_flight})")
+    return (f"note: {row['row']}: in_flight {in_flight} x the {step_s * 1000:.0f} ms step covers "
+            f"{in_flight * step_s * 1000:.0f} ms of the {needed * 1000:.0f} ms round trip and step: the head "
+            f"waits for gradients; in_flight >= {math.ceil(needed / step_s)} would hide the link")
