@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack this machine's RabbitMQ and Erlang (Debian's rabbitmq-server 3.10.8, Erlang 25) into
-# .rabbit/rabbitmq-erlang.tar.xz (ignored by git: .git/info/exclude) for the lent GPU machine,
-# which has no network, no RabbitMQ and no Erlang: tests/gpu/wan.sh unpacks it into /.
+# .rabbit/rabbitmq-erlang.tar.xz (ignored by git) for the lent GPU machine,
+# which has no network, no RabbitMQ and no Erlang: tests/gpu/stack.sh unpacks it into /.
 #
 #   bash tests/gpu/pack_rabbitmq.sh            # then carry ".rabbit" in the device call
 #
@@ -10,7 +10,7 @@
 # (rabbitmq-env runs `erl` from PATH), and, under opt/nebula-rabbit-libs/, the shared libraries
 # an Erlang binary or NIF links against besides glibc's own (libtinfo, zlib, libcrypto.so.3 for
 # crypto.so, libsystemd and its needs for epmd, ...). A stock Ubuntu 24.04 has most of them;
-# wan.sh puts only the missing ones on LD_LIBRARY_PATH, so these Debian builds never shadow the
+# stack.sh puts only the missing ones on LD_LIBRARY_PATH, so these Debian builds never shadow the
 # machine's own.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
