@@ -13,7 +13,8 @@ import pytest
 
 # Session fixtures: `stack` (two TLS RabbitMQ nodes joined by federation through the WAN relay)
 # and `real_corpus` (a small real es->en corpus, tokenized); `pair`: two workers on an in-memory broker.
-pytest_plugins = ["tests.fixtures.stack", "tests.fixtures.corpus", "tests.fixtures.channels"]
+pytest_plugins = ["tests.fixtures.stack", "tests.fixtures.corpus", "tests.fixtures.channels",
+                  "tests.fixtures.metrics"]
 
 
 def _children(pid: int) -> set[int]:

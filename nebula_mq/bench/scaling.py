@@ -86,19 +86,27 @@ def published_bytes(run_dir: Path, worker: str = "*") -> float:
     return total
 
 
-def measure(run_dir: Path, head: str, warmup: int) -> dict[str, float]:
+def sides(plan: Any) -> tuple[list[str], list[str]]:
+    """The workers that publish activations (heads, encoders: every rank) and those that publish
+    gradients (tails, decoders): each side's messages cross the WAN in one direction."""
+    roles = [(p.worker_id, p.role) for p in plan.processes]
+    return ([w for w, role in roles if role.endswith(("head", "encoder"))],
+            [w for w, role in roles if role.endswith(("tail", "decoder"))])
+
+
+def measure(run_dir: Path, head: str, warmup: int,
+            by_side: tuple[list[str], list[str]] = ([], [])) -> dict[str, float]:
+    """Samples/s after the warm-up (from ``head``'s step history), wire bytes, the median step
+    and the final loss; with ``by_side`` (``sides(plan)``) also the busier direction's bytes a step."""
     rows = [json.loads(line) for line in (run_dir / "history" / f"{head}.jsonl").read_text().splitlines()]
     t = [r["time"] for r in rows]
     w = min(warmup, len(t) - 2)
     batch = rows[-1]["samples"]
     samples = batch * len(rows)
-    by_side: dict[str, float] = {}  # a side's ranks all publish in one direction: head-0, head-1 -> head
-    for prom in (run_dir / "metrics").glob("*.prom"):
-        side = prom.stem.rsplit("-", 1)[0]
-        by_side[side] = by_side.get(side, 0.0) + published_bytes(run_dir, prom.stem)
+    busiest = max(sum(published_bytes(run_dir, w) for w in side) for side in by_side)
     return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
-            "bytes_per_sample": sum(by_side.values()) / samples, "final_loss": rows[-1]["loss"],
-            "busiest_bytes_per_step": max(by_side.values(), default=0.0) / len(rows),
+            "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
+            "busiest_bytes_per_step": busiest / len(rows),
             "step_s_median": statistics.median(b - a for a, b in zip(t[w:], t[w + 1:]))}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import published_bytes
+from nebula_mq.bench.scaling import published_bytes, sides
 from nebula_mq.study import auto
 from nebula_mq.study.rows import StudyRow
 
@@ -105,9 +105,7 @@ class AutoCodecs:
 
     def learn(self, run_dir: Path, steps: int, plan: Any, measured: dict[str, Any]) -> None:
         if self.found is None:
-            roles = [(p.worker_id, p.role) for p in plan.processes]
-            heads = [w for w, role in roles if role.endswith(("head", "encoder"))]
-            tails = [w for w, role in roles if role.endswith(("tail", "decoder"))]
+            heads, tails = sides(plan)
             self.found = profile(self.settings, run_dir, steps, heads, tails, measured)
 
     def notes(self) -> list[str]:

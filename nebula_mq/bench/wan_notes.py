@@ -25,7 +25,7 @@ def link_note(step_s: float, row: dict[str, Any]) -> str | None:
         return None
     return (f"note: {row['row']}: the link is full: {per_step / 1e3:.0f} kB a step in the busier direction take "
             f"{wire_s * 1000:.0f} ms at {rate:g} Mbit/s, longer than the {step_s * 1000:.0f} ms step in one cluster "
-            f"(at most {step_s / wire_s:.2f}x); fewer bytes a step would help (a smaller codec, --codecs auto), "
+            f"(at most {step_s / wire_s:.2f}x); fewer bytes a step would help (a smaller codec), "
             "a deeper window would not")
 
 

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import measure, run_row, split_job
+from nebula_mq.bench.scaling import measure, run_row, sides, split_job
 from nebula_mq.bench.wan_notes import link_note, window_note
 
 DEFAULT_RATES = "10,60"
@@ -168,16 +168,16 @@ def run(args: argparse.Namespace) -> int:
                 env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
             env = row_env(settings, tag, steps, root, rate is None) | env_codecs
             job = run_row(args.config, args.stack, env, args.timeout)
-            head = next(p.worker_id for p in job.plan.processes if p.role.endswith(("head", "encoder")))
+            heads, tails = sides(job.plan)
             row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
-                   **measure(job.run_dir, head, warmup), "compute_share": shares(job.run_dir)}
+                   **measure(job.run_dir, heads[0], warmup, (heads, tails)), "compute_share": shares(job.run_dir)}
             if codecs is not None and rate is None:
                 codecs.learn(job.run_dir, steps, job.plan, row)
             row["codecs"] = label
             rows.append(row)
             print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
-    except Exception:
-        if rows:  # a later row failed: what the finished rows measured is still printed
+    except BaseException:
+        if rows:  # a later row failed or the run was stopped: what the finished rows measured is printed
             print(report(settings, rows, steps, warmup, codec_notes(sets, codecs)), flush=True)
         raise
     finally:

@@ -35,9 +35,18 @@ def register(subparsers: Any) -> None:
         p.set_defaults(func=_runner(module))
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
+
+
 def _runner(module: str) -> Any:
     def run(args: argparse.Namespace) -> int:
-        # SIGTERM unwinds like Ctrl-C, so a row's workers are killed and its stack's links put back.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        return int(importlib.import_module(module).run(args))  # heavy imports only now
+        # SIGTERM unwinds like Ctrl-C, so a row's workers are killed and its stack's links put back;
+        # once: a second SIGTERM (timeout's to the process group) must not cut that cleanup short.
+        before = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            return int(importlib.import_module(module).run(args))  # heavy imports only now
+        finally:
+            signal.signal(signal.SIGTERM, before)  # a caller's own handler (pytest's) comes back
     return run

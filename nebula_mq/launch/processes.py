@@ -137,10 +137,12 @@ class JobProcesses:
                 self.log_pipes[worker_id] = pipe
                 child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
                                          env=self.worker_env())
+                # Recorded before the held signals are let through: a stop that lands as they
+                # are (SystemExit, KeyboardInterrupt) still finds this worker to kill.
+                self.children[worker_id] = child
         finally:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
-        self.children[worker_id] = child
         return child
 
     def worker_env(self) -> dict[str, str]:

@@ -11,7 +11,8 @@
 #
 # Env: SPLIT_STEPS, SPLIT_WARMUP, SPLIT_RATES, SPLIT_DELAYS, SPLIT_CODECS, SPLIT_TIMEOUT_S (bench
 # wan's); ROUNDS, REPLICAS_RATES, REPLICAS_DELAYS, MODES, REPLICAS_TIMEOUT_S (bench replicas');
-# OUT (results: split/ as wan.sh writes it, replicas.log). Exit status: 0 when both benches ran.
+# OUT (results: split/ as wan.sh writes it, replicas.log, replicas.json). Exit status: 0 when both
+# benches ran. The default limits (180 s each, and about 30 s of setup) fit a 420 s device call.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ ! -s "${NEBULA_LANGID_NPZ:-.langid/langid.npz}" ]; then
@@ -21,12 +22,12 @@ OUT=${OUT:-/tmp/langidout}
 mkdir -p "$OUT/split"
 status=0
 JOB=tests/gpu/langid-split.toml STEPS=${SPLIT_STEPS:-400} WARMUP=${SPLIT_WARMUP:-80} RATES=${SPLIT_RATES:-60} \
-  DELAYS=${SPLIT_DELAYS:-20,100} CODECS=${SPLIT_CODECS:-job} WAN_TIMEOUT_S=${SPLIT_TIMEOUT_S:-240} \
+  DELAYS=${SPLIT_DELAYS:-20,100} CODECS=${SPLIT_CODECS:-job} WAN_TIMEOUT_S=${SPLIT_TIMEOUT_S:-180} \
   OUT=$OUT/split bash tests/gpu/wan.sh || status=$?
 
 source tests/gpu/stack.sh  # the stack wan.sh started: reused
 set +e
-timeout "${REPLICAS_TIMEOUT_S:-240}" "$PY" -m nebula_mq bench replicas tests/gpu/langid-replicas.toml --stack "$STACK" \
+timeout "${REPLICAS_TIMEOUT_S:-180}" "$PY" -m nebula_mq bench replicas tests/gpu/langid-replicas.toml --stack "$STACK" \
   --rounds "${ROUNDS:-8}" --rates "${REPLICAS_RATES:-60}" --delay-ms "${REPLICAS_DELAYS:-20}" \
   --modes "${MODES:-sync,diloco,streaming}" --json-out "$OUT/replicas.json" 2>&1 | tee "$OUT/replicas.log"
 replicas=${PIPESTATUS[0]}

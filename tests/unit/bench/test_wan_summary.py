@@ -83,3 +83,22 @@ def test_uncompressed_and_auto_rows_share_one_in_cluster_row_per_repeat() -> Non
 def test_codec_sets_other_than_job_none_and_auto_are_one_line_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="--codecs"):
         codec_sets(text)
+
+
+def test_the_report_names_a_full_link_and_not_the_window_beneath_it() -> None:
+    from types import SimpleNamespace
+
+    from nebula_mq.bench.wan_ratio import report
+
+    settings = SimpleNamespace(job=SimpleNamespace(id="langid"), codec=SimpleNamespace(forward="fp16", backward="int8"),
+                               scenario_section=lambda: {"in_flight": 12})
+    # The H200's numbers: a 14.4 ms step in one cluster; fp16 activations take 26 ms of wire a
+    # step at 60 Mbit/s, int8 ones 13 ms.
+    inside = {**_row("in-cluster", 0, 2229.0, None), "samples": 32 * 400, "step_s_median": 0.0144}
+    full = {**_row("60mbit-20ms", 0, 1216.0, 60.0), "busiest_bytes_per_step": 196_608.0}
+    fits = {**_row("60mbit-5ms", 0, 1900.0, 60.0), "delay_ms": 5.0, "busiest_bytes_per_step": 98_304.0}
+    rows = [inside, full, fits]
+    notes = [line for line in report(settings, rows, 400, 80).splitlines() if line.startswith("note:")]
+    assert len(notes) == 2
+    assert notes[0].startswith("note: 60mbit-20ms: the link is full") and "deeper window" in notes[0]
+    assert notes[1].startswith("note: 60mbit-5ms: 0.85x with in_flight 12")  # it fits: the window is named

@@ -1,5 +1,6 @@
-"""``bench wan``'s note on a window too small for the link: in_flight steps must span the round
-trip plus a step, or the head waits for gradients (what the H200 run showed at 100 ms)."""
+"""``bench wan``'s notes: a window too small for the link (in_flight steps must span the round
+trip plus a step, or the head waits for gradients: what the H200 run showed at 100 ms), and a
+link too slow for a step's bytes, where no window helps."""
 
 from __future__ import annotations
 
