@@ -103,7 +103,7 @@ def measure(run_dir: Path, head: str, warmup: int,
     w = min(warmup, len(t) - 2)
     batch = rows[-1]["samples"]
     samples = batch * len(rows)
-    busiest = max(sum(published_bytes(run_dir, w) for w in side) for side in by_side)
+    busiest = max(sum(published_bytes(run_dir, worker) for worker in side) for side in by_side)
     return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
             "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
             "busiest_bytes_per_step": busiest / len(rows),
