@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -228,16 +229,43 @@ def tls_probe(node: NodeLayout, client: Identity, timeout: float = 5.0) -> str:
         raise StackError(f"{node.node}: TLS probe on {node.tls_port} failed: {exc}") from None
 
 
+# After a graceful stop that did not end the VM: how long SIGTERM (the VM's own orderly stop),
+# then SIGKILL, get to end it.
+SIGNAL_WAITS_S = ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0))
+
+
 def stop(node: NodeLayout, timeout: float = 60.0) -> None:
-    """Stop the node and wait for its VM to exit (no-op when it is not running)."""
+    """Stop the node and wait for its VM to exit (no-op when it is not running). A graceful
+    stop that hangs (``rabbitmqctl stop`` has been seen to on a loaded 2-core host) is followed
+    by SIGTERM, then SIGKILL: durable queues and their messages survive either, as they survive
+    a power cut."""
     if not is_running(node):
         return
-    rabbitmqctl(node, "stop", str(node.pid_file), timeout=timeout)
-    deadline = time.monotonic() + timeout
+    try:
+        rabbitmqctl(node, "stop", str(node.pid_file), timeout=timeout)
+    except StackError:
+        pass  # the VM is signalled below
+    if _exited(node, timeout):
+        return
+    for sig, wait_s in SIGNAL_WAITS_S:
+        pid = _pid(node)
+        if pid is None or not is_running(node):
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        if _exited(node, wait_s):
+            return
+    raise StackError(f"{node.node}: still running after stop, SIGTERM and SIGKILL")
+
+
+def _exited(node: NodeLayout, wait_s: float) -> bool:
+    """Whether the node's VM is gone within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
     while is_running(node) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if is_running(node):
-        raise StackError(f"{node.node}: still running {timeout}s after stop")
+    return not is_running(node)
 
 
 def wipe_data(node: NodeLayout) -> None:
