@@ -23,6 +23,13 @@ class Process:
     # Processes with the same non-empty group stop and start together: a gloo group has
     # no membership change, so one rank restarted alone waits for ever in the rendezvous.
     restart_group: str = ""
+    # Its rank among its cluster's processes of its role, where that is not ``index`` (a
+    # replicas job indexes every cluster's ranks in one sequence): what ``up --ranks`` names.
+    rank_in_cluster: int | None = None
+
+    @property
+    def cluster_rank(self) -> int:
+        return self.index if self.rank_in_cluster is None else self.rank_in_cluster
 
     def identity(self, job_id: str) -> str:
         """Certificate CN this process logs in with (EXTERNAL auth)."""

@@ -77,7 +77,7 @@ def _up(args: argparse.Namespace) -> int:
     log = get_logger("nebula_mq.up")
 
     def mine(p: Any) -> bool:
-        return bool(p.cluster == args.cluster and (args.ranks is None or p.index in args.ranks))
+        return bool(p.cluster == args.cluster and (args.ranks is None or p.cluster_rank in args.ranks))
 
     plan = plan_for(load_job_settings(args.config))  # this host's part is checked before any stack is read
     clusters = sorted({p.cluster for p in plan.processes})
@@ -85,7 +85,7 @@ def _up(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--cluster", f"a cluster of the job's workers ({', '.join(clusters)})"
                           f"{did_you_mean(args.cluster, clusters)}", args.cluster)
     if not any(mine(p) for p in plan.processes):
-        indices = sorted({p.index for p in plan.processes if p.cluster == args.cluster})
+        indices = sorted({p.cluster_rank for p in plan.processes if p.cluster == args.cluster})
         raise ConfigError("<command line>", "--ranks", f"ranks of {args.cluster}'s roles ({indices})",
                           ",".join(map(str, sorted(args.ranks or ()))))
     job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)

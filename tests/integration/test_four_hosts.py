@@ -8,16 +8,23 @@ against them, and the activations cross the shaped link. A SIGKILL of the remote
 repaired by the supervisors of both its group's hosts (the rank on the broker's host leaves at
 its next all-reduce), and the job ends bit-identical to an uninterrupted one, which itself
 trains the same model as the 1x1 job. (A SIGTERM or Ctrl-C to ``up`` is ``run``'s stop, the
-same supervisor: ``test_stack_cli.py`` stops and resumes it.)"""
+same supervisor: ``test_stack_cli.py`` stops and resumes it.)
+
+A replicas job (issue 31) on the same four hosts (``[replicas.hosts]``): each cluster's replica
+is a gloo group of a rank on the broker's host and one on the cluster's second host. Rank 0 of
+each cluster exchanges pseudo-gradients across the shaped link; rank 1 takes every event's
+average from its own broker. Every rank of both clusters ends on the same outer weights, and a
+SIGKILL of cluster-b's rank on its second host ends bit-identical to the clean run. The two
+jobs share the hosts and their brokers (half a minute to set up, and as long to take down)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +33,29 @@ import pytest
 from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job
 from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts
+from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.up import finish_ups, run_dir, up_every_host, worker_status
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
 NAMES = (("a1.nebula.test", "a2.nebula.test"), ("b1.nebula.test", "b2.nebula.test"))
 WORKERS = ("head-0", "head-0-r1", "tail-0", "tail-0-r1")
 STEPS = 16
+Hosts = tuple[dict[str, list[Host]], dict[str, Path]]
+
+
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
+    """Each cluster's hosts and the stack directory its hosts share (``cluster_broker_hosts``)."""
+    with cluster_broker_hosts("fh", NAMES, tmp_path_factory.mktemp("four-hosts")) as pair:
+        yield pair
+
+
+def federation(text: str) -> str:
+    """``text`` with each cluster's broker named by its host (``[clusters.<c>.federation]``)."""
+    for c, names in zip(CLUSTERS, NAMES):
+        text += f'\n[clusters.{c}.federation]\nhost = "{names[0]}"\nport = {PORT}\n'
+    return text
 
 
 def _metric(path: Path, name: str, **labels: str) -> float:
@@ -52,87 +76,49 @@ def _job(tmp: Path, name: str, ranks: int) -> Path:
                                          f'tail_ranks = 2\ntail_hosts = ["{b[0]}", "{b[1]}"]\n')
     text = split_job(f"{name}{os.getpid()}", tmp / name, steps=STEPS, forward="none", backward="none", in_flight=1,
                      checkpoint_every=4, extra=extra)
-    for c, names in zip(CLUSTERS, NAMES):
-        text += f'\n[clusters.{c}.federation]\nhost = "{names[0]}"\nport = {PORT}\n'
     path = tmp / f"{name}.toml"
-    path.write_text(text)
+    path.write_text(federation(text))
     return path
 
 
-def _up(host: Host, job: Path, cluster: str, rank: int, stack: Path, log: Path, broker: str = "") -> subprocess.Popen[bytes]:
-    """``up`` for one rank on ``host``; the cluster's hosts share its run dir (one filesystem)."""
-    run_dir = job.parent / f"{job.stem}-{cluster}"
-    cmd = ["env", f"NEBULA__JOB__RUN_DIR={run_dir}", sys.executable, "-m", "nebula_mq", "up", str(job),
-           "--cluster", cluster, "--ranks", str(rank), "--stack", str(stack), "--timeout", "240"]
-    return host.popen(cmd + (["--broker-host", broker] if broker else []), log)
-
-
-def _start(hosts: dict[str, list[Host]], stacks: dict[str, Path], job: Path, ranks: int) -> dict[str, subprocess.Popen[bytes]]:
-    procs = {}
-    for c in CLUSTERS:
-        for r in range(ranks):
-            broker = "" if r == 0 else hosts[c][0].hostname
-            procs[hosts[c][r].hostname] = _up(hosts[c][r], job, c, r, stacks[c],
-                                              job.parent / f"{job.stem}-{hosts[c][r].hostname}.log", broker)
-    return procs
-
-
-def _finish(procs: dict[str, subprocess.Popen[bytes]], job: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    for host, proc in procs.items():
-        try:
-            code = proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait(10)
-        log = (job.parent / f"{job.stem}-{host}.log").read_text()[-3000:]
-        assert code == 0, f"{host}: `up` exited {code}:\n{log}"
-
-
-def _status(run_dir: Path, worker: str) -> dict[str, int]:
-    try:
-        return json.loads((run_dir / "status" / f"{worker}.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical(tmp_path: Path) -> None:
+def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical(four_hosts: Hosts,
+                                                                                   tmp_path: Path) -> None:
     copy_split_example(tmp_path)
-    with cluster_broker_hosts("fh", NAMES, tmp_path) as (hosts, stacks):
-        single = _job(tmp_path, "single", ranks=1)
-        _finish(_start(hosts, stacks, single, ranks=1), single)
-        clean = _job(tmp_path, "clean", ranks=2)
-        a1, b1 = hosts["cluster-a"][0], hosts["cluster-b"][0]
-        wan_sent = a1.tx_bytes()
-        _finish(_start(hosts, stacks, clean, ranks=2), clean)
-        # Both head ranks' messages crossed the WAN link from a1, federated by b1's broker, which
-        # reaches a1's by its name over TLS checked against that name (SNI).
-        published = sum(_metric(tmp_path / "clean-cluster-a" / "metrics" / f"{w}.prom", "nebula_wire_bytes_total",
-                                direction="out") for w in ("head-0", "head-0-r1"))
-        assert published > 10_000 and a1.tx_bytes() - wan_sent >= published, published
-        params = json.loads(b1.nebula("provision", str(clean), "--cluster", "cluster-b", "--dry-run").stdout)["parameters"]
-        uri = params[0]["value"]["uri"]
-        assert f"amqps://{a1.hostname}:{PORT}/" in uri and f"server_name_indication={a1.hostname}" in uri, uri
-        assert f"{b1.address}:" in a1.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
-        for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters
-            out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
-            rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
-            assert set(rows) == set(WORKERS), (c, rows)
-            assert all(r["state"] == "finished" and r["step"] == STEPS for r in rows.values()), (c, rows)
-            assert {w: r["cluster"] for w, r in rows.items()} == {w: _cluster(w) for w in WORKERS}, rows
+    hosts, stacks = four_hosts
+    single = _job(tmp_path, "single", ranks=1)
+    finish_ups(up_every_host(hosts, stacks, single, ranks=1), single)
+    clean = _job(tmp_path, "clean", ranks=2)
+    a1, b1 = hosts["cluster-a"][0], hosts["cluster-b"][0]
+    wan_sent = a1.tx_bytes()
+    finish_ups(up_every_host(hosts, stacks, clean, ranks=2), clean)
+    # Both head ranks' messages crossed the WAN link from a1, federated by b1's broker, which
+    # reaches a1's by its name over TLS checked against that name (SNI).
+    published = sum(_metric(tmp_path / "clean-cluster-a" / "metrics" / f"{w}.prom", "nebula_wire_bytes_total",
+                            direction="out") for w in ("head-0", "head-0-r1"))
+    assert published > 10_000 and a1.tx_bytes() - wan_sent >= published, published
+    params = json.loads(b1.nebula("provision", str(clean), "--cluster", "cluster-b", "--dry-run").stdout)["parameters"]
+    uri = params[0]["value"]["uri"]
+    assert f"amqps://{a1.hostname}:{PORT}/" in uri and f"server_name_indication={a1.hostname}" in uri, uri
+    assert f"{b1.address}:" in a1.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
+    for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters
+        out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
+        rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
+        assert set(rows) == set(WORKERS), (c, rows)
+        assert all(r["state"] == "finished" and r["step"] == STEPS for r in rows.values()), (c, rows)
+        assert {w: r["cluster"] for w, r in rows.items()} == {w: _cluster(w) for w in WORKERS}, rows
 
-        killed = _job(tmp_path, "killed", ranks=2)
-        procs = _start(hosts, stacks, killed, ranks=2)
-        run_a = tmp_path / "killed-cluster-a"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and int(_status(run_a, "head-0-r1").get("step", 0)) < 5:
-            time.sleep(0.1)
-        victim = _status(run_a, "head-0-r1")
-        assert int(victim.get("step", 0)) >= 5, victim
-        os.kill(int(victim["pid"]), signal.SIGKILL)  # head rank 1, on a2: not the broker's host
-        _finish(procs, killed)
-        log_a2 = (tmp_path / "killed-a2.nebula.test.log").read_text()
-        assert "head-0-r1" in log_a2 and "restart" in log_a2, log_a2[-3000:]
+    killed = _job(tmp_path, "killed", ranks=2)
+    procs = up_every_host(hosts, stacks, killed, ranks=2)
+    run_a = tmp_path / "killed-cluster-a"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and int(worker_status(run_a, "head-0-r1").get("step", 0)) < 5:
+        time.sleep(0.1)
+    victim = worker_status(run_a, "head-0-r1")
+    assert int(victim.get("step", 0)) >= 5, victim
+    os.kill(int(victim["pid"]), signal.SIGKILL)  # head rank 1, on a2: not the broker's host
+    finish_ups(procs, killed)
+    log_a2 = (tmp_path / "killed-a2.nebula.test.log").read_text()
+    assert "head-0-r1" in log_a2 and "restart" in log_a2, log_a2[-3000:]
 
     for worker in WORKERS:
         c_ck = final_checkpoint(tmp_path / f"clean-{_cluster(worker)}", worker)
@@ -152,3 +138,88 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
     assert keys[0] == keys[1]
     assert "received sealed from cluster-a" in (tmp_path / "killed-b1.nebula.test.log").read_text()
     assert "from b1.nebula.test's `up`" in (tmp_path / "killed-b2.nebula.test.log").read_text()
+
+
+REPLICAS = {"cluster-a": ("replica-0", "replica-0-r1"), "cluster-b": ("replica-1", "replica-1-r1")}
+REPLICAS_STEPS = 8  # sync events
+GLOO_PORT = 29400  # each host has its own port space: the default ports are free there
+REPLICAS_JOB = """
+[job]
+id = "{job_id}"
+scenario = "replicas"
+seed = 7
+steps = {steps}
+
+[replicas]
+clusters = ["cluster-a", "cluster-b"]
+inner_steps = 4
+codec = "int8"
+model = "mlp_replicas:build_replica"
+checkpoint_every = 3
+ranks = 2
+gloo_port = {gloo_port}
+group_timeout_s = 30
+
+[replicas.hosts]
+cluster-a = ["{a[0]}", "{a[1]}"]
+cluster-b = ["{b[0]}", "{b[1]}"]
+"""
+
+
+def _replicas_job(tmp: Path, name: str) -> Path:
+    a, b = NAMES
+    text = REPLICAS_JOB.format(job_id=f"{name}{os.getpid()}", steps=REPLICAS_STEPS, gloo_port=GLOO_PORT, a=a, b=b)
+    path = tmp / f"{name}.toml"
+    path.write_text(federation(text))
+    return path
+
+
+def _outer(job: Path, cluster: str, worker: str) -> dict[str, np.ndarray]:
+    arrays = final_checkpoint(run_dir(job, cluster), worker).arrays
+    return {k: np.asarray(v) for k, v in arrays.items() if k.startswith("outer/param/")}
+
+
+def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(four_hosts: Hosts,
+                                                                                 tmp_path: Path) -> None:
+    for name in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
+        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
+    hosts, stacks = four_hosts
+    clean = _replicas_job(tmp_path, "rclean")
+    finish_ups(up_every_host(hosts, stacks, clean, ranks=2), clean)
+    for c, (a_host, b_host) in zip(CLUSTERS, NAMES):  # each host's `up` started its own rank
+        for r, host in enumerate((a_host, b_host)):
+            log = (tmp_path / f"rclean-{host}.log").read_text()
+            assert f"{REPLICAS[c][r]}: exit 0" in log and REPLICAS[c][1 - r] + ":" not in log, log[-2000:]
+    for c in CLUSTERS:  # either broker host sees every rank of both clusters finished
+        out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
+        rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
+        assert set(rows) == {w for ws in REPLICAS.values() for w in ws}, (c, rows)
+        assert all(r["state"] == "finished" and r["step"] == REPLICAS_STEPS for r in rows.values()), (c, rows)
+    b2 = hosts["cluster-b"][1]
+    killed = _replicas_job(tmp_path, "rkilled")
+    procs = up_every_host(hosts, stacks, killed, ranks=2)
+    run_b = run_dir(killed, "cluster-b")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and int(worker_status(run_b, "replica-1-r1").get("step", 0)) < 3:
+        time.sleep(0.1)
+    victim = worker_status(run_b, "replica-1-r1")
+    assert int(victim.get("step", 0)) >= 3, victim
+    os.kill(int(victim["pid"]), signal.SIGKILL)  # cluster-b's rank 1, on b2: not the broker's host
+    finish_ups(procs, killed)
+    log_b2 = (tmp_path / f"rkilled-{b2.hostname}.log").read_text()
+    assert "replica-1-r1" in log_b2 and "restart" in log_b2, log_b2[-3000:]
+
+    for cluster, workers in REPLICAS.items():
+        for worker in workers:
+            c_ck = final_checkpoint(run_dir(clean, cluster), worker)
+            k_ck = final_checkpoint(run_dir(killed, cluster), worker)
+            assert c_ck.step == k_ck.step == REPLICAS_STEPS and c_ck.digest == k_ck.digest, worker
+    # Every rank of both clusters holds the same outer weights, bit for bit.
+    first = _outer(clean, "cluster-a", "replica-0")
+    assert first
+    for cluster, workers in REPLICAS.items():
+        for worker in workers:
+            other = _outer(clean, cluster, worker)
+            assert other.keys() == first.keys()
+            for k in first:
+                np.testing.assert_array_equal(other[k], first[k], err_msg=f"{worker} {k}")

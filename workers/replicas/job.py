@@ -16,8 +16,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from nebula_mq.errors import ConfigError
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
+from nebula_mq.stack.layout import did_you_mean
 
 # batch(shard, step) -> (inputs, targets): the arrays of inner step ``step`` of the replica
 # training on shard ``shard`` (its cluster's index); deterministic in both.
@@ -109,8 +110,13 @@ class ReplicasJob:
     # many equal pieces and the ranks all-reduce their gradients (gloo on CPUs, NCCL on GPUs);
     # rank 0 alone talks across the WAN and gives every event's average to the others.
     ranks: int = 1
-    # The host every rank of a cluster runs on (its ranks share one host).
+    # The host of every rank of a cluster whose ranks all run on one host (a cluster hosts does
+    # not name).
     gloo_host: str = "127.0.0.1"
+    # The host of each rank of a cluster whose ranks span several of its hosts, in rank order:
+    # [replicas.hosts] cluster-a = ["a1", "a2"] puts cluster-a's rank r on its r-th host (a name
+    # or address the cluster's other hosts reach), and its group meets on the first.
+    hosts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Cluster c's group meets on gloo_port + c * (ranks + 1), and its rank r listens on the port
     # after that plus r, so the clusters of a local stack never share a port. Keep the ports
     # below the kernel's ephemeral range (Linux: 32768-60999).
@@ -160,10 +166,21 @@ class ReplicasJob:
         if self.ranks < 1 or (self.ranks > 1 and self.goes_on_without):
             raise InvalidField("ranks", "an integer >= 1, and 1 with a quorum (a quorum with ranks is not yet "
                                "supported)", self.ranks)
+        self.validate_hosts()
         if not 0 < self.gloo_port < 65536 - self.n * (self.ranks + 1):
             raise InvalidField("gloo_port", "a TCP port that leaves room for every cluster's ranks", self.gloo_port)
         if not self.group_timeout_s > 0:
             raise InvalidField("group_timeout_s", "a number of seconds > 0", self.group_timeout_s)
+
+    def validate_hosts(self) -> None:
+        for cluster, hosts in self.hosts.items():
+            if cluster not in self.clusters:
+                raise InvalidField(f"hosts.{cluster}", f"a cluster of the job ({', '.join(self.clusters)})"
+                                   f"{did_you_mean(cluster, self.clusters)}", cluster)
+            if len(hosts) != self.ranks:
+                raise InvalidField(f"hosts.{cluster}", f"one host per rank (ranks = {self.ranks})", list(hosts))
+            if any(not h.strip() or ":" in h for h in hosts):
+                raise InvalidField(f"hosts.{cluster}", "host names or addresses, without ports", list(hosts))
 
     @property
     def n(self) -> int:
@@ -200,7 +217,8 @@ class ReplicasJob:
 
     def group_address(self, c: int) -> GroupAddress:
         """Where cluster ``c``'s ranks meet (``models.group_address``)."""
-        return GroupAddress.on_hosts((self.gloo_host,) * self.ranks, self.gloo_port + c * (self.ranks + 1))
+        hosts = self.hosts.get(self.clusters[c]) or (self.gloo_host,) * self.ranks
+        return GroupAddress.on_hosts(hosts, self.gloo_port + c * (self.ranks + 1))
 
 
 def replica_id(c: int, rank: int = 0) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from nebula_mq.errors import ConfigError
 from nebula_mq.transport.memory import MemoryBroker
-from tests.fixtures.replicas import build, settings_for
+from tests.fixtures.replicas import THREE, build, settings_for
 from workers.replicas.plan import plan
 from workers.replicas.ranks import LEFT
 
@@ -30,6 +30,34 @@ def test_the_plan_runs_every_rank_of_every_cluster_with_exactly_its_flows(tmp_pa
     assert b0.consumes == ("pseudograd-0-1", "pseudograd-2-1")
     assert (b1.publishes, b1.consumes) == ((), ("outer-1-r1",))  # nothing across the WAN
     assert [p.restart_group for p in plan(settings_for(tmp_path, 4)).processes] == ["", "", ""]
+    # `up --ranks r` names a rank of its cluster, whatever the cluster's place in the job.
+    assert [(p.cluster, p.cluster_rank) for p in procs] == [(c, r) for c in THREE for r in (0, 1)]
+
+
+def test_a_clusters_ranks_on_its_hosts_meet_at_the_first(tmp_path: Path) -> None:
+    from workers.replicas.job import load_job
+
+    job = load_job(settings_for(tmp_path, 4, ranks=2, gloo_port=29400,
+                                hosts={"cluster-b": ["b1.example.org", "b2.example.org"]}))
+    b = job.group_address(1)
+    assert b.master == "b1.example.org:29403" and b.endpoints == ("b1.example.org:29404", "b2.example.org:29405")
+    assert job.group_address(0).endpoints == ("127.0.0.1:29401", "127.0.0.1:29402")  # not named: gloo_host
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [
+    ({"clustr-b": ["a", "b"]}, "a cluster of the job (cluster-a, cluster-b, cluster-c) (did you mean 'cluster-b'?)"),
+    ({"cluster-b": ["b1"]}, "one host per rank (ranks = 2)"),
+    ({"cluster-b": ["b1:22", "b2"]}, "host names or addresses, without ports"),
+    ({"cluster-b": "b1"}, "an array"),
+])
+def test_a_wrong_hosts_table_is_one_line_naming_the_cluster(tmp_path: Path, hosts: dict[str, Any],
+                                                            expected: str) -> None:
+    from workers.replicas.job import load_job
+
+    with pytest.raises(ConfigError) as info:
+        load_job(settings_for(tmp_path, 4, ranks=2, hosts=hosts))
+    message = str(info.value)
+    assert f"replicas.hosts.{next(iter(hosts))}" in message and expected in message and "\n" not in message
 
 
 def test_a_rank_other_than_0_takes_each_event_from_its_rank_0_alone(tmp_path: Path) -> None:
