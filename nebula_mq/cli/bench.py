@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
-import sys
 from typing import Any
 
 # name -> (module exposing add_arguments(parser) and run(args) -> int, help text)
@@ -35,18 +33,10 @@ def register(subparsers: Any) -> None:
         p.set_defaults(func=_runner(module))
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(143)
-
-
 def _runner(module: str) -> Any:
     def run(args: argparse.Namespace) -> int:
-        # SIGTERM unwinds like Ctrl-C, so a row's workers are killed and its stack's links put back;
-        # once: a second SIGTERM (timeout's to the process group) must not cut that cleanup short.
-        before = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        try:
+        from nebula_mq.cli.sigterm import sigterm_unwinds
+
+        with sigterm_unwinds():  # a row's workers are killed and its stack's links put back
             return int(importlib.import_module(module).run(args))  # heavy imports only now
-        finally:
-            signal.signal(signal.SIGTERM, before)  # a caller's own handler (pytest's) comes back
     return run

@@ -92,10 +92,13 @@ def real_rows() -> list[Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import signal
+    from nebula_mq.cli.sigterm import sigterm_unwinds
 
-    # SIGTERM unwinds like Ctrl-C, so the private stack and the row's workers are torn down.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with sigterm_unwinds():  # the private stack and the row's workers are torn down
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from nebula_mq.study import compression, report, rows
     from nebula_mq.study.runner import MemoryLink, RowResult, StudyConfig
 
