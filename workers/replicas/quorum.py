@@ -146,6 +146,10 @@ class Membership:
         if chosen is not None:
             self.current = chosen
             self.since.pop(event, None)
+            # Events are applied in order: an earlier one's choice is never asked for again in
+            # this life (a restart reads the log), so a week-long job's choices do not pile up.
+            for old in [e for e in self.chosen if e < event]:
+                del self.chosen[old]
         return chosen
 
     def choose(self, event: int, present: set[int]) -> Members | None:
@@ -166,7 +170,6 @@ class Membership:
         members = tuple(sorted(present))
         if self.active:
             self.record(event, members)
-        self.since.pop(event, None)
         return members
 
     def record(self, event: int, members: Members) -> None:

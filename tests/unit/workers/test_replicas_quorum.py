@@ -106,6 +106,7 @@ def test_the_coordinator_chooses_each_event_once_and_a_restart_keeps_its_choice(
     assert coordinator.members(0, True, (HERE, None)) == (0, 1)
     assert coordinator.members(1, False, (HERE, HERE)) is None  # its own is not sent yet
     assert coordinator.members(1, True, (HERE, HERE)) == (0, 1, 2)  # all there: no wait
+    assert set(coordinator.chosen) == {1}  # event 0's choice is in the log, not kept in memory
     now[0] += 10.0
     coordinator.members(2, True, (None, None))
     now[0] += 10.0
