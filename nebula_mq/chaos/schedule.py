@@ -42,9 +42,10 @@ class Fault:
 
 def default_schedule(steps: int, clusters: tuple[str, str], workers: tuple[str, str],
                      cut_s: tuple[float, ...] = (5, 10, 20, 30, 60), stall_s: float = 120.0,
-                     restart_cluster: str | None = None) -> tuple[Fault, ...]:
+                     restart_cluster: str | None = None, rotate: bool = False) -> tuple[Fault, ...]:
     """Five cuts, one broker restart, one SIGKILL on each side and one long stall,
-    spread evenly over the job (the issue's acceptance run)."""
+    spread evenly over the job (the issue's acceptance run); with ``rotate``, the first
+    worker's certificate and its broker's rotated after the stall."""
     if steps < 20:
         raise ConfigError("<chaos>", "steps", "at least 20 steps to spread the faults over", steps)
     plan: list[tuple[Kind, str, float]] = [("cut", "", s) for s in cut_s]
@@ -52,6 +53,8 @@ def default_schedule(steps: int, clusters: tuple[str, str], workers: tuple[str, 
     plan.insert(4, ("restart", restart_cluster or clusters[1], 0.0))
     plan.insert(6, ("kill", workers[1], 1.0))
     plan.append(("stall", workers[1], stall_s))
+    if rotate:
+        plan.append(("rotate", workers[0], 0.0))
     # Spread over the first 70% of the job: the steps after the last fault show the recovery.
     gap = max(1, int(steps * 0.7) // len(plan))
     return tuple(Fault(1 + i * gap, kind, target, dur) for i, (kind, target, dur) in enumerate(plan))

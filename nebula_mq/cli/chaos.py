@@ -17,6 +17,8 @@ def register(sub: Any) -> None:
     p.add_argument("--cuts", default="5,10,20,30,60", type=seconds_list,
                    help="WAN cut lengths in seconds, comma separated (default 5,10,20,30,60)")
     p.add_argument("--stall", type=float, default=120.0, help="seconds a consumer is frozen")
+    p.add_argument("--rotate", action="store_true",
+                   help="also rotate a worker's certificate and its broker's mid-run, revoking the old ones")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds each of the two runs (clean, then under faults) may take")
     soak = p.add_argument_group("soak", "run the job for a set time under random faults and judge the "
@@ -71,7 +73,8 @@ def _chaos(args: argparse.Namespace) -> int:
     procs = job.plan.processes
     clusters = (procs[-1].cluster, procs[0].cluster)
     workers = (procs[-1].worker_id, procs[0].worker_id)
-    schedule = default_schedule(job.settings.job.steps, clusters, workers, args.cuts, args.stall)
+    schedule = default_schedule(job.settings.job.steps, clusters, workers, args.cuts, args.stall,
+                                rotate=args.rotate)
     report = ChaosRunner(args.config, args.stack, schedule).run(args.timeout)
     print(format_report(report))
     return 0 if report.identical and report.complete else 1
