@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
-from tests.fixtures.jobs import column, final_checkpoint, start_planned, start_worker, step_of, wait_all
+from tests.fixtures import jobs
+from tests.fixtures.jobs import column, final_checkpoint, kill_all, start_planned, start_worker, step_of, wait_all
 from tests.fixtures.pairs import SPLIT_EXAMPLE
 from tests.fixtures.stack import THREE_NODES, StackHandle
 
@@ -89,11 +90,8 @@ def steps(run_dir: Path) -> dict[str, int]:
     return {w: step_of(run_dir, w) for w in WORKERS}
 
 
-def wait_steps(run_dir: Path, at_least: int, workers: tuple[str, ...] = WORKERS, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while min(step_of(run_dir, w) for w in workers) < at_least:
-        assert time.monotonic() < deadline, (at_least, steps(run_dir))
-        time.sleep(0.05)
+def wait_steps(run_dir: Path, at_least: int, workers: tuple[str, ...] = WORKERS) -> None:
+    jobs.wait_steps(run_dir, at_least, workers)
 
 
 @pytest.mark.slow
@@ -116,10 +114,7 @@ def test_replicas_ride_out_a_cluster_away_a_broker_restart_and_a_kill(stack3: St
         procs["replica-1"] = start_worker("replica", cfgs["replica-1"], tmp_path / "chaos-replica-1.log", index=1)
         wait_all(procs, tmp_path, "chaos")
     finally:
-        for p in procs.values():  # a failed fault leaves no worker behind
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(procs)
     assert "resumed" in (tmp_path / "chaos-replica-1.log").read_text()
     for worker in WORKERS:
         ck = final_checkpoint(run_dir, worker)
@@ -174,10 +169,7 @@ def test_a_quorum_goes_on_without_a_cluster_that_stays_away_and_it_catches_up(
         procs["replica-2"] = start_worker("replica", cfgs["replica-2"], tmp_path / "quorum-replica-2.log", index=2)
         wait_all(procs, tmp_path, "quorum")
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        kill_all(procs)
     members = column(run_dir, "replica-0", "members")
     assert len(members) == STEPS and members[:2] == [3.0, 3.0], members
     assert members[3:7] == [2.0] * 4 and 3.0 in members[-3:], members  # away, then back

@@ -163,9 +163,8 @@ class ReplicasJob:
             raise InvalidField("quorum", f"an integer in [1, {self.n}] (the clusters), or 0 for all", self.quorum)
         if not self.quorum_wait_s > 0:
             raise InvalidField("quorum_wait_s", "a number of seconds > 0", self.quorum_wait_s)
-        if self.ranks < 1 or (self.ranks > 1 and self.goes_on_without):
-            raise InvalidField("ranks", "an integer >= 1, and 1 with a quorum (a quorum with ranks is not yet "
-                               "supported)", self.ranks)
+        if self.ranks < 1:
+            raise InvalidField("ranks", "an integer >= 1", self.ranks)
         self.validate_hosts()
         if not 0 < self.gloo_port < 65536 - self.n * (self.ranks + 1):
             raise InvalidField("gloo_port", "a TCP port that leaves room for every cluster's ranks", self.gloo_port)

@@ -51,6 +51,16 @@ def average(deltas: Sequence[Mapping[str, np.ndarray]]) -> Arrays:
     return out
 
 
+def mixed(model: Mapping[str, np.ndarray], outer: Mapping[str, np.ndarray], alpha: float) -> Arrays:
+    """The model's weights once a fragment's outer weights ``outer`` land: each of its
+    parameters ``alpha·model + (1 − alpha)·outer`` (Streaming DiLoCo's mixing; 0: the outer
+    weights), the others as they are."""
+    out = dict(model)
+    a = np.float32(alpha)
+    out.update({k: v if alpha == 0 else a * out[k] + (np.float32(1) - a) * v for k, v in outer.items()})
+    return out
+
+
 class OuterNesterov:
     """The outer optimizer: its momentum per parameter, and the step (see the module docstring)."""
 

@@ -22,6 +22,9 @@ them with the members' pseudo-gradients, both kept in its queues, without traini
 none has come for a moment (``SETTLE_S``: its queue is drained), it trains and sends again, and the coordinator takes it in as soon as its
 pseudo-gradient comes within the wait. It never downloads the weights.
 
+With ranks inside a cluster (``workers.replicas.ranks``) all of this is rank 0's; the others
+train an event on its word and learn the event's members from its average.
+
 The coordinator must be there: without it the others wait (its checkpoint and its log
 resume it). While a cluster is away every event waits ``quorum_wait_s`` for it, and a cluster
 slower than the coordinator by more than that each event stays left out.

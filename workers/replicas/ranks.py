@@ -14,10 +14,22 @@ cluster's other ranks on ``outer-<c>-r<r>`` (the cluster's own broker: nothing m
 the WAN), and each of them takes the same outer step from it, so every rank of every cluster
 holds the same outer weights. That flow is the other ranks' one ordered stream: exactly once,
 acked with the checkpoints the group writes together.
+
+With a quorum (``workers.replicas.quorum``) rank 0 alone knows whether its cluster trains an
+event: a cluster catching up applies the events it was left out of without training them, and
+when it trains again depends on timing. So rank 0 tells the other ranks, on the same flow, for
+every event it did not train before the group's checkpoint: ``train`` (sent before it trains
+it) or ``skip`` (sent as it applies it untrained); they do as told, and apply an event only
+then. The average carries the event's members, so a rank left out goes back to its state before
+it trained, as rank 0 does. A word names rank 0's life (a number the group agrees on when it
+starts): a word from an earlier life, still queued after the group restarted, is old news. An
+average from an earlier life is not (the coordinator's log fixes each event's members, so an
+event's average has the same bytes in every life), but it says nothing of whether to train.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,8 +44,13 @@ from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.exchange import check_start
 from workers.replicas.job import ReplicasJob, rank_flow, replica_id
+from workers.replicas.quorum import MEMBERS, Members, bits, members_of
 
 LEFT = "left"  # the meta key of rank 0's word that it left without its group (a stop while it waited)
+WORD = "word"  # the meta key of rank 0's word on an event, with a quorum: TRAIN or SKIP
+LIFE = "life"  # ... and of the life it was said in
+TRAIN, SKIP = "train", "skip"
+NO_LIFE = 1 << 62  # what a rank other than 0 gives to the agreement on rank 0's life (a MIN)
 RAW = parse_codec("none")  # the average goes to the cluster's ranks as the float32 every rank steps on
 
 Arrays = dict[str, np.ndarray]
@@ -49,6 +66,10 @@ class ClusterRanks:
         self.group: Group | None = None
         self.outboxes: list[Outbox] = []
         self.leader_left = False  # a rank other than 0: its rank 0 left alone, and so may it
+        self.told = job.goes_on_without and self.world > 1  # the ranks train an event on rank 0's word
+        self.life = -1  # rank 0's, agreed when the group starts (with words only)
+        self.words: list[Outbox] = []  # rank 0's train words to the other ranks
+        self.told_events: dict[int, str] = {}  # a rank other than 0: rank 0's word on each event, this life
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
             job.group_address(c).bind_env(rank)
 
@@ -67,9 +88,14 @@ class ClusterRanks:
         # only once rank 0 has (or rank 0, given the WAN's message, would enter a collective alone).
         worker.agreement = Agreement(worker.stop_requested, self.group,
                                      None if self.rank == 0 else (lambda: self.leader_left))
+        if self.told:
+            self.life = self.group.min_int(secrets.randbelow(NO_LIFE) if self.rank == 0 else NO_LIFE)
         if self.rank == 0:
             self.outboxes = [Outbox(worker, rank_flow(self.job, self.cluster, r), worker.worker_id)
                              for r in range(1, self.world)]
+            if self.told:
+                self.words = [Outbox(worker, rank_flow(self.job, self.cluster, r), f"{worker.worker_id}-{WORD}")
+                              for r in range(1, self.world)]
 
     def close(self, worker: Worker) -> None:
         """Close the outboxes; rank 0 leaving without its group tells the other ranks first."""
@@ -79,12 +105,39 @@ class ClusterRanks:
                 word.send(step=worker.step, micro_batch=worker.step, meta={LEFT: 1})
                 word.flush()
                 word.close()
-        for outbox in self.outboxes:
+        for outbox in self.outboxes + self.words:
             outbox.close()
 
+    def tell(self, event: int, word: str) -> None:
+        """Rank 0, with a quorum: the cluster trains ``event`` (TRAIN, before rank 0 trains it)
+        or applies it untrained (SKIP)."""
+        for outbox in self.words:
+            outbox.send(step=event, micro_batch=event, meta={WORD: word, LIFE: self.life})
+
+    def told_to(self, event: int) -> str:
+        """A rank other than 0: rank 0's word on ``event`` this life ("" before it comes)."""
+        for old in [e for e in self.told_events if e < event]:
+            del self.told_events[old]
+        return self.told_events.get(event, "")
+
+    def may_train(self, event: int) -> bool:
+        """A rank other than 0: whether to train ``event`` now (always without a quorum)."""
+        return not self.told or self.told_to(event) == TRAIN
+
+    def may_apply(self, event: int, trained: bool) -> bool:
+        """A rank other than 0 whose rank 0's average of ``event`` has come: whether to apply it
+        now (``trained``: it trained the event, this life or before its checkpoint)."""
+        return not self.told or trained or self.told_to(event) == SKIP
+
     def handle_other(self, worker: Worker, inbox: OrderedInbox, received: Received) -> bool:
-        """A rank other than 0: rank 0's word that it left, taken only by a rank asked to stop
-        itself (a word from an earlier stop is old news to a restarted rank)."""
+        """A rank other than 0: rank 0's words. That it left is taken only by a rank asked to stop
+        itself (a word from an earlier stop is old news to a restarted rank); whether to train an
+        event, only from rank 0's present life."""
+        if WORD in received.meta:
+            inbox.settle_unordered(received)
+            if received.meta.get(LIFE) == self.life and received.meta[WORD] in (TRAIN, SKIP):
+                self.told_events[received.micro_batch] = received.meta[WORD]
+            return True
         if not received.meta.get(LEFT):
             return False
         inbox.settle_unordered(received)
@@ -114,14 +167,22 @@ class ClusterRanks:
         agreement.count(float(summed[0]))
         return float(summed[1]) / self.world
 
-    def share(self, event: int, mean: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        """Rank 0: the event's average to every other rank of the cluster."""
+    def share(self, event: int, mean: Mapping[str, np.ndarray], members: Members, meta: Mapping[str, Any]) -> None:
+        """Rank 0: the event's average and members to every other rank of the cluster."""
         for outbox in self.outboxes:
             outbox.send(step=event, micro_batch=event, tensors={k: (np.asarray(v), RAW) for k, v in mean.items()},
-                        meta=meta)
+                        meta={**meta, MEMBERS: bits(members)})
 
-    def received(self, worker_id: str, event: int, parts: tuple[Received, ...], mine: str) -> Arrays:
-        """A rank other than 0: the event's average its rank 0 sent, from the same outer weights."""
+    def admit(self, received: Received) -> None:
+        """A rank other than 0: the average's members are checked as it arrives (malformed: a
+        dead letter, not a stopped rank)."""
+        if MEMBERS in received.meta:
+            members_of(received.meta, self.job.n, self.job.quorum or self.job.n)
+
+    def received(self, worker_id: str, event: int, parts: tuple[Received, ...], mine: str) -> tuple[Arrays, Members]:
+        """A rank other than 0: the event's average its rank 0 sent, from the same outer weights,
+        and the event's members."""
         check_start(worker_id, event, parts, mine)
         (part,) = parts
-        return {k: np.asarray(v, np.float32) for k, v in part.tensors.items()}
+        members = members_of(part.meta, self.job.n, self.job.quorum or self.job.n)
+        return {k: np.asarray(v, np.float32) for k, v in part.tensors.items()}, members

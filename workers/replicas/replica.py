@@ -23,7 +23,7 @@ every model at ``θ``. The checkpoint holds ``θ``, the outer momentum, the mode
 optimizer, the error-feedback residual and, for an event sent but not applied, its decoded
 pseudo-gradient: a resumed replica neither retrains nor resends what its checkpoint covers,
 and what it resends has the same bytes and message id, which receivers drop. With ranks
-inside the cluster (``workers.replicas.ranks``) rank 0 alone talks across the WAN.
+(``workers.replicas.ranks``) rank 0 alone talks across the WAN and tells the others.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from nebula_mq.models.frameworks import Framework, framework_of
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
-from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.logs import bind_context
 from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
@@ -47,13 +47,11 @@ from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
 from workers.replicas.exchange import START, WanExchange
 from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, replica_id
-from workers.replicas.outer import Arrays, OuterNesterov, digest
+from workers.replicas.outer import Arrays, OuterNesterov, digest, mixed
 from workers.replicas.quorum import Membership
-from workers.replicas.ranks import ClusterRanks
+from workers.replicas.ranks import SKIP, TRAIN, ClusterRanks
 from workers.replicas.schedule import SyncSchedule, partition
 from workers.split.job import micro_batch_seed
-
-log = get_logger(__name__)
 
 PARAM = "model/param/"  # the model's weights in the checkpoint (the framework's names)
 
@@ -133,7 +131,8 @@ class Replica:
     # ------------------------------------------------------------------ the role (runtime.driver)
 
     def inputs(self) -> StepInputs:
-        return StepInputs(self.job.incoming(self.index, self.rank), self.sources + self.membership.sources)
+        choices = self.membership.sources if self.rank == 0 else ()  # rank 0 gives the others each event
+        return StepInputs(self.job.incoming(self.index, self.rank), self.sources + choices)
 
     def open(self) -> None:
         transport = self.worker.transport
@@ -153,7 +152,10 @@ class Replica:
         return self.rank > 0 and self.ranks.handle_other(self.worker, inbox, received)
 
     def admit(self, received: Received) -> None:
-        self.membership.admit(received)
+        if self.rank == 0:
+            self.membership.admit(received)
+        else:
+            self.ranks.admit(received)
 
     def left_behind(self) -> int:
         """With a quorum the others may go on to the job's end without this replica (quorum.py)."""
@@ -162,8 +164,8 @@ class Replica:
     def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
         """The streams the event takes (quorum.py); the coordinator publishes its choice first."""
         s = self.worker.step
-        if self.rank > 0:  # its one stream: rank 0's average of the event
-            return None if heads[0] is None else (True,)
+        if self.rank > 0:  # its one stream: rank 0's average of the event, once told what to do
+            return None if heads[0] is None or not self.ranks.may_apply(s, self.produced == s) else (True,)
         chosen = self.membership.members(s, self.produced == s, heads)
         if chosen is None:
             return None
@@ -179,9 +181,12 @@ class Replica:
     def produce(self, stopping: StopCheck) -> None:
         """The event's inner steps and its pseudo-gradient, sent, then its overlap; once an event."""
         s = self.worker.step
-        if self.produced == s or s >= self.total or stopping() or not self.membership.may_produce():
+        # Rank 0 trains it unless catching up (quorum.py), another rank on its word (ranks.py).
+        may_train = self.membership.may_produce() if self.rank == 0 else self.ranks.may_train(s)
+        if self.produced == s or s >= self.total or stopping() or not may_train:
             return
         self.membership.produced()
+        self.ranks.tell(s, TRAIN)  # rank 0 with a quorum: the other ranks train it with it
         bind_context(step=s)
         if self.membership.active and not self.membership.coordinator:  # a fresh start trains event 0
             self.before = {k: np.array(v, copy=True) for k, v in {
@@ -209,18 +214,20 @@ class Replica:
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
         """Event ``worker.step``: every replica's pseudo-gradient of its fragment averaged, the
         outer step taken, the model given the result."""
-        s, chosen = self.worker.step, self.membership.current
+        t0 = time.perf_counter()
+        s, mine = self.worker.step, digest(self.start)
+        like = {name: self.start[name] for name in self.fragments[self.schedule.fragment(s)]}
+        if self.rank == 0:
+            chosen = self.membership.current
+            if self.produced != s:  # with a quorum: applied untrained, and the other ranks told so
+                self.ranks.tell(s, SKIP)
+            mean = self.wan.average(s, chosen, parts, like, mine)
+            self.ranks.share(s, mean, chosen, {START: mine})
+        else:
+            mean, chosen = self.ranks.received(self.worker.worker_id, s, parts, mine)
         member = self.index in chosen
         if member and self.produced != s:
             raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
-        t0 = time.perf_counter()
-        mine = digest(self.start)
-        like = {name: self.start[name] for name in self.fragments[self.schedule.fragment(s)]}
-        if self.rank == 0:
-            mean = self.wan.average(s, chosen, parts, like, mine)
-            self.ranks.share(s, mean, {START: mine})
-        else:
-            mean = self.ranks.received(self.worker.worker_id, s, parts, mine)
         if not member and self.before:  # left out: back to its state before it trained (quorum.py)
             self.fw.load_state_arrays("model", self.model, self.optimizer, self.before)
             self.wan.compression.restore(self.before, sorted(self.start), "pseudograd")
@@ -244,25 +251,17 @@ class Replica:
         return {**self.round_values, "mean_delta_norm": norm, "compute_s": busy, "members": float(len(chosen))}
 
     def landed(self, outer: Arrays, last: bool) -> Arrays:
-        """The model's weights once ``outer`` (a fragment's outer step) lands: the outer weights
-        without overlap, a mix after overlap; every parameter takes ``θ`` after the last event."""
+        """The model's weights once ``outer`` lands (``mixed``); all of ``θ`` after the last event."""
         if last:
             return dict(self.start)
-        model = self.weights()
-        if self.schedule.overlap:
-            alpha = np.float32(self.job.mixing)
-            outer = {k: alpha * model[k] + (np.float32(1) - alpha) * v for k, v in outer.items()}
-        model.update(outer)
-        return model
+        return mixed(self.weights(), outer, self.job.mixing if self.schedule.overlap else 0.0)
 
     # ------------------------------------------------------------------ checkpoint
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays = self.fw.state_arrays("model", self.model, self.optimizer)
-        arrays.update({f"outer/param/{k}": v for k, v in self.start.items()})
-        arrays.update(self.outer.state_arrays("outer/momentum"))
-        arrays.update(self.wan.state_arrays())
-        arrays.update({f"before/{k}": v for k, v in self.before.items()})
+        arrays = {**self.fw.state_arrays("model", self.model, self.optimizer),
+                  **{f"outer/param/{k}": v for k, v in self.start.items()}, **self.outer.state_arrays("outer/momentum"),
+                  **self.wan.state_arrays(), **{f"before/{k}": v for k, v in self.before.items()}}
         return arrays, {"produced": self.produced, "round_values": self.round_values, "losses": self.losses,
                         "catching_up": self.membership.catching_up}
 

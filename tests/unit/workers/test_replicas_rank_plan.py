@@ -1,6 +1,6 @@
 """Ranks inside a replicas cluster (workers/replicas/ranks.py) without their group: the plan's
-processes and flows, what a rank other than 0 reads, and rank 0's word that it left. The
-ranks' training across real processes is tests/integration/test_replicas_ranks.py."""
+processes and flows, what a rank other than 0 reads, rank 0's word that it left and, with a
+quorum, its word that the cluster trains an event. The ranks' training across real processes is tests/integration/test_replicas_ranks.py."""
 
 from __future__ import annotations
 
@@ -8,13 +8,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, MalformedMessage
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.replicas import THREE, build, settings_for
+from workers.replicas.exchange import START
+from workers.replicas.outer import digest
 from workers.replicas.plan import plan
-from workers.replicas.ranks import LEFT
+from workers.replicas.quorum import MEMBERS
+from workers.replicas.ranks import LEFT, LIFE, SKIP, TRAIN, WORD
 
 pytestmark = pytest.mark.paddle
 
@@ -80,9 +84,42 @@ def test_rank_0s_word_that_it_left_is_taken_only_by_a_rank_asked_to_stop(tmp_pat
     assert rank.handle_other(inbox, word) and rank.ranks.leader_left
 
 
-def test_ranks_with_a_quorum_are_refused_in_one_line(tmp_path: Path) -> None:
-    from workers.replicas.job import load_job
+def test_with_a_quorum_a_rank_trains_or_skips_an_event_only_on_rank_0s_word_of_this_life(tmp_path: Path) -> None:
+    rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
+    rank.ranks.life = 7  # agreed with rank 0 when the group starts
+    assert rank.inputs().sources == ("replica-1",)  # not the coordinator's choices: rank 0 reads those
+    settled: list[Any] = []
+    inbox: Any = SimpleNamespace(settle_unordered=settled.append)
+    average: Any = object()  # an average of event 0 waiting: from this life or an earlier one
+    assert not rank.ranks.may_train(0) and rank.members((average,)) is None  # untold: neither trains nor applies
+    old: Any = SimpleNamespace(meta={WORD: TRAIN, LIFE: 6}, micro_batch=0)  # an earlier life's, still queued
+    assert rank.handle_other(inbox, old) and settled == [old] and not rank.ranks.may_train(0)
+    rank.produce(lambda: False)
+    assert rank.produced == -1 and rank.trained == 0
+    word: Any = SimpleNamespace(meta={WORD: TRAIN, LIFE: 7}, micro_batch=0)
+    assert rank.handle_other(inbox, word) and rank.ranks.may_train(0) and rank.members((average,)) is None
+    rank.produced = 0  # trained it (with rank 0: the group's collectives)
+    assert rank.members((average,)) == (True,)
+    skip: Any = SimpleNamespace(meta={WORD: SKIP, LIFE: 7}, micro_batch=1)
+    assert rank.handle_other(inbox, skip)
+    rank.worker.step = 1
+    assert not rank.ranks.may_train(1) and rank.members((average,)) == (True,)  # applied untrained
+    assert rank.ranks.told_events == {1: SKIP}  # event 0's word is spent
 
-    with pytest.raises(ConfigError, match="replicas.ranks") as info:
-        load_job(settings_for(tmp_path, 4, ranks=2, quorum=2))
-    assert "\n" not in str(info.value)
+
+def test_without_a_quorum_a_rank_trains_every_event_untold(tmp_path: Path) -> None:
+    rank = build(settings_for(tmp_path, 4, ranks=2), 1, MemoryBroker(), rank=1)
+    assert rank.ranks.may_train(0) and rank.ranks.may_train(3)
+
+
+def test_the_average_carries_its_members_and_bad_members_are_malformed(tmp_path: Path) -> None:
+    rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
+    start = digest(rank.start)
+    mean = {k: np.zeros_like(v) for k, v in rank.start.items()}
+    part: Any = SimpleNamespace(meta={START: start, MEMBERS: 0b101}, tensors=mean, envelope=None)
+    got, members = rank.ranks.received("replica-1-r1", 0, (part,), start)
+    assert members == (0, 2) and sorted(got) == sorted(mean)
+    rank.admit(part)  # well formed
+    for bad in (0b110, 0b001, "5"):  # without the coordinator, below the quorum, not a bit set
+        with pytest.raises(MalformedMessage):
+            rank.admit(SimpleNamespace(meta={START: start, MEMBERS: bad}))
