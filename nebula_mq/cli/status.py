@@ -144,7 +144,7 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
         print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps, "
               f"as {args.feed}'s broker hears it")
         print(feed_table(rows))
-        for line in broker_alarms(rows):
+        for line in broker_alarms(rows) + certificate_warnings(rows):
             print(line)
         lost = [r["worker"] for r in rows if r["state"] == "LOST"]
         if lost:

@@ -85,12 +85,18 @@ def feed_rows(settings: Settings, cluster: str, stack_dir: str, since_s: float, 
     return with_alarms(feed_reader(settings, cluster, stack_dir)(since_s), time.time(), lost_after)
 
 
+# What a row takes from its worker's newest message besides ``latest``'s columns: the broker's
+# alarm (set while the worker's local broker blocks its publishers) and the client certificate's
+# end (``runtime.cert_expiry``), so the feed raises the ALARM and CERTIFICATE lines the status
+# files do.
+ALARM_FIELDS = ("broker_alarm", "broker_alarm_reason", "cert_expires_in_days", "cert_warning")
+
+
 def with_alarms(messages: list[dict[str, Any]], now: float, lost_after: float) -> list[dict[str, Any]]:
-    """``latest``'s rows, each with its newest message's ``broker_alarm`` and
-    ``broker_alarm_reason`` (set while the worker's local broker blocks its publishers)."""
+    """``latest``'s rows, each with its newest message's :data:`ALARM_FIELDS`."""
     last = newest(messages)
     rows = latest(messages, now, lost_after)
     for row in rows:
         m = last.get(row["worker"], {})
-        row["broker_alarm"], row["broker_alarm_reason"] = m.get("broker_alarm"), m.get("broker_alarm_reason")
+        row.update({k: m.get(k) for k in ALARM_FIELDS})
     return rows

@@ -1,6 +1,6 @@
 """``nebula-mq status`` says when a broker blocks a worker's publishers (a memory or disk alarm),
 from the status files and from the status feed (``broker_alarm``, ``broker_alarm_reason``, written
-by ``runtime.reporter``)."""
+by ``runtime.reporter``), and, from the feed too, when a client certificate nears its end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from nebula_mq.cli.status import broker_alarms, worker_rows
+from nebula_mq.cli.status import broker_alarms, certificate_warnings, worker_rows
 from nebula_mq.cli.status_feed import with_alarms
 
 
@@ -41,3 +41,13 @@ def test_the_feed_rows_carry_the_newest_messages_alarm() -> None:
     assert broker_alarms(rows) == ["ALARM cluster-a: low on disk (publishing blocked: enc-0)"]
     cleared = with_alarms([*msgs, {**base, "sent": 2.5}], now=3.0, lost_after=60.0)
     assert broker_alarms(cleared) == []
+
+
+def test_the_feed_rows_carry_the_newest_messages_certificate_warning() -> None:
+    base = {"cluster": "cluster-b", "state": "running", "values": {}, "sent": 1.0}
+    warning = "client certificate /c/cert.pem expires in 3.0 days (2026-12-01 10:00 UTC): run `nebula-mq certs rotate`"
+    msgs = [{**base, "worker": "dec-0", "cert_expires_in_days": 3.0, "cert_warning": warning},
+            {**base, "worker": "dec-1", "cert_expires_in_days": 200.0}]
+    rows = with_alarms(msgs, now=2.0, lost_after=60.0)
+    assert {r["worker"]: r["cert_expires_in_days"] for r in rows} == {"dec-0": 3.0, "dec-1": 200.0}
+    assert certificate_warnings(rows) == [f"CERTIFICATE dec-0: {warning}"]
