@@ -67,7 +67,7 @@ class ClusterRanks:
         self.outboxes: list[Outbox] = []
         self.leader_left = False  # a rank other than 0: its rank 0 left alone, and so may it
         self.told = job.goes_on_without and self.world > 1  # the ranks train an event on rank 0's word
-        self.life = -1  # rank 0's, agreed when the group starts (with words only)
+        self.life = -1  # rank 0's, agreed when the group starts: its words name it
         self.words: list[Outbox] = []  # rank 0's train words to the other ranks
         self.told_events: dict[int, str] = {}  # a rank other than 0: rank 0's word on each event, this life
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
@@ -88,8 +88,7 @@ class ClusterRanks:
         # only once rank 0 has (or rank 0, given the WAN's message, would enter a collective alone).
         worker.agreement = Agreement(worker.stop_requested, self.group,
                                      None if self.rank == 0 else (lambda: self.leader_left))
-        if self.told:
-            self.life = self.group.min_int(secrets.randbelow(NO_LIFE) if self.rank == 0 else NO_LIFE)
+        self.life = self.group.min_int(secrets.randbelow(NO_LIFE) if self.rank == 0 else NO_LIFE)
         if self.rank == 0:
             self.outboxes = [Outbox(worker, rank_flow(self.job, self.cluster, r), worker.worker_id)
                              for r in range(1, self.world)]
@@ -102,7 +101,7 @@ class ClusterRanks:
         if self.outboxes and worker.stop_requested.is_set() and not worker.agreement.agreed_stop:
             for r in range(1, self.world):
                 word = Outbox(worker, rank_flow(self.job, self.cluster, r), f"{worker.worker_id}-{LEFT}")
-                word.send(step=worker.step, micro_batch=worker.step, meta={LEFT: 1})
+                word.send(step=worker.step, micro_batch=worker.step, meta={LEFT: 1, LIFE: self.life})
                 word.flush()
                 word.close()
         for outbox in self.outboxes + self.words:
@@ -130,9 +129,9 @@ class ClusterRanks:
         return not self.told or trained or self.told_to(event) == SKIP
 
     def handle_other(self, worker: Worker, inbox: OrderedInbox, received: Received) -> bool:
-        """A rank other than 0: rank 0's words. That it left is taken only by a rank asked to stop
-        itself (a word from an earlier stop is old news to a restarted rank); whether to train an
-        event, only from rank 0's present life."""
+        """A rank other than 0: rank 0's words, taken only from its present life (a word queued
+        before the group restarted is old news): that it left (this rank leaves alone too once
+        asked to stop, whether that comes before the word or after), whether to train an event."""
         if WORD in received.meta:
             inbox.settle_unordered(received)
             if received.meta.get(LIFE) == self.life and received.meta[WORD] in (TRAIN, SKIP):
@@ -141,7 +140,7 @@ class ClusterRanks:
         if not received.meta.get(LEFT):
             return False
         inbox.settle_unordered(received)
-        self.leader_left = worker.stop_requested.is_set()
+        self.leader_left = self.leader_left or received.meta.get(LIFE) == self.life
         return True
 
     def piece(self, arrays: Sequence[Any]) -> list[np.ndarray]:
@@ -176,13 +175,18 @@ class ClusterRanks:
     def admit(self, received: Received) -> None:
         """A rank other than 0: the average's members are checked as it arrives (malformed: a
         dead letter, not a stopped rank)."""
-        if MEMBERS in received.meta:
-            members_of(received.meta, self.job.n, self.job.quorum or self.job.n)
+        self.members(received)
+
+    def members(self, received: Received) -> Members:
+        """The members an average names; every cluster when it names none (an average queued by
+        a version before quorums with ranks, which had no quorum)."""
+        if MEMBERS not in received.meta:
+            return tuple(range(self.job.n))
+        return members_of(received.meta, self.job.n, self.job.quorum or self.job.n)
 
     def received(self, worker_id: str, event: int, parts: tuple[Received, ...], mine: str) -> tuple[Arrays, Members]:
         """A rank other than 0: the event's average its rank 0 sent, from the same outer weights,
         and the event's members."""
         check_start(worker_id, event, parts, mine)
         (part,) = parts
-        members = members_of(part.meta, self.job.n, self.job.quorum or self.job.n)
-        return {k: np.asarray(v, np.float32) for k, v in part.tensors.items()}, members
+        return {k: np.asarray(v, np.float32) for k, v in part.tensors.items()}, self.members(part)

@@ -1,6 +1,7 @@
 """Ranks inside a replicas cluster (workers/replicas/ranks.py) without their group: the plan's
 processes and flows, what a rank other than 0 reads, rank 0's word that it left and, with a
-quorum, its word that the cluster trains an event. The ranks' training across real processes is tests/integration/test_replicas_ranks.py."""
+quorum, its words that the cluster trains or skips an event, each of one life. The ranks'
+training across real processes is tests/integration/test_replicas_ranks.py."""
 
 from __future__ import annotations
 
@@ -72,16 +73,48 @@ def test_a_rank_other_than_0_takes_each_event_from_its_rank_0_alone(tmp_path: Pa
     assert rank.members((None,)) is None and rank.members((here,)) == (True,)
 
 
-def test_rank_0s_word_that_it_left_is_taken_only_by_a_rank_asked_to_stop(tmp_path: Path) -> None:
+def test_rank_0s_word_that_it_left_is_taken_only_from_its_present_life(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2), 2, MemoryBroker(), rank=1)
+    rank.ranks.life = 7  # agreed with rank 0 when the group starts
     settled: list[Any] = []
     inbox: Any = SimpleNamespace(settle_unordered=settled.append)
-    word: Any = SimpleNamespace(meta={LEFT: 1})
     average: Any = SimpleNamespace(meta={"start": "x"})
     assert not rank.handle_other(inbox, average) and not settled  # an event's average: ordered
-    assert rank.handle_other(inbox, word) and settled == [word] and not rank.ranks.leader_left  # old news
-    rank.worker.stop_requested.set()
+    old: Any = SimpleNamespace(meta={LEFT: 1, LIFE: 6})  # from before the group restarted
+    assert rank.handle_other(inbox, old) and settled == [old] and not rank.ranks.leader_left
+    word: Any = SimpleNamespace(meta={LEFT: 1, LIFE: 7})  # before this rank is asked to stop: kept
     assert rank.handle_other(inbox, word) and rank.ranks.leader_left
+    assert rank.worker.agreement.leaves_alone()
+
+
+class Words:
+    """Rank 0's outbox of words to a rank, recording each word and how far rank 0 had trained."""
+
+    def __init__(self, rank: Any) -> None:
+        self.rank, self.sent = rank, []
+
+    def send(self, step: int, micro_batch: int, meta: dict[str, Any]) -> None:
+        self.sent.append((micro_batch, dict(meta), self.rank.trained))
+
+
+def test_with_a_quorum_rank_0_says_train_before_it_trains(tmp_path: Path) -> None:
+    rank0 = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker())
+    rank0.ranks.life = 7
+    words = Words(rank0)
+    rank0.ranks.words = [words]
+    rank0.produce(lambda: False)
+    assert rank0.produced == 0 and rank0.trained == 5  # [replicas] inner_steps
+    assert words.sent == [(0, {WORD: TRAIN, LIFE: 7}, 0)]
+    rank0.produce(lambda: False)  # the same event: produced once, told once
+    assert len(words.sent) == 1
+
+
+def test_an_average_naming_no_members_names_every_cluster(tmp_path: Path) -> None:
+    rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
+    start = digest(rank.start)
+    part: Any = SimpleNamespace(meta={START: start}, tensors={}, envelope=None)  # queued by an earlier version
+    rank.admit(part)
+    assert rank.ranks.received("replica-1-r1", 0, (part,), start)[1] == (0, 1, 2)
 
 
 def test_with_a_quorum_a_rank_trains_or_skips_an_event_only_on_rank_0s_word_of_this_life(tmp_path: Path) -> None:
