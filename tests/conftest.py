@@ -57,6 +57,16 @@ def _kill_stray_children() -> Iterator[None]:
             pass
 
 
+@pytest.fixture(autouse=True)
+def _restore_signal_mask() -> Iterator[None]:
+    """Put back the signal mask a test found. A test that runs ``nebula-mq worker`` in process
+    (its error paths) holds SIGINT and SIGTERM as a worker's start does; every later test of the
+    same pytest process, and every child it starts, would find them held and never stop on them."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The CPU-heavy group (``tests/fixtures/lanes.py``) first: it is the longest piece of work
     one xdist worker runs in turn, so it starts at once while the other worker takes the rest."""
