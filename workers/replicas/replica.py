@@ -217,17 +217,17 @@ class Replica:
         t0 = time.perf_counter()
         s, mine = self.worker.step, digest(self.start)
         like = {name: self.start[name] for name in self.fragments[self.schedule.fragment(s)]}
-        if self.rank == 0:
+        if self.rank > 0:
+            mean, chosen = self.ranks.received(self.worker.worker_id, s, parts, mine)
+        else:
             chosen = self.membership.current
+        if (member := self.index in chosen) and self.produced != s:  # before the other ranks are told
+            raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
+        if self.rank == 0:
             if self.produced != s:  # with a quorum: applied untrained, and the other ranks told so
                 self.ranks.tell(s, SKIP)
             mean = self.wan.average(s, chosen, parts, like, mine)
             self.ranks.share(s, mean, chosen, {START: mine})
-        else:
-            mean, chosen = self.ranks.received(self.worker.worker_id, s, parts, mine)
-        member = self.index in chosen
-        if member and self.produced != s:
-            raise WorkerError(f"{self.worker.worker_id}: event {s} applied before its own pseudo-gradient was made")
         if not member and self.before:  # left out: back to its state before it trained (quorum.py)
             self.fw.load_state_arrays("model", self.model, self.optimizer, self.before)
             self.wan.compression.restore(self.before, sorted(self.start), "pseudograd")
