@@ -148,31 +148,36 @@ def params(run_dir: Path, worker: str, prefix: str) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_a_quorum_goes_on_without_a_cluster_that_stays_away_and_it_catches_up(
+def test_an_elected_coordinator_lets_the_job_go_on_while_the_first_cluster_is_away(
         stack3: StackHandle, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``quorum = 2``: replica-2 (cluster-c) is killed -9 at event 2 and stays away while the
-    others go on for at least four events, each waiting ``quorum_wait_s`` for it. Started again,
-    it applies the events it missed from the coordinator's choices and the members'
-    pseudo-gradients kept in its queues, and rejoins. Every replica agrees on who took part in
-    every event and ends on the same outer weights and the same model."""
+    """``quorum = 2`` with ``coordinator = "elected"``: replica-0, which chooses the members in
+    the first epoch, is killed -9 at event 2. The other two wait for event 2's choice, elect
+    cluster-b, and go on without cluster-a to a step hold at event 7. Started again, replica-0
+    learns every choice from its queues, applies the events it missed from the members'
+    pseudo-gradients kept there, and takes part again once the hold is lifted. Every replica
+    agrees on who took part in every event and ends on the same outer weights and model.
+    (With the default coordinator, the quorum with ranks in ``test_replicas_ranks.py`` and the
+    unit tests cover a cluster that stays away.)"""
     hold = tmp_path / "hold"
     monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
     set_hold(hold, 2)
-    cfgs, procs = start_job(stack3, tmp_path, "quorum", extra="quorum = 2\nquorum_wait_s = 1.5\n")
-    run_dir = tmp_path / "quorum"
+    cfgs, procs = start_job(stack3, tmp_path, "elected", extra="quorum = 2\nquorum_wait_s = 1.5\n"
+                            "coordinator = \"elected\"\ncoordinator_wait_s = 4.0\n")
+    run_dir = tmp_path / "elected"
     try:
         wait_steps(run_dir, 2)
-        os.kill(procs["replica-2"].pid, signal.SIGKILL)
-        procs["replica-2"].wait(30)
+        os.kill(procs["replica-0"].pid, signal.SIGKILL)
+        procs["replica-0"].wait(30)
+        set_hold(hold, 7)
+        wait_steps(run_dir, 7, ("replica-1", "replica-2"))
+        procs["replica-0"] = start_worker("replica", cfgs["replica-0"], tmp_path / "elected-replica-0.log", index=0)
+        wait_steps(run_dir, 7, ("replica-0",))
         set_hold(hold, None)
-        wait_steps(run_dir, 7, ("replica-0", "replica-1"))
-        procs["replica-2"] = start_worker("replica", cfgs["replica-2"], tmp_path / "quorum-replica-2.log", index=2)
-        wait_all(procs, tmp_path, "quorum")
+        wait_all(procs, tmp_path, "elected")
     finally:
         kill_all(procs)
-    members = column(run_dir, "replica-0", "members")
-    assert len(members) == STEPS and members[:2] == [3.0, 3.0], members
-    assert members[3:7] == [2.0] * 4 and 3.0 in members[-3:], members  # away, then back
+    members = column(run_dir, "replica-1", "members")
+    assert members == [3.0, 3.0] + [2.0] * 5 + [3.0] * (STEPS - 7), members  # a away, then back
     for worker in WORKERS:
         assert final_checkpoint(run_dir, worker).step == STEPS
         assert column(run_dir, worker, "members") == members, worker
@@ -181,3 +186,5 @@ def test_a_quorum_goes_on_without_a_cluster_that_stays_away_and_it_catches_up(
             assert sorted(mine) == sorted(first) and mine
             for k in first:
                 np.testing.assert_array_equal(mine[k], first[k])
+    for worker in WORKERS[1:]:  # both moved on from cluster-a's epoch
+        assert '"promise"' in (run_dir / "checkpoints" / worker / "election.jsonl").read_text()

@@ -4,7 +4,8 @@ Only a cluster's rank 0 holds one (``workers.replicas.ranks``). Each event's pse
 is encoded once (``workers.replicas.compression``: error feedback kept per parameter) and
 published to every other cluster as micro-batch ``event``, with the digest of the outer
 weights it started from; the coordinator's choice of the event's members
-(``workers.replicas.quorum``) goes on flows of its own. On the way in, every member's
+(``workers.replicas.quorum``) or the election's messages (``workers.replicas.election``) go on
+flows of their own. On the way in, every member's
 pseudo-gradient is checked against this replica's outer weights, decoded and averaged in
 cluster order, this replica's own included as the others decode it.
 """
@@ -16,15 +17,18 @@ from typing import Any
 
 import numpy as np
 
+from nebula_mq.codecs import parse_codec
 from nebula_mq.codecs.flow import EncodedTensors
 from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.compression import PseudoGradientCompression
-from workers.replicas.job import ReplicasJob, pseudograd_flow, quorum_flow
+from workers.replicas.election import PRODUCER as ELECTION
+from workers.replicas.job import ReplicasJob, elect_flow, pseudograd_flow, quorum_flow
 from workers.replicas.outer import Arrays, average
 from workers.replicas.quorum import MEMBERS, PRODUCER, Members, bits
 
+RAW = parse_codec("none")  # what goes as it is: the election's integers, the averages to a cluster's ranks
 START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from
 
 
@@ -44,18 +48,27 @@ class WanExchange:
         self.own: Arrays = {}  # the event's pseudo-gradient as every receiver decodes it
         self.outboxes: list[Outbox] = []
         self.choices: list[Outbox] = []  # the coordinator's, with a quorum
+        self.elections: dict[int, Outbox] = {}  # to every other cluster, with an elected coordinator
         self.opened = False  # only a cluster's rank 0 opens one: the others keep no state of it
 
-    def open(self, coordinator: bool) -> None:
+    def open(self) -> None:
         self.opened = True
-        self.outboxes = [Outbox(self.worker, pseudograd_flow(self.job, self.index, d), self.worker.worker_id)
-                         for d in self.job.peers(self.index)]
-        if coordinator:
-            self.choices = [Outbox(self.worker, quorum_flow(self.job, d), PRODUCER) for d in self.job.peers(0)]
+        job, peers = self.job, self.job.peers(self.index)
+        self.outboxes = [Outbox(self.worker, pseudograd_flow(job, self.index, d), self.worker.worker_id) for d in peers]
+        if self.index == 0 and job.first_chooses:
+            self.choices = [Outbox(self.worker, quorum_flow(job, d), PRODUCER) for d in peers]
+        if job.elected:
+            self.elections = {d: Outbox(self.worker, elect_flow(job, self.index, d), ELECTION) for d in peers}
 
     def close(self) -> None:
-        for outbox in self.outboxes + self.choices:
+        for outbox in self.outboxes + self.choices + list(self.elections.values()):
             outbox.close()
+
+    def tell(self, dst: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+        """One election message to cluster ``dst`` (its event numbers the message)."""
+        event = int(meta.get("event", 0))
+        self.elections[dst].send(step=event, micro_batch=event, meta=meta,
+                                 tensors={k: (v, RAW) for k, v in arrays.items()})
 
     def state_arrays(self) -> Arrays:
         """The error feedback, and the pseudo-gradient of an event sent and not applied."""

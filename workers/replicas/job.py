@@ -41,6 +41,7 @@ OptimizerFn = Callable[[list[Any], float], Any]
 
 ROLE = "replica"
 EXCHANGES = ("weights", "gradients")
+COORDINATORS = ("first", "elected")
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,14 @@ class ReplicasJob:
     # With a quorum: seconds the coordinator waits for a missing cluster's pseudo-gradient,
     # from when its own is sent, before the event goes on without it.
     quorum_wait_s: float = 30.0
+    # With a quorum: who chooses each event's members. "first": the first cluster alone (the
+    # others wait while it is away); "elected": any cluster, agreed by a majority of the
+    # clusters (Paxos), so the job goes on while the one choosing is away. "elected" needs three
+    # clusters or more, and a majority of them there.
+    coordinator: str = "first"
+    # With coordinator = "elected": seconds a cluster waits for an event's choice, from when its
+    # own pseudo-gradient is sent, before it elects the next cluster. Above quorum_wait_s.
+    coordinator_wait_s: float = 90.0
     # Data-parallel ranks of each cluster's replica: every inner step's batch is cut into this
     # many equal pieces and the ranks all-reduce their gradients (gloo on CPUs, NCCL on GPUs);
     # rank 0 alone talks across the WAN and gives every event's average to the others.
@@ -163,6 +172,7 @@ class ReplicasJob:
             raise InvalidField("quorum", f"an integer in [1, {self.n}] (the clusters), or 0 for all", self.quorum)
         if not self.quorum_wait_s > 0:
             raise InvalidField("quorum_wait_s", "a number of seconds > 0", self.quorum_wait_s)
+        self.validate_coordinator()
         if self.ranks < 1:
             raise InvalidField("ranks", "an integer >= 1", self.ranks)
         self.validate_hosts()
@@ -170,6 +180,19 @@ class ReplicasJob:
             raise InvalidField("gloo_port", "a TCP port that leaves room for every cluster's ranks", self.gloo_port)
         if not self.group_timeout_s > 0:
             raise InvalidField("group_timeout_s", "a number of seconds > 0", self.group_timeout_s)
+
+    def validate_coordinator(self) -> None:
+        if self.coordinator not in COORDINATORS:
+            raise InvalidField("coordinator", f"one of {list(COORDINATORS)}"
+                               f"{did_you_mean(self.coordinator, COORDINATORS)}", self.coordinator)
+        if not self.elected:
+            return
+        if self.n < 3 or not self.goes_on_without:
+            raise InvalidField("coordinator", "\"first\" unless there are three clusters or more and a quorum below "
+                               "all of them (with two, the one left cannot tell a cut from a death)", self.coordinator)
+        if not self.coordinator_wait_s > self.quorum_wait_s:
+            raise InvalidField("coordinator_wait_s", f"a number of seconds above quorum_wait_s "
+                               f"({self.quorum_wait_s:g})", self.coordinator_wait_s)
 
     def validate_hosts(self) -> None:
         for cluster, hosts in self.hosts.items():
@@ -190,9 +213,19 @@ class ReplicasJob:
         return tuple(d for d in range(self.n) if d != c)
 
     @property
+    def elected(self) -> bool:
+        """Whether every event's members are agreed by election (workers.replicas.election)."""
+        return self.coordinator == "elected"
+
+    @property
     def goes_on_without(self) -> bool:
         """Whether an event may go on without a cluster (a quorum below every cluster)."""
         return 0 < self.quorum < self.n
+
+    @property
+    def first_chooses(self) -> bool:
+        """Whether the first cluster alone chooses every event's members (workers.replicas.quorum)."""
+        return self.goes_on_without and not self.elected
 
     def flows(self) -> tuple[topology.Flow, ...]:
         """One flow per ordered pair of clusters, by sender then receiver; with a quorum, the
@@ -204,14 +237,16 @@ class ReplicasJob:
         coordinator's choices and every event's average to its cluster's other ranks."""
         if rank > 0:
             return ()
-        choices = tuple(quorum_flow(self, d) for d in self.peers(c)) if c == 0 and self.goes_on_without else ()
+        choices = tuple(quorum_flow(self, d) for d in self.peers(c)) if c == 0 and self.first_chooses else ()
+        choices += tuple(elect_flow(self, c, d) for d in self.peers(c)) if self.elected else ()
         locals_ = tuple(rank_flow(self, c, r) for r in range(1, self.ranks))
         return tuple(pseudograd_flow(self, c, d) for d in self.peers(c)) + choices + locals_
 
     def incoming(self, c: int, rank: int = 0) -> tuple[topology.Flow, ...]:
         if rank > 0:
             return (rank_flow(self, c, rank),)
-        choices = (quorum_flow(self, c),) if c != 0 and self.goes_on_without else ()
+        choices: tuple[topology.Flow, ...] = (quorum_flow(self, c),) if c != 0 and self.first_chooses else ()
+        choices += tuple(elect_flow(self, d, c) for d in self.peers(c)) if self.elected else ()
         return tuple(pseudograd_flow(self, d, c) for d in self.peers(c)) + choices
 
     def group_address(self, c: int) -> GroupAddress:
@@ -241,33 +276,11 @@ def quorum_flow(job: ReplicasJob, dst: int) -> topology.Flow:
     return topology.Flow(f"quorum-0-{dst}", job.clusters[0], job.clusters[dst])
 
 
+def elect_flow(job: ReplicasJob, src: int, dst: int) -> topology.Flow:
+    """Replica ``src``'s election messages to replica ``dst`` (workers.replicas.election)."""
+    return topology.Flow(f"elect-{src}-{dst}", job.clusters[src], job.clusters[dst])
+
+
 def load_job(settings: Settings) -> ReplicasJob:
     return config.build(ReplicasJob, dict(settings.section("replicas")), settings.source or "<settings>",
                         "replicas.")
-
-
-def load_spec(settings: Settings, c: int) -> ReplicaSpec:
-    """The :class:`ReplicaSpec` the job's ``[replicas] model`` function makes for replica ``c``;
-    anything else is a one-line ConfigError."""
-    job = load_job(settings)
-    where, target = settings.source or "<settings>", job.model
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(where, "replicas.model", "'package.module:function'", target or "<empty>")
-    if settings.source:  # the user's module sits next to the job file, or in model_dir
-        home = str((Path(settings.source).resolve().parent / job.model_dir).resolve())
-        if home not in sys.path:
-            sys.path.append(home)
-    try:
-        builder = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(where, "replicas.model", "an importable 'module:function'", f"{target} ({exc})") from None
-    try:
-        inspect.signature(builder).bind(settings, c)
-    except (TypeError, ValueError):
-        raise ConfigError(where, "replicas.model", "a function(settings, cluster index) returning ReplicaSpec",
-                          target) from None
-    spec = builder(settings, c)
-    if not isinstance(spec, ReplicaSpec):
-        raise ConfigError(where, "replicas.model", "a function returning ReplicaSpec", type(spec).__name__)
-    return spec

@@ -16,24 +16,25 @@ whole and its inner optimizer and error feedback go back to where they were befo
 the event: what it trained is dropped with its pseudo-gradient, which comes late everywhere
 and is dropped as a repeat, and its state after the event is the same whether or not it
 trained (whether it saw the choice in time is a matter of timing; a replay must send the same
-bytes). It then **catches up from the queues**: while the
-coordinator's choices of the next events are waiting for it and leave it out, it applies
-them with the members' pseudo-gradients, both kept in its queues, without training; once
-none has come for a moment (``SETTLE_S``: its queue is drained), it trains and sends again, and the coordinator takes it in as soon as its
+bytes). It then **catches up from the queues**: while the coordinator's choices of the next
+events are waiting for it and leave it out, it applies them with the members' pseudo-gradients,
+both kept in its queues, without training; once none has come for a moment (``SETTLE_S``: its
+queue is drained), it trains and sends again, and the coordinator takes it in as soon as its
 pseudo-gradient comes within the wait. It never downloads the weights.
 
 With ranks inside a cluster (``workers.replicas.ranks``) all of this is rank 0's; the others
 train an event on its word and learn the event's members from its average.
 
-The coordinator must be there: without it the others wait (its checkpoint and its log
-resume it). While a cluster is away every event waits ``quorum_wait_s`` for it, and a cluster
-slower than the coordinator by more than that each event stays left out.
+With ``[replicas] coordinator = "first"`` (the default) the coordinator must be there:
+without it the others wait (its checkpoint and its log resume it). With ``"elected"`` the
+clusters agree on every event's members by Paxos (``workers.replicas.election``): whichever
+cluster leads proposes them, and when it is away a majority of the others elect the next.
+While a cluster is away every event waits ``quorum_wait_s`` for it, and a cluster slower than
+the coordinator by more than that each event stays left out.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,7 +43,11 @@ from typing import Any
 from nebula_mq.errors import CheckpointError, MalformedMessage
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.logs import get_logger
-from workers.replicas.job import ReplicasJob
+from nebula_mq.runtime.ordered import OrderedInbox
+from workers.replicas import jsonlog
+from workers.replicas.election import PRODUCER as ELECTION
+from workers.replicas.election import Election, Send
+from workers.replicas.job import ReplicasJob, elect_flow
 
 log = get_logger(__name__)
 
@@ -55,24 +60,13 @@ SETTLE_S = 0.1
 
 
 def read_choices(path: Path) -> dict[int, Members]:
-    """The choices a coordinator logged; a last line cut short by a crash was never published,
-    and is cut off the file here, so the next choice starts a line of its own."""
-    if not path.exists():
-        return {}
-    text = path.read_bytes()
-    if text and not text.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(text.rfind(b"\n") + 1)
-            os.fsync(f.fileno())
+    """The choices a coordinator logged (``jsonlog``: a last line cut short is cut off)."""
     choices: dict[int, Members] = {}
-    lines = path.read_text().splitlines()
-    for number, line in enumerate(lines, 1):
+    for number, entry in jsonlog.read(path, "a choice of members"):
         try:
-            entry = json.loads(line)
             choices[int(entry["event"])] = tuple(int(c) for c in entry[MEMBERS])
         except (ValueError, KeyError, TypeError):
-            if number < len(lines):
-                raise CheckpointError(f"{path}: line {number} is not a choice of members") from None
+            raise CheckpointError(f"{path}: line {number} is not a choice of members") from None
     return choices
 
 
@@ -81,26 +75,33 @@ def bits(members: Members) -> int:
     return sum(1 << c for c in members)
 
 
-def members_of(meta: Mapping[str, Any], clusters: int, need: int) -> Members:
+def members_of(meta: Mapping[str, Any], clusters: int, need: int, first: bool = True) -> Members:
     """The members a choice names, checked: a bit set of at least ``need`` of the ``clusters``,
-    the coordinator's (bit 0) among them; anything else is malformed."""
+    with ``first`` the coordinator's (bit 0) among them; anything else is malformed."""
     value = meta.get(MEMBERS)
     members = tuple(c for c in range(clusters) if type(value) is int and value >> c & 1)
-    if type(value) is not int or not 0 < value < 1 << clusters or 0 not in members or len(members) < need:
+    if type(value) is not int or not 0 < value < 1 << clusters or (first and 0 not in members) \
+            or len(members) < need:
+        among = ", the coordinator's (bit 0) among them" if first else ""
         raise MalformedMessage(f"a choice of members must be a bit set of at least {need} of the {clusters} "
-                               f"clusters, the coordinator's (bit 0) among them: got {value!r}")
+                               f"clusters{among}: got {value!r}")
     return members
 
 
 class Membership:
     """Replica ``index``'s side of the choices (see the module docstring)."""
 
-    def __init__(self, job: ReplicasJob, index: int, log_dir: Path,
+    def __init__(self, job: ReplicasJob, index: int, log_dir: Path, send: Send | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``send``: the election's messages out (rank 0's, with an elected coordinator)."""
         self.n, self.index, self.peers = job.n, index, job.peers(index)
         self.need, self.wait_s = job.quorum or job.n, job.quorum_wait_s
         self.active = job.goes_on_without
-        self.coordinator = index == 0
+        self.election = None if send is None or not job.elected else Election(
+            job.n, index, log_dir / "election.jsonl", job.coordinator_wait_s, send,
+            self.check_elected, clock)
+        self.senders = {elect_flow(job, d, index).name: d for d in self.peers}
+        self.coordinator = index == 0 and not job.elected
         self.log_path = log_dir / "quorum.jsonl"
         self.chosen = read_choices(self.log_path) if self.active and self.coordinator else {}
         self.clock = clock
@@ -109,10 +110,14 @@ class Membership:
         self.catching_up = False  # left out of the last event: train once nothing says it is left out again
         self.go = False
 
+    def check_elected(self, value: int) -> None:
+        """A bit set of members an election may name: any ``quorum`` clusters (MalformedMessage)."""
+        members_of({MEMBERS: value}, self.n, self.need, first=False)
+
     @property
     def sources(self) -> tuple[str, ...]:
         """The streams a replica reads besides its peers': the coordinator's choices."""
-        return (PRODUCER,) if self.active and not self.coordinator else ()
+        return (PRODUCER,) if self.active and not self.coordinator and self.election is None else ()
 
     def may_produce(self) -> bool:
         return not self.catching_up or self.go
@@ -127,6 +132,23 @@ class Membership:
         if received.envelope.producer == PRODUCER:
             members_of(received.meta, self.n, self.need)
 
+    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
+        """An election message: taken into the election (what it changes is logged first) and
+        acked, or dead-lettered when malformed."""
+        if self.election is None or received.envelope.producer != ELECTION:
+            return False
+        sender = self.senders.get(received.envelope.flow)
+        try:
+            if sender is None:
+                raise MalformedMessage(f"an election message on flow {received.envelope.flow!r}, "
+                                       "which no other cluster's election uses")
+            self.election.handle(sender, received.meta, received.tensors)
+        except MalformedMessage as exc:
+            inbox.reject(received, exc)
+            return True
+        inbox.settle_unordered(received)
+        return True
+
     def members(self, event: int, produced: bool, heads: tuple[Received | None, ...]) -> Members | None:
         """Event ``event``'s members once they are known and every member's pseudo-gradient has
         come (``heads``: the peers' first messages waiting, then the choice's), else None."""
@@ -135,12 +157,14 @@ class Membership:
             chosen = self.choose(event, present | ({self.index} if produced else set()))
         elif not self.active:
             chosen = tuple(range(self.n)) if len(present) == len(self.peers) else None
-        elif heads[-1] is None:
-            if self.catching_up:  # no choice for this event for a moment: train and send
-                self.go = self.clock() - self.since.setdefault(event, self.clock()) >= min(SETTLE_S, self.wait_s / 5)
-            return None
-        else:
-            chosen = members_of(heads[-1].meta, self.n, self.need)
+        else:  # told: by the coordinator's choice (the last head), or by the election
+            if self.election is not None:
+                chosen = self.elect(event, produced, present)
+            else:
+                chosen = None if heads[-1] is None else members_of(heads[-1].meta, self.n, self.need)
+            if chosen is None:
+                self.settle(event)
+                return None
             if self.index in chosen and not produced:  # its pseudo-gradient came from an earlier life
                 self.go = True
                 return None
@@ -155,12 +179,41 @@ class Membership:
                 del self.chosen[old]
         return chosen
 
+    def settle(self, event: int) -> None:
+        """No choice for ``event`` yet: a replica catching up trains and sends once none has
+        come for a moment."""
+        if self.catching_up:
+            self.go = self.clock() - self.since.setdefault(event, self.clock()) >= min(SETTLE_S, self.wait_s / 5)
+
+    def elect(self, event: int, produced: bool, present: set[int]) -> Members | None:
+        """``event``'s members once decided; as the leader, proposed first (election.py)."""
+        assert self.election is not None
+        election = self.election
+        election.poll(event, produced)
+        if election.leads(event):
+            pick = election.constraint(event)
+            if pick is None:
+                members = self.pick(event, present | ({self.index} if produced else set()))
+                pick = None if members is None else bits(members)
+            if pick is not None:
+                election.propose(event, pick)
+        decided = election.decision(event)
+        return None if decided is None else tuple(c for c in range(self.n) if decided >> c & 1)
+
     def choose(self, event: int, present: set[int]) -> Members | None:
         """The coordinator's choice of ``event``'s members: the one it logged, or every cluster
         present once all are or once the wait is over with a quorum (then logged)."""
         logged = self.chosen.get(event)
         if logged is not None:
             return logged if present.issuperset(logged) else None
+        members = self.pick(event, present)
+        if members is not None and self.active:
+            self.record(event, members)
+        return members
+
+    def pick(self, event: int, present: set[int]) -> Members | None:
+        """Every cluster present (this one among them) once all are, or once the wait is over
+        with a quorum."""
         if self.index not in present:
             return None
         if len(present) < self.n:
@@ -170,23 +223,9 @@ class Membership:
             if waited < self.wait_s or len(present) < self.need:
                 return None
             log.warning("left_out", sync_event=event, clusters=sorted(set(range(self.n)) - present), waited_s=waited)
-        members = tuple(sorted(present))
-        if self.active:
-            self.record(event, members)
-        return members
+        return tuple(sorted(present))
 
     def record(self, event: int, members: Members) -> None:
-        """Log a choice durably (the file, and its directory entry when new) before anyone is
-        told of it."""
+        """Log a choice durably before anyone is told of it."""
         self.chosen[event] = members
-        new = not self.log_path.exists()
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"event": event, MEMBERS: list(members)}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        if new:
-            directory = os.open(self.log_path.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+        jsonlog.append(self.log_path, {"event": event, MEMBERS: list(members)})

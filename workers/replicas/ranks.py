@@ -35,14 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from nebula_mq.codecs import parse_codec
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.frameworks import Framework, Group
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
-from workers.replicas.exchange import check_start
+from workers.replicas.exchange import RAW, check_start
 from workers.replicas.job import ReplicasJob, rank_flow, replica_id
 from workers.replicas.quorum import MEMBERS, Members, bits, members_of
 
@@ -51,7 +50,6 @@ WORD = "word"  # the meta key of rank 0's word on an event, with a quorum: TRAIN
 LIFE = "life"  # ... and of the life it was said in
 TRAIN, SKIP = "train", "skip"
 NO_LIFE = 1 << 62  # what a rank other than 0 gives to the agreement on rank 0's life (a MIN)
-RAW = parse_codec("none")  # the average goes to the cluster's ranks as the float32 every rank steps on
 
 Arrays = dict[str, np.ndarray]
 
@@ -182,7 +180,7 @@ class ClusterRanks:
         a version before quorums with ranks, which had no quorum)."""
         if MEMBERS not in received.meta:
             return tuple(range(self.job.n))
-        return members_of(received.meta, self.job.n, self.job.quorum or self.job.n)
+        return members_of(received.meta, self.job.n, self.job.quorum or self.job.n, first=not self.job.elected)
 
     def received(self, worker_id: str, event: int, parts: tuple[Received, ...], mine: str) -> tuple[Arrays, Members]:
         """A rank other than 0: the event's average its rank 0 sent, from the same outer weights,

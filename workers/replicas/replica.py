@@ -46,7 +46,8 @@ from workers.base import role_worker
 from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
 from workers.replicas.exchange import START, WanExchange
-from workers.replicas.job import ROLE, ReplicaSpec, load_job, load_spec, replica_id
+from workers.replicas.job import ROLE, ReplicaSpec, load_job, replica_id
+from workers.replicas.spec import load_spec
 from workers.replicas.outer import Arrays, OuterNesterov, digest, mixed
 from workers.replicas.quorum import Membership
 from workers.replicas.ranks import SKIP, TRAIN, ClusterRanks
@@ -88,7 +89,7 @@ class Replica:
         self.wan = WanExchange(job, index, self.worker, compression)  # rank 0's
         self.produced = -1  # the event whose pseudo-gradient is sent and not yet applied
         self.round_values: dict[str, float] = {}
-        self.membership = Membership(job, index, self.worker.store.root)
+        self.membership = Membership(job, index, self.worker.store.root, self.wan.tell if rank == 0 else None)
         self.before: Arrays = {}  # a follower's state before it trained the event (quorum.py), until applied
 
     # ------------------------------------------------------------------ the model
@@ -125,8 +126,8 @@ class Replica:
             self.losses.append(self.backward(s))
             return self.fw.param_grads(self.model)
         self.train_to(self.schedule.send_at(s))
-        current = self.weights()
-        return {name: self.start[name] - current[name] for name in self.fragments[self.schedule.fragment(s)]}
+        now = self.weights()
+        return {name: self.start[name] - now[name] for name in self.fragments[self.schedule.fragment(s)]}
 
     # ------------------------------------------------------------------ the role (runtime.driver)
 
@@ -141,7 +142,7 @@ class Replica:
         for flow in self.job.outgoing(self.index, self.rank):
             transport.declare_flow(flow, "producer")
         if self.rank == 0:
-            self.wan.open(self.membership.active and self.membership.coordinator)
+            self.wan.open()
         self.ranks.open(self.worker)
 
     def close(self) -> None:
@@ -149,7 +150,9 @@ class Replica:
         self.ranks.close(self.worker)
 
     def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        return self.rank > 0 and self.ranks.handle_other(self.worker, inbox, received)
+        if self.rank > 0:
+            return self.ranks.handle_other(self.worker, inbox, received)
+        return self.membership.handle_other(inbox, received)  # the election's messages
 
     def admit(self, received: Received) -> None:
         if self.rank == 0:
@@ -206,8 +209,7 @@ class Replica:
             self.train_to(self.schedule.apply_at(s))
             self.computed(time.perf_counter() - t1)
 
-    def computed(self, seconds: float) -> None:
-        """``seconds`` of compute (wall clock): the metrics' and the next event's ``compute_s``."""
+    def computed(self, seconds: float) -> None:  # wall clock: the metrics' and the next event's compute_s
         self.busy_s += seconds
         self.worker.hooks.on_compute(seconds)
 
@@ -252,9 +254,8 @@ class Replica:
 
     def landed(self, outer: Arrays, last: bool) -> Arrays:
         """The model's weights once ``outer`` lands (``mixed``); all of ``θ`` after the last event."""
-        if last:
-            return dict(self.start)
-        return mixed(self.weights(), outer, self.job.mixing if self.schedule.overlap else 0.0)
+        mixing = self.job.mixing if self.schedule.overlap else 0.0
+        return dict(self.start) if last else mixed(self.weights(), outer, mixing)
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -18,7 +18,8 @@ from tests.fixtures.pairs import drivers
 from tests.fixtures.replicas import Rounds, hooks_of
 from tests.fixtures.threads import history, run_workers
 from workers.registry import load_job_settings
-from workers.replicas.job import ReplicaSpec, load_job, load_spec
+from workers.replicas.job import ReplicaSpec, load_job
+from workers.replicas.spec import load_spec
 
 torch = pytest.importorskip("torch")
 from tests.fixtures.langid import EXAMPLE, WORDS, evaluate  # noqa: E402  (after torch)

@@ -129,7 +129,7 @@ def test_the_shipped_job_finds_its_model_beside_the_example_and_bad_builders_are
 
     from nebula_mq.errors import ConfigError
     from workers.registry import load_job_settings
-    from workers.replicas.job import load_spec
+    from workers.replicas.spec import load_spec
 
     shipped = load_job_settings(SPLIT_EXAMPLE.parents[1] / "config" / "replicas.toml", environ={})
     spec = load_spec(shipped, 2)  # model_dir = "../examples/split_mlp", relative to the job file

@@ -5,7 +5,6 @@ every replica on the same outer weights after every event."""
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,10 +14,10 @@ import numpy as np
 import pytest
 
 from nebula_mq.errors import CheckpointError, ConfigError, MalformedMessage
-from nebula_mq.runtime.driver import Driver
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import drivers
 from tests.fixtures.replicas import THREE, Duplicates, Rounds, build, hooks_of, replicas, settings_for
+from tests.fixtures.threads import started, wait_for
 from workers.replicas.exchange import START
 from workers.replicas.job import ReplicaSpec, ReplicasJob, load_job
 from workers.replicas.outer import digest
@@ -27,24 +26,6 @@ from workers.replicas.quorum import Membership, members_of, read_choices
 pytestmark = pytest.mark.paddle
 
 HERE: Any = object()  # a peer's message waiting: the coordinator looks only at which are there
-
-
-def started(unit: Driver, errors: list[BaseException]) -> threading.Thread:
-    def go() -> None:
-        try:
-            unit.main()
-        except BaseException as exc:  # noqa: BLE001 - asserted by the test
-            errors.append(exc)
-    thread = threading.Thread(target=go, daemon=True, name=unit.worker_id)
-    thread.start()
-    return thread
-
-
-def wait_for(condition: Any, errors: list[BaseException], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert not errors and time.monotonic() < deadline, errors
-        time.sleep(0.02)
 
 
 def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(tmp_path: Path) -> None:

@@ -1,0 +1,322 @@
+"""The elected coordinator (workers/replicas/election.py): Paxos over every event's members.
+
+A simulated network delivers the clusters' messages in a random order, late, and to clusters
+that crash and restart from their logs; whoever leads proposes members of its own choosing.
+No two clusters may ever decide an event differently, and a majority that stays up decides
+every event."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nebula_mq.config import InvalidField
+from nebula_mq.errors import CheckpointError, MalformedMessage
+from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import drivers
+from tests.fixtures.replicas import Rounds, StopAfterSending, build, hooks_of, replicas, settings_for
+from tests.fixtures.threads import started, wait_for
+from workers.replicas.election import ACCEPT, ACCEPTED, DECIDED, ENTRIES, KIND, VIEW, Election
+from workers.replicas.job import ReplicasJob
+from workers.replicas.quorum import MEMBERS, members_of
+
+WAIT_S = 5.0
+Message = tuple[int, int, dict[str, Any], dict[str, np.ndarray]]  # (from, to, meta, arrays)
+
+
+class Net:
+    """``n`` clusters' elections, their messages held until delivered, on one clock."""
+
+    def __init__(self, root: Path, n: int, need: int = 1) -> None:
+        self.root, self.n, self.need = root, n, need
+        self.now = 0.0
+        self.queued: list[Message] = []
+        self.nodes: list[Election | None] = [self.start(i) for i in range(n)]
+
+    def start(self, i: int) -> Election:
+        def send(dst: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+            self.queued.append((i, dst, dict(meta), {k: np.array(v) for k, v in arrays.items()}))
+        (self.root / str(i)).mkdir(exist_ok=True)
+        return Election(self.n, i, self.root / str(i) / "election.jsonl", WAIT_S, send,
+                        lambda m: members_of({MEMBERS: m}, self.n, self.need, first=False), lambda: self.now)
+
+    def node(self, i: int) -> Election:
+        node = self.nodes[i]
+        assert node is not None
+        return node
+
+    def deliver(self, k: int = 0) -> None:
+        src, dst, meta, arrays = self.queued.pop(k)
+        node = self.nodes[dst]
+        if node is None:  # a cluster that is down: its queue keeps the message
+            self.queued.append((src, dst, meta, arrays))
+            return
+        node.handle(src, meta, arrays)
+
+    def deliver_all(self, to: int | None = None) -> None:
+        for _ in range(10_000):
+            ready = [k for k, m in enumerate(self.queued) if self.nodes[m[1]] is not None and to in (None, m[1])]
+            if not ready:
+                return
+            self.deliver(ready[0])
+        raise AssertionError("the messages never settle")
+
+
+def full(n: int) -> int:
+    return (1 << n) - 1
+
+
+def test_the_first_epochs_leader_proposes_and_a_follower_decides_as_it_accepts(tmp_path: Path) -> None:
+    net = Net(tmp_path, 3)
+    a, b, c = (net.node(i) for i in range(3))
+    assert a.leads(0) and not b.leads(0) and not c.leads(0)
+    a.propose(0, 0b011)
+    assert not a.leads(0)  # proposed once in its epoch
+    assert [(m[1], m[2][KIND]) for m in net.queued] == [(1, ACCEPT), (2, ACCEPT)]
+    net.deliver(0)  # to b: b's acceptance and a's make a majority of three
+    assert b.decision(0) == 0b011 and a.decision(0) is None
+    net.deliver_all()
+    assert a.decision(0) == c.decision(0) == 0b011 and a.next == 1
+
+
+def test_the_others_elect_the_next_cluster_when_the_leader_is_away(tmp_path: Path) -> None:
+    """a goes away before it proposes event 0; b and c wait, go to epoch 1 (led by b), and b
+    chooses. a, back from its log, learns the choice and the epoch from its queue."""
+    net = Net(tmp_path, 3)
+    b, c = net.node(1), net.node(2)
+    net.nodes[0] = None
+    for node in (b, c):
+        node.poll(0, True)
+    net.now += WAIT_S - 0.1
+    c.poll(0, True)
+    assert c.promised == 0  # not yet
+    net.now += WAIT_S / 2 + 0.1  # the longest a cluster waits (its patience is drawn at random)
+    c.poll(0, True)
+    assert c.promised == 1 and not c.leads(0)
+    net.deliver_all()  # b has waited as long: on c's promise it joins c's epoch, which it leads
+    assert b.promised == 1 and b.leads(0) and b.constraint(0) is None
+    b.propose(0, 0b110)
+    net.deliver_all()
+    assert b.decision(0) == c.decision(0) == 0b110
+    net.nodes[0] = a = net.start(0)  # back: its queue holds everything said meanwhile
+    net.deliver_all()
+    assert a.decision(0) == 0b110 and a.promised == 1 and not a.leads(1)
+
+
+def test_a_new_leader_keeps_a_choice_only_one_cluster_accepted(tmp_path: Path) -> None:
+    net = Net(tmp_path, 5)
+    a = net.node(0)
+    a.propose(0, 0b00111)
+    net.queued = [m for m in net.queued if m[1] == 1]  # b alone gets a's proposal, and accepts it
+    net.nodes[0] = None
+    net.deliver_all()
+    assert all(net.node(i).decision(0) is None for i in range(1, 5))
+    for i in range(1, 5):
+        net.node(i).poll(0, True)
+    net.now += 1.5 * WAIT_S
+    for i in range(1, 5):
+        net.node(i).poll(0, True)
+    net.deliver_all()
+    b = net.node(1)
+    assert b.leads(0) and b.constraint(0) == 0b00111
+    b.propose(0, 0b00111)
+    net.deliver_all()
+    assert {net.node(i).decision(0) for i in range(1, 5)} == {0b00111}
+
+
+def test_a_leader_that_restarts_proposes_again_what_it_logged(tmp_path: Path) -> None:
+    net = Net(tmp_path, 3)
+    net.node(0).propose(0, 0b011)
+    net.queued.clear()  # lost with the crash (never confirmed)
+    net.nodes[0] = again = net.start(0)
+    assert again.leads(0) and again.constraint(0) == 0b011
+
+
+def test_a_cluster_behind_is_told_the_decisions_it_lacks(tmp_path: Path) -> None:
+    net = Net(tmp_path, 3)
+    for event in range(3):
+        net.node(0).propose(event, 0b111)
+        net.deliver_all()
+    c = net.nodes[2] = net.start(2)  # restarted: its votes are gone, its decisions logged
+    assert c.next == 3
+    (tmp_path / "2" / "election.jsonl").unlink()
+    c = net.nodes[2] = net.start(2)  # a cluster with no log at all (replaced)
+    c.poll(0, True)
+    net.now += 1.5 * WAIT_S
+    c.poll(0, True)
+    net.deliver_all()
+    assert c.next == 3 and [c.decision(e) for e in range(3)] == [0b111] * 3
+
+
+def test_a_leader_behind_learns_what_was_decided_before_it_chooses(tmp_path: Path) -> None:
+    """c, replaced with no log while a and b decided events 0-2, comes to lead an epoch: b has
+    decided further, so c waits for b's answer instead of choosing event 0 afresh."""
+    net = Net(tmp_path, 3)
+    net.nodes[2] = None
+    for event in range(3):
+        net.node(0).propose(event, 0b011)
+        net.deliver_all()
+    net.queued = [m for m in net.queued if m[1] != 2]  # c's queue went with it
+    net.nodes[0] = None
+    c = net.nodes[2] = net.start(2)
+    c.poll(0, True)
+    net.now += WAIT_S
+    c.handle(1, {KIND: VIEW, "event": 3, "epoch": 2}, {ENTRIES: np.zeros((0, 3), np.int64)})
+    assert c.promised == 2 and not c.leads(0)  # it joined b's epoch, which it leads: not yet
+    net.deliver_all()  # c's promise reaches b, whose answer holds the decisions
+    assert [c.decision(e) for e in range(3)] == [0b011] * 3 and c.leads(3)
+
+
+def test_election_messages_are_checked(tmp_path: Path) -> None:
+    net = Net(tmp_path, 3, need=2)
+    b = net.node(1)
+    bad: list[tuple[dict[str, Any], dict[str, np.ndarray], str]] = [
+        ({KIND: "vote", "event": 0, "epoch": 0, "members": 3}, {}, "kind"),
+        ({KIND: ACCEPT, "event": 0, "epoch": 1, "members": 3}, {}, "led by cluster 1"),
+        ({KIND: ACCEPT, "event": -1, "epoch": 0, "members": 3}, {}, "'event'"),
+        ({KIND: ACCEPTED, "event": 0, "epoch": 0, "members": 1}, {}, "at least 2"),
+        ({KIND: ACCEPTED, "event": 0, "epoch": 0, "members": 8}, {}, "bit set"),
+        ({KIND: ACCEPTED, "event": 0, "epoch": 0, "members": "3"}, {}, "bit set"),
+        ({KIND: VIEW, "event": 0, "epoch": 1}, {ENTRIES: np.zeros((1, 2), np.int64)}, ENTRIES),
+        ({KIND: VIEW, "event": 0, "epoch": 1}, {ENTRIES: np.array([[0, 0, 1]], np.int64)}, "at least 2"),
+        ({KIND: DECIDED, "event": 0}, {ENTRIES: np.array([[3.0]])}, ENTRIES),
+    ]
+    for meta, arrays, match in bad:
+        with pytest.raises(MalformedMessage, match=match):
+            b.handle(0, meta, arrays)
+    assert b.decision(0) is None and b.promised == 0
+
+
+def test_the_log_survives_a_crash_mid_line_and_refuses_a_damaged_one(tmp_path: Path) -> None:
+    net = Net(tmp_path, 3)
+    net.node(0).propose(0, 0b111)
+    net.deliver_all()
+    log = tmp_path / "1" / "election.jsonl"
+    log.write_text(log.read_text() + '{"decide": 1, "mem')
+    again = net.start(1)
+    assert again.decision(0) == 0b111 and again.next == 1 and log.read_text().endswith("\n")
+    log.write_text('{"accept": 0, "ep\n' + log.read_text())
+    with pytest.raises(CheckpointError, match="line 1"):
+        net.start(1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.sampled_from([3, 4, 5]))
+def test_no_two_clusters_ever_decide_an_event_differently(tmp_path_factory: pytest.TempPathFactory,
+                                                          seed: int, n: int) -> None:
+    """Random delivery, clusters crashing and restarting (never more than a minority down),
+    leaders proposing members of their own random choosing: every event that any two clusters
+    decide, they decide alike; and with a majority up, all of them decide every event."""
+    rng = random.Random(seed)
+    net = Net(tmp_path_factory.mktemp("net"), n)
+    events, down_at_most = 6, n - (n // 2 + 1)
+    seen: dict[int, int] = {}
+    for _ in range(3000):
+        net.now += rng.choice([0.0, 0.5, 2.0])
+        if rng.random() < 0.01:
+            down = [i for i in range(n) if net.nodes[i] is None]
+            if down and (rng.random() < 0.5 or len(down) >= down_at_most):
+                i = rng.choice(down)
+                net.nodes[i] = net.start(i)
+            elif len(down) < down_at_most:
+                net.nodes[rng.choice([i for i in range(n) if net.nodes[i] is not None])] = None
+        for node in net.nodes:
+            if node is None or node.next >= events:
+                continue
+            node.poll(node.next, True)
+            if node.leads(node.next):
+                pick = node.constraint(node.next)
+                node.propose(node.next, pick if pick is not None else rng.randrange(1, full(n) + 1))
+        for _ in range(rng.randrange(0, 4)):
+            ready = [k for k, m in enumerate(net.queued) if net.nodes[m[1]] is not None]
+            if ready:
+                net.deliver(rng.choice(ready))
+        for node in net.nodes:
+            for event in range(node.next if node else 0):
+                assert node is not None and seen.setdefault(event, node.decision(event) or 0) == node.decision(event)
+        if all(node is not None and node.next >= events for node in net.nodes):
+            break
+    for i in range(n):  # everyone back, every message delivered, the clocks run on
+        net.nodes[i] = net.nodes[i] or net.start(i)
+    for _ in range(200):  # a leader proposes as soon as it may; the others wait for it
+        if all(net.node(i).next >= events for i in range(n)):
+            break
+        for node in map(net.node, range(n)):
+            if node.next < events and node.leads(node.next):
+                pick = node.constraint(node.next)
+                node.propose(node.next, pick if pick is not None else full(n))
+        net.deliver_all()
+        net.now += WAIT_S / 10  # messages come much sooner than a cluster gives up on its leader
+        for node in map(net.node, range(n)):
+            node.poll(node.next, True)
+        net.deliver_all()
+    for i in range(n):
+        assert net.node(i).next >= events, (i, net.node(i).next)
+        assert [net.node(i).decision(e) for e in range(events)] == [seen.get(e, net.node(0).decision(e))
+                                                                     for e in range(events)]
+
+
+def test_an_elected_coordinator_needs_three_clusters_a_quorum_and_a_longer_wait() -> None:
+    three = ("a", "b", "c")
+    ReplicasJob(clusters=three, quorum=2, coordinator="elected").validate()
+    for job, match in [(ReplicasJob(clusters=("a", "b"), quorum=1, coordinator="elected"), "three clusters"),
+                       (ReplicasJob(clusters=three, coordinator="elected"), "quorum below"),
+                       (ReplicasJob(clusters=three, quorum=2, coordinator="elected", coordinator_wait_s=30.0),
+                        "above quorum_wait_s"),
+                       (ReplicasJob(clusters=three, quorum=2, coordinator="electd"), "did you mean 'elected'")]:
+        with pytest.raises(InvalidField, match=match):
+            job.validate()
+    elected = ReplicasJob(clusters=three, quorum=2, coordinator="elected")
+    assert [f.name for f in elected.incoming(0)] == ["pseudograd-1-0", "pseudograd-2-0", "elect-1-0", "elect-2-0"]
+    assert "quorum-0-1" not in [f.name for f in elected.flows()]
+
+
+@pytest.mark.paddle
+def test_the_job_goes_on_while_its_first_coordinator_is_away_and_it_catches_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three replicas, ``coordinator = "elected"``: a (the first epoch's leader) stops after it
+    sends event 3. b and c wait for event 3's choice, elect b, and go on without a up to a step
+    hold at event 8; a, started again, learns every choice from its queues and catches up to
+    the hold, and once it is lifted takes part again. Every replica agrees on every event's
+    members and outer weights."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))  # read as each driver is made
+    set_hold(hold, 8)
+    settings = settings_for(tmp_path, steps=11, quorum=2, quorum_wait_s=1.0, coordinator="elected",
+                            coordinator_wait_s=2.0)
+    broker = MemoryBroker()
+    roles = replicas(settings, broker)
+    for r in roles:
+        r.worker.hooks.add(Rounds(r))
+    roles[0].worker.hooks.add(StopAfterSending(roles[0].worker, 3))
+    units, errors = drivers(*roles), []
+    threads = [started(unit, errors) for unit in units]
+    threads[0].join(60.0)
+    assert not threads[0].is_alive() and roles[0].worker.step <= 3, errors
+    wait_for(lambda: min(r.worker.step for r in roles[1:]) == 8, errors)
+    roles[0] = build(settings, 0, broker)
+    roles[0].worker.hooks.add(Rounds(roles[0]))
+    threads.append(started(drivers(roles[0])[0], errors))
+    wait_for(lambda: roles[0].worker.step == 8, errors)
+    set_hold(hold, None)
+    for t in threads[1:]:
+        t.join(120.0)
+        assert not t.is_alive()
+    assert not errors, errors
+    assert [r.worker.step for r in roles] == [11, 11, 11]
+    rounds = [hooks_of(r) for r in roles]
+    steps = sorted(rounds[0].outer)  # a's since it came back: from event 3 or 4 (its checkpoint) on
+    assert steps[0] <= 5 and all(rounds[0].outer[k] == rounds[1].outer[k] == rounds[2].outer[k] for k in steps)
+    assert rounds[1].members == rounds[2].members and all(rounds[0].members[k] == rounds[1].members[k] for k in steps)
+    members = [rounds[1].members[k] for k in sorted(rounds[1].members)]  # event by event
+    assert members[4:8] == [2.0] * 4 and members[8:] == [3.0] * 3, members  # a left out, then back
+    for c in (1, 2):  # both moved on from a's epoch
+        assert '"promise"' in (tmp_path / "checkpoints" / f"replica-{c}" / "election.jsonl").read_text()

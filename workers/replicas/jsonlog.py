@@ -1,0 +1,47 @@
+"""Append-only logs of JSON lines, each durable before anyone is told of it: what a replica
+decided, kept beside its checkpoints (the coordinator's choices, the election's records)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.errors import CheckpointError
+
+
+def append(path: Path, record: Mapping[str, Any]) -> None:
+    """Append ``record`` as one line, fsynced, and the directory entry too when the file is new."""
+    new = not path.exists()
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if new:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def read(path: Path, what: str) -> list[tuple[int, Any]]:
+    """The records of a log with their line numbers. A last line cut short by a crash was never
+    acted on: it is cut off the file here, so the next record starts a line of its own. Any
+    other line that is not JSON raises CheckpointError (``what``: what a line should be)."""
+    if not path.exists():
+        return []
+    text = path.read_bytes()
+    if text and not text.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(text.rfind(b"\n") + 1)
+            os.fsync(f.fileno())
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            records.append((number, json.loads(line)))
+        except ValueError:
+            raise CheckpointError(f"{path}: line {number} is not {what}") from None
+    return records
