@@ -2,27 +2,25 @@
 cluster may choose an event's members, so the job goes on while the one that chose them is away.
 
 Each event's members are agreed by Paxos, the clusters its acceptors. Epoch ``e``'s leader,
-cluster ``e % n``, proposes the members (``accept``); a cluster that accepts says so to every
-other (``accepted``), and each cluster decides the event once a majority of clusters has
-accepted the same members in the same epoch. Two clusters can never decide an event
-differently, whoever proposed and whatever was lost. With three clusters a follower decides as
-soon as it accepts (the leader's proposal and its own make two), the leader a round trip later.
+cluster ``e % n``, proposes (``accept``); a cluster that accepts tells every other
+(``accepted``); each decides the event once a majority has accepted the same members in the
+same epoch. No two clusters ever decide an event differently, whoever proposed and whatever was
+lost. With three clusters a follower decides as it accepts, the leader a round trip later.
 
-A cluster that has waited ``coordinator_wait_s`` for an event's decision (and up to half as long
-again, drawn at random, so that clusters seldom give up at the same moment, as in Raft) goes to
-the epoch past the newest it has heard of: it promises to accept nothing older and tells every
-cluster what it has accepted and not yet decided (``view``). A cluster that has itself waited
-half as long joins such an epoch when it hears of it, so the clusters meet in one. The epoch's leader,
-once a majority has promised it, proposes for each event the members accepted in the highest
-epoch among them, or chooses afresh where none was: the rule that keeps any choice that may
-have been decided. A cluster behind the one it tells (restarted, or back after a cut) is sent
-the decisions it lacks (``decided``); otherwise the ``accepted`` messages kept in its queues
-tell it.
+A cluster that has waited ``coordinator_wait_s`` for a decision (up to half as long again,
+drawn at random as in Raft, so that clusters seldom give up together) goes to the epoch past
+the newest it has heard of: it promises to accept nothing older and tells every cluster what it
+has accepted (``view``). A cluster that hears of it joins if it has waited half as long itself,
+if it leads the epoch, or if the epoch's leader tells it. The leader, once a majority has
+promised, proposes for each event the members accepted in the highest epoch among them, or
+chooses afresh where none was: the rule that keeps any choice that may have been decided. A
+cluster behind the one it tells is sent the decisions it lacks (``decided``); otherwise the
+messages kept in its queues tell it. A leader that restarts asks for the promises again.
 
-What a cluster promised, accepted and decided is appended to a log beside its checkpoints and
-fsynced before it says so. Votes are not logged: a cluster that restarts learns what it lacks
-from the answers to its view. With two clusters the one left cannot tell a cut from a death:
-the job config needs three or more.
+What a cluster promised, accepted and decided is fsynced to a log beside its checkpoints before
+it says so (a cluster must never lose it: ``workers.replicas.quorum`` refuses to resume without
+it). Votes are not logged: a cluster that restarts learns what it lacks from the answers to its
+view. With two clusters the one left cannot tell a cut from a death: the config needs three.
 """
 
 from __future__ import annotations
@@ -53,17 +51,6 @@ MAX_ENTRIES = 4096  # decisions sent in one message: a cluster further behind as
 Send = Callable[[int, Mapping[str, Any], Mapping[str, np.ndarray]], None]
 
 
-def read_log(path: Path) -> list[dict[str, int]]:
-    """The records of an election log, checked."""
-    out = []
-    for number, entry in jsonlog.read(path, "an election record"):
-        try:
-            out.append({str(k): int(v) for k, v in entry.items()})
-        except (ValueError, TypeError, AttributeError):
-            raise CheckpointError(f"{path}: line {number} is not an election record") from None
-    return out
-
-
 class Election:
     """Cluster ``index``'s part in agreeing every event's members (see the module docstring).
     ``check`` refuses a members bit set that no choice could name (a MalformedMessage)."""
@@ -74,7 +61,7 @@ class Election:
         self.majority = n // 2 + 1
         self.log_path = log_path
         self.promised = 0  # no proposal of an older epoch is accepted; epoch 0 is cluster 0's
-        self.accepted: dict[int, tuple[int, int]] = {}  # event -> (epoch, members), events not decided
+        self.accepted: dict[int, tuple[int, int]] = {}  # event -> (epoch, members), from event next on
         self.prefix = array("q")  # the members of events 0..next-1, all decided
         self.later: dict[int, int] = {}  # decided events beyond a gap
         self.votes: dict[tuple[int, int, int], set[int]] = {}  # (event, epoch, members) -> clusters
@@ -83,13 +70,25 @@ class Election:
         self.waiting: dict[int, float] = {}  # event -> when this cluster began to wait for its decision
         self.rng = random.Random(index)
         self.patience = wait_s * (1 + self.rng.random() / 2)  # this wait's, drawn again after each
-        for entry in read_log(log_path):
-            if "promise" in entry:
-                self.promised = max(self.promised, entry["promise"])
-            elif "accept" in entry:
-                self.accepted[entry["accept"]] = (entry["epoch"], entry["members"])
-            elif "decide" in entry:
-                self._decided(entry["decide"], entry["members"])
+        for number, record in jsonlog.read(log_path, "an election record"):
+            try:
+                self._replay({str(k): int(v) for k, v in record.items()})
+            except (ValueError, TypeError, AttributeError, KeyError):
+                raise CheckpointError(f"{log_path}: line {number} is not an election record") from None
+        for event, (epoch, members) in self.accepted.items():  # the votes it had are gone; its own stands
+            self.votes.setdefault((event, epoch, members), set()).add(index)
+        # A leader of a later epoch that restarts has lost the promises it held: it asks again
+        # (the clusters of its epoch answer its view with theirs).
+        self.ask = self.promised > 0 and self.promised % n == index
+
+    def _replay(self, entry: dict[str, int]) -> None:
+        if "promise" in entry:
+            self.promised = max(self.promised, entry["promise"])
+        elif "accept" in entry:  # accepting promised its epoch too
+            self.promised = max(self.promised, entry["epoch"])
+            self.accepted[entry["accept"]] = (entry["epoch"], entry["members"])
+        else:
+            self._decided(entry["decide"], entry["members"])
 
     # ------------------------------------------------------------------ what is known
 
@@ -139,6 +138,10 @@ class Election:
     def poll(self, event: int, waiting: bool) -> None:
         """Called while this cluster waits to apply ``event`` (``waiting``: its own part is sent):
         after ``coordinator_wait_s`` with no decision, it goes to a newer epoch."""
+        if self.ask:
+            self.ask = False
+            self.views.setdefault(self.promised, {})[self.index] = (self.next, self._open_rows())
+            self._broadcast_view()
         if not waiting or self.decision(event) is not None:
             return
         now = self.clock()
@@ -191,6 +194,9 @@ class Election:
         self.views.setdefault(epoch, {})[self.index] = (self.next, self._open_rows())
         for old in [e for e in self.views if e < epoch]:
             del self.views[old]
+        self._broadcast_view()
+
+    def _broadcast_view(self) -> None:
         for d in range(self.n):
             if d != self.index:
                 self._send_view(d)
@@ -202,6 +208,9 @@ class Election:
         # Every event accepted from the first not decided on, decided or not: a leader that
         # has decided less must not choose afresh what a majority may have decided.
         rows = [(ev, e, m) for ev, (e, m) in sorted(self.accepted.items())]
+        if len(rows) > MAX_ENTRIES:  # one event is in flight at a time: a log that says otherwise is wrong
+            raise WorkerError(f"{self.log_path}: {len(rows)} events accepted from event {self.next} on, none "
+                              f"decided: more than a view holds ({MAX_ENTRIES})")
         return np.array(rows, np.int64).reshape(-1, 3)
 
     def _viewed(self, sender: int, epoch: int, nxt: int, rows: np.ndarray) -> None:
@@ -210,9 +219,13 @@ class Election:
         if epoch < self.promised:
             return
         self.views.setdefault(epoch, {})[sender] = (nxt, rows)
+        leader = epoch % self.n
+        if epoch == self.promised and sender == leader != self.index:
+            self._send_view(sender)  # its leader restarted and asks for the promises again
         since = self.waiting.get(self.next)
-        if epoch > self.promised and since is not None and self.clock() - since >= self.wait_s / 2:
-            self._promise(epoch)  # it has waited long too: it joins
+        waited = since is not None and self.clock() - since >= self.wait_s / 2
+        if epoch > self.promised and (waited or leader in (sender, self.index)):
+            self._promise(epoch)  # it has waited long too, or the epoch's leader is there: it joins
 
     def _accept(self, event: int, epoch: int, members: int) -> None:
         jsonlog.append(self.log_path, {"accept": event, "epoch": epoch, "members": members})

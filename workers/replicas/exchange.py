@@ -12,6 +12,7 @@ cluster order, this replica's own included as the others decode it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.compression import PseudoGradientCompression
+from workers.replicas.election import ACCEPT, KIND
 from workers.replicas.election import PRODUCER as ELECTION
 from workers.replicas.job import ReplicasJob, elect_flow, pseudograd_flow, quorum_flow
 from workers.replicas.outer import Arrays, average
@@ -49,6 +51,7 @@ class WanExchange:
         self.outboxes: list[Outbox] = []
         self.choices: list[Outbox] = []  # the coordinator's, with a quorum
         self.elections: dict[int, Outbox] = {}  # to every other cluster, with an elected coordinator
+        self.told = time.time_ns() // 1000  # election messages' numbers: new in every life
         self.opened = False  # only a cluster's rank 0 opens one: the others keep no state of it
 
     def open(self) -> None:
@@ -65,9 +68,14 @@ class WanExchange:
             outbox.close()
 
     def tell(self, dst: int, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
-        """One election message to cluster ``dst`` (its event numbers the message)."""
-        event = int(meta.get("event", 0))
-        self.elections[dst].send(step=event, micro_batch=event, meta=meta,
+        """One election message to cluster ``dst``, numbered apart from every other. A proposal
+        goes once this cluster's own pseudo-gradient is on its broker: an event decided with a
+        member whose pseudo-gradient died with it would wait for it to come back."""
+        if meta.get(KIND) == ACCEPT:
+            for outbox in self.outboxes:
+                outbox.flush()
+        self.told += 1
+        self.elections[dst].send(step=int(meta.get("event", 0)), micro_batch=self.told, meta=meta,
                                  tensors={k: (v, RAW) for k, v in arrays.items()})
 
     def state_arrays(self) -> Arrays:

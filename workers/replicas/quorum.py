@@ -42,6 +42,7 @@ from typing import Any
 
 from nebula_mq.errors import CheckpointError, MalformedMessage
 from nebula_mq.runtime.channel import Received
+from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import OrderedInbox
 from workers.replicas import jsonlog
@@ -98,17 +99,27 @@ class Membership:
         self.need, self.wait_s = job.quorum or job.n, job.quorum_wait_s
         self.active = job.goes_on_without
         self.election = None if send is None or not job.elected else Election(
-            job.n, index, log_dir / "election.jsonl", job.coordinator_wait_s, send,
-            self.check_elected, clock)
+            job.n, index, self.election_log(log_dir), job.coordinator_wait_s, send, self.check_elected, clock)
         self.senders = {elect_flow(job, d, index).name: d for d in self.peers}
         self.coordinator = index == 0 and not job.elected
         self.log_path = log_dir / "quorum.jsonl"
         self.chosen = read_choices(self.log_path) if self.active and self.coordinator else {}
         self.clock = clock
         self.since: dict[int, float] = {}  # event -> when the coordinator began to wait for it
+        self.idle: dict[int, float] = {}  # event -> since when a replica catching up has seen no choice of it
         self.current: Members = tuple(range(self.n))  # the members of the event being applied
         self.catching_up = False  # left out of the last event: train once nothing says it is left out again
         self.go = False
+
+    @staticmethod
+    def election_log(log_dir: Path) -> Path:
+        """The election's log; a replica that has checkpoints and no log lost it, and would vote
+        as if it had never promised or accepted anything (Paxos's amnesia): it must not resume."""
+        path = log_dir / "election.jsonl"
+        if not path.exists() and CheckpointStore(log_dir).steps():
+            raise CheckpointError(f"{path} is missing beside the replica's checkpoints: the election needs "
+                                  "what this cluster promised and accepted (restore it, or start the job afresh)")
+        return path
 
     def check_elected(self, value: int) -> None:
         """A bit set of members an election may name: any ``quorum`` clusters (MalformedMessage)."""
@@ -173,6 +184,7 @@ class Membership:
         if chosen is not None:
             self.current = chosen
             self.since.pop(event, None)
+            self.idle.pop(event, None)
             # Events are applied in order: an earlier one's choice is never asked for again in
             # this life (a restart reads the log), so a week-long job's choices do not pile up.
             for old in [e for e in self.chosen if e < event]:
@@ -183,7 +195,7 @@ class Membership:
         """No choice for ``event`` yet: a replica catching up trains and sends once none has
         come for a moment."""
         if self.catching_up:
-            self.go = self.clock() - self.since.setdefault(event, self.clock()) >= min(SETTLE_S, self.wait_s / 5)
+            self.go = self.clock() - self.idle.setdefault(event, self.clock()) >= min(SETTLE_S, self.wait_s / 5)
 
     def elect(self, event: int, produced: bool, present: set[int]) -> Members | None:
         """``event``'s members once decided; as the leader, proposed first (election.py)."""
