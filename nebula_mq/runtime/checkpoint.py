@@ -62,7 +62,8 @@ def state_digest(arrays: Mapping[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries durable (a file created or renamed in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -119,9 +120,9 @@ class CheckpointStore:
                 json.dump(body, fh, sort_keys=True)
                 fh.flush()
                 os.fsync(fh.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             self._rename(tmp, final, step)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointError(self._failed(step, exc)) from None

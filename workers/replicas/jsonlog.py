@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import CheckpointError
+from nebula_mq.runtime.checkpoint import fsync_dir
 
 
 def append(path: Path, record: Mapping[str, Any]) -> None:
@@ -20,11 +21,7 @@ def append(path: Path, record: Mapping[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     if new:
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_dir(path.parent)
 
 
 def read(path: Path, what: str) -> list[tuple[int, Any]]:
