@@ -14,14 +14,19 @@ from nebula_mq.runtime.checkpoint import fsync_dir
 
 
 def append(path: Path, record: Mapping[str, Any]) -> None:
-    """Append ``record`` as one line, fsynced, and the directory entry too when the file is new."""
+    """Append ``record`` as one line, fsynced, and the directory entry too when the file is new.
+    A disk that refuses the write (full, read-only, gone) raises CheckpointError: nothing was
+    decided, so the caller stops before anyone is told."""
     new = not path.exists()
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    if new:
-        fsync_dir(path.parent)
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if new:
+            fsync_dir(path.parent)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot append a record: {e.strerror or e}") from None
 
 
 def read(path: Path, what: str) -> list[tuple[int, Any]]:
