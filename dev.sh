@@ -37,6 +37,28 @@ setup() {
     "$VENV/bin/python" -m pip install -q -e ".[train,test,torch]" "torch==2.13.0"
 }
 
+# The compose test's Docker engine and images take minutes on a fresh host (packages, a
+# debootstrapped base, a 2 GB image), most of it waiting on downloads. A full run builds them in
+# the background while the other tests run; the compose test, last in its lane, finds them built
+# (compose.sh takes a lock, so the test's own call waits for the build rather than racing it).
+prebuild_compose() {
+    [ "$(id -u)" = 0 ] || return 0  # compose.sh needs root to install or start an engine
+    ENGINE_WAS_UP=0
+    if bash broker/docker/compose.sh answers; then ENGINE_WAS_UP=1; fi
+    local log=${TMPDIR:-/tmp}/nebula-compose-build.log
+    echo "building the compose test's engine and images in the background (log: $log)"
+    NEBULA_VENV="$VENV" timeout 900 bash broker/docker/compose.sh image >"$log" 2>&1 </dev/null &
+    PREBUILD_PID=$!
+}
+
+# Wait for the background build (a build cut off mid-install could leave apt's state broken),
+# then stop an engine that this run started.
+end_prebuild() {
+    [ -n "${PREBUILD_PID:-}" ] || return 0
+    wait "$PREBUILD_PID" || echo "the background compose build failed: the compose test says why" >&2
+    if [ "$ENGINE_WAS_UP" = 0 ]; then bash broker/docker/compose.sh stop-engine 2>/dev/null || true; fi
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -60,8 +82,10 @@ case "$cmd" in
         # Two pytest-xdist workers (NEBULA_TEST_WORKERS=0: one process): the tests that use
         # both cores run in turn on one of them (tests/fixtures/lanes.py), the rest on the other.
         workers=${NEBULA_TEST_WORKERS:-2}
+        if [ $# -eq 0 ]; then prebuild_compose; fi
         timeout --kill-after=30 "$limit" "$VENV/bin/python" -m pytest -n "$workers" --dist loadgroup "$@"
         rc=$?
+        end_prebuild
         # pytest exits 5 when no test was collected (e.g. a -k that matches nothing).
         if [ "$rc" -eq 5 ]; then echo "no tests collected"; rc=0; fi
         if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then

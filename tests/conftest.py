@@ -69,8 +69,10 @@ def _restore_signal_mask() -> Iterator[None]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The CPU-heavy group (``tests/fixtures/lanes.py``) first: it is the longest piece of work
-    one xdist worker runs in turn, so it starts at once while the other worker takes the rest."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    one xdist worker runs in turn, so it starts at once while the other worker takes the rest;
+    a test marked ``last_in_lane`` goes to the end of its group."""
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None,
+                                 item.get_closest_marker("last_in_lane") is not None))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -9,6 +9,7 @@
 #   broker/docker/compose.sh engine    only install (apt) and start a Docker engine if none answers
 #   broker/docker/compose.sh image     only build the local Debian base and the nebula-mq image
 #   broker/docker/compose.sh env       print the DOCKER_HOST line for your shell
+#   broker/docker/compose.sh answers   exit 0 if a Docker engine answers at DOCKER_HOST
 #   broker/docker/compose.sh stop-engine
 #
 # No image registry is reachable from these machines: the base image is debootstrapped from the
@@ -41,6 +42,13 @@ die() { say "$*"; exit 1; }
 
 engine_answers() { timeout 10 "$DOCKER" info >/dev/null 2>&1; }
 
+# One engine install or image build at a time: `./dev.sh test` builds in the background while the
+# compose test may ask for the same engine and images; the second waits, then finds them ready.
+locked() {
+    exec 9>"$ENGINE_DIR.lock"
+    flock -w 850 9 || die "another compose.sh has been installing or building for 850 s ($ENGINE_DIR.lock)"
+}
+
 engine() {
     engine_answers && return 0
     if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! command -v debootstrap >/dev/null \
@@ -60,11 +68,12 @@ engine() {
     mkdir -p "$ENGINE_DIR"
     say "starting dockerd (state in $ENGINE_DIR; the host's firewall and forwarding are left alone)"
     # No iptables, no forwarding, no default bridge: the host's network stays as it is.
-    # Compose's own bridge networks and published ports (docker-proxy) still work.
+    # Compose's own bridge networks and published ports (docker-proxy) still work. The daemon
+    # must not inherit the build lock (fd 9), or it would hold it for as long as it runs.
     setsid nohup dockerd --data-root "$ENGINE_DIR/data" --exec-root "$ENGINE_DIR/exec" \
         --pidfile "$ENGINE_DIR/dockerd.pid" -H "$DOCKER_HOST" --storage-driver overlay2 \
         --iptables=false --ip-forward=false --ip-masq=false --bridge=none \
-        >"$ENGINE_DIR/dockerd.log" 2>&1 </dev/null &
+        >"$ENGINE_DIR/dockerd.log" 2>&1 </dev/null 9>&- &
     for _ in $(seq 1 60); do
         engine_answers && return 0
         sleep 0.5
@@ -220,16 +229,17 @@ down() {
 }
 
 case "${1:-}" in
-    up) up ;;
+    up) locked; up ;;
     wait) wait_done ;;
     down) engine_answers && down ;;
     ps|logs)
         cmd=$1
         shift
         for c in "${CLUSTERS[@]}"; do compose "$c" "$cmd" "$@"; done ;;
-    engine) engine ;;
-    image) image ;;
+    engine) locked; engine ;;
+    image) locked; image ;;
+    answers) engine_answers ;;
     env) echo "export DOCKER_HOST=$DOCKER_HOST" ;;
     stop-engine) stop_engine ;;
-    *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,13p' "$0" >&2; exit 2 ;;
 esac

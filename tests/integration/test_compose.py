@@ -20,11 +20,12 @@ import pytest
 
 from nebula_mq.stack.layout import port_free
 from tests.fixtures.jobs import column, final_checkpoint, step_of
-from tests.fixtures.lanes import CPU_HEAVY
+from tests.fixtures.lanes import CPU_HEAVY, LAST_IN_LANE
 
-# Each step below has its own bound (the first `up` builds the image: up to 900 s); the whole
-# test took 300 s on a fast host and 867 s on a slow one, still training when 900 s cut it off.
-pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(1800), CPU_HEAVY]
+# Each step below has its own bound (the engine may wait for a build that a full run started in
+# the background, and the first `up` builds the image where nothing did: up to 900 s each); the
+# whole test took 300 s on a fast host and 867 s on a slow one, building its image itself.
+pytestmark = [pytest.mark.slow, pytest.mark.paddle, pytest.mark.timeout(1800), CPU_HEAVY, LAST_IN_LANE]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "broker" / "docker" / "compose.sh"
@@ -84,7 +85,7 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compose]:
     # No engine answers (Debian's docker CLI may not even be installed yet: compose.sh installs it).
     started = not os.path.exists(DOCKER) or subprocess.run(
         [DOCKER, "info"], env=c.env, capture_output=True, timeout=30).returncode != 0
-    engine = c.run("engine", check=False, timeout=300)
+    engine = c.run("engine", check=False, timeout=900)
     if engine.returncode != 0:
         pytest.skip(f"no Docker engine can start here: {engine.stderr.strip()[-400:]}")
     try:
