@@ -21,11 +21,11 @@ import pytest
 from tests.fixtures.jobs import (ELECTRA_JOB, column, final_checkpoint, free_port_range, provision_job_files,
                                  start_worker, step_of, wait_all)
 
-pytestmark = [pytest.mark.broker, pytest.mark.paddle]
-
+# One worker runs the module, so the clean run (a module fixture) is made once.
+pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.xdist_group("electra-e2e")]
 
 WORKERS = ("electra-root", "electra-sub", "electra-generator")
-
+STEPS = 30
 
 
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
@@ -49,13 +49,17 @@ def start_all(cfgs: dict[str, Path], tmp: Path, name: str) -> dict[str, subproce
 final = final_checkpoint
 
 
+@pytest.fixture(scope="module")
+def clean(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run: checked by the first test, the reference of the faulted ones."""
+    tmp = tmp_path_factory.mktemp("electra")
+    cfg = write_job(stack, tmp, "clean", STEPS)
+    wait_all(start_all(cfg, tmp, "clean"), tmp, "clean", 240)
+    return tmp / "clean"
 
-def test_electra_across_federation_trains_in_step_with_a_data_parallel_discriminator(
-        stack: Any, tmp_path: Path) -> None:
-    steps = 30
-    cfg = write_job(stack, tmp_path, "clean", steps)
-    run_dir = tmp_path / "clean"
-    wait_all(start_all(cfg, tmp_path, "clean"), tmp_path, "clean", 240)
+
+def test_electra_across_federation_trains_in_step_with_a_data_parallel_discriminator(clean: Path) -> None:
+    steps, run_dir = STEPS, clean
     # Both sides (and both discriminator ranks) end at the same step.
     assert step_of(run_dir, "gen") == step_of(run_dir, "disc-root") == step_of(run_dir, "disc-sub-1") == steps
     for worker in ("gen", "disc-root", "disc-sub-1"):
@@ -72,10 +76,8 @@ def test_electra_across_federation_trains_in_step_with_a_data_parallel_discrimin
 
 
 @pytest.mark.slow
-def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, tmp_path: Path) -> None:
-    steps = 20
-    ref_cfg = write_job(stack, tmp_path, "ref", steps)
-    wait_all(start_all(ref_cfg, tmp_path, "ref"), tmp_path, "ref", 240)
+def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, tmp_path: Path, clean: Path) -> None:
+    steps = STEPS
     cfg = write_job(stack, tmp_path, "chaos", steps)
     run_dir = tmp_path / "chaos"
     procs = start_all(cfg, tmp_path, "chaos")
@@ -88,17 +90,16 @@ def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, t
     wait_all(procs, tmp_path, "chaos", 240)
     for worker in ("gen", "disc-root", "disc-sub-1"):
         assert final(run_dir, worker).step == steps
-        assert final(run_dir, worker).digest == final(tmp_path / "ref", worker).digest, worker
+        assert final(run_dir, worker).digest == final(clean, worker).digest, worker
 
 
 @pytest.mark.slow
-def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(stack: Any, tmp_path: Path) -> None:
+def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(
+        stack: Any, tmp_path: Path, clean: Path) -> None:
     """A rank killed -9 stalls the others in the next collective; the group (root + subs)
     is restarted together, agrees on the last common checkpoint, the root re-scatters what
     came after it, and the run ends bit-identical to an uninterrupted one."""
-    steps = 20
-    ref_cfg = write_job(stack, tmp_path, "ref", steps)
-    wait_all(start_all(ref_cfg, tmp_path, "ref"), tmp_path, "ref", 240)
+    steps = STEPS
     cfg = write_job(stack, tmp_path, "crash", steps)
     run_dir = tmp_path / "crash"
     procs = start_all(cfg, tmp_path, "crash")
@@ -114,4 +115,4 @@ def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(
     wait_all(procs, tmp_path, "crash", 240)
     for worker in ("gen", "disc-root", "disc-sub-1"):
         assert final(run_dir, worker).step == steps
-        assert final(run_dir, worker).digest == final(tmp_path / "ref", worker).digest, worker
+        assert final(run_dir, worker).digest == final(clean, worker).digest, worker
