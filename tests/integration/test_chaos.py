@@ -15,7 +15,7 @@ from tests.fixtures.lanes import CPU_HEAVY
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
 
-STEPS = 90
+STEPS = 60
 JOB = ABNET_JOB.format(job_id="chaostest", seed=5, steps=STEPS, run_dir="{run_dir}", batch_size=8, extra="")
 
 
@@ -23,7 +23,7 @@ def test_chaos_run_ends_bit_identical_to_clean_run(stack, tmp_path: Path) -> Non
     config = tmp_path / "job.toml"
     config.write_text(JOB.format(run_dir=tmp_path / "run"))
     schedule = default_schedule(STEPS, ("cluster-a", "cluster-b"), ("enc-0", "dec-0"),
-                                cut_s=(1, 1, 2, 2, 3), stall_s=5)
+                                cut_s=(1, 1, 1, 1, 2), stall_s=2)
     kinds = [f.kind for f in schedule]
     assert kinds.count("cut") == 5 and kinds.count("restart") == 1 and kinds.count("kill") == 2
     try:

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
 def test_shaped_link_bounds_the_baseline_and_compression_lifts_it(stack: object, tmp_path: Path) -> None:
     from nebula_mq.study.runner import StackLink, StudyConfig, run_row
 
-    cfg = StudyConfig(steps=20, train_samples=64, eval_samples=0, checkpoint_every=10)
+    cfg = StudyConfig(steps=14, train_samples=64, eval_samples=0, checkpoint_every=7)
     rate = 0.5  # Mbit/s: one uncompressed tiny activation (~33 kB) takes ~0.53 s
     try:
         link = StackLink(stack.stack, rate)  # type: ignore[attr-defined]
@@ -28,4 +28,4 @@ def test_shaped_link_bounds_the_baseline_and_compression_lifts_it(stack: object,
     # ... and cutting bytes by ~3.5x cuts the step time accordingly (transfer overlaps compute).
     assert small.forward_ratio < 0.35 and small.backward_ratio < 0.3
     assert small.s_per_step < base.s_per_step / 2
-    assert len(base.losses) == len(small.losses) == 20
+    assert len(base.losses) == len(small.losses) == 14
