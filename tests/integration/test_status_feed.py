@@ -69,6 +69,34 @@ def served_feed(config: Path, stack_dir: Path, cluster: str, out: Path, wait_s: 
 
 def test_either_cluster_sees_every_worker_and_a_silent_one_is_lost(stack, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     copy_split_example(tmp_path)
+    # A worker killed mid-run says nothing more: LOST once silent past --lost-after, while its
+    # peer, still running and waiting for it, keeps being heard (a message every 10 s). It is
+    # killed first, and the finished job's checks below run while it stays silent.
+    config2 = tmp_path / "job2.toml"
+    config2.write_text(split_job("feed2", tmp_path / "run2", steps=100000, checkpoint_every=50))
+    job2 = JobProcesses(str(config2), str(stack.run_dir))
+    job2.provision()
+    job2.start_all()
+    try:
+        deadline = time.monotonic() + 120
+        while job2.slowest_step() < 5 and job2.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert job2.slowest_step() >= 5, job2.steps()
+        time.sleep(1.0)  # the first sample (at the first step) has gone out
+        job2.signal("tail-0", signal.SIGKILL)
+        killed_at = time.monotonic()
+        _a_finished_job_is_seen_from_either_cluster(stack, tmp_path)
+        time.sleep(max(0.0, killed_at + 13.0 - time.monotonic()))
+        rows = feed(config2, stack.run_dir, "cluster-a", "--lost-after", "12")
+        assert rows["tail-0"]["state"] == "LOST" and rows["tail-0"]["reported"] == "running", rows
+        assert rows["tail-0"]["heard_s"] > 12, rows
+        assert rows["head-0"]["state"] == "running" and rows["head-0"]["heard_s"] <= 12, rows
+    finally:
+        job2.signal_all(signal.SIGKILL)
+        job2.wait_all(30)
+
+
+def _a_finished_job_is_seen_from_either_cluster(stack: Any, tmp_path: Path) -> None:
     config = tmp_path / "job.toml"
     config.write_text(split_job("feed", tmp_path / "run", steps=30, checkpoint_every=5))
     job = JobProcesses(str(config), str(stack.run_dir))
@@ -90,26 +118,3 @@ def test_either_cluster_sees_every_worker_and_a_silent_one_is_lost(stack, tmp_pa
         "head-0": ["cluster-a", socket.gethostname(), "finished", "30 / 30"],
         "tail-0": ["cluster-b", socket.gethostname(), "finished", "30 / 30"]}, page
     assert page["head-0"][8] == page["tail-0"][8] == "30" and page["tail-0"][9].endswith(" ago"), page
-
-    # A worker killed mid-run says nothing more: LOST once silent past --lost-after, while its
-    # peer, still running and waiting for it, keeps being heard (a message every 10 s).
-    config2 = tmp_path / "job2.toml"
-    config2.write_text(split_job("feed2", tmp_path / "run2", steps=100000, checkpoint_every=50))
-    job2 = JobProcesses(str(config2), str(stack.run_dir))
-    job2.provision()
-    job2.start_all()
-    try:
-        deadline = time.monotonic() + 120
-        while job2.slowest_step() < 5 and job2.running() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert job2.slowest_step() >= 5, job2.steps()
-        time.sleep(1.0)  # the first sample (at the first step) has gone out
-        job2.signal("tail-0", signal.SIGKILL)
-        time.sleep(13.0)
-        rows = feed(config2, stack.run_dir, "cluster-a", "--lost-after", "12")
-        assert rows["tail-0"]["state"] == "LOST" and rows["tail-0"]["reported"] == "running", rows
-        assert rows["tail-0"]["heard_s"] > 12, rows
-        assert rows["head-0"]["state"] == "running" and rows["head-0"]["heard_s"] <= 12, rows
-    finally:
-        job2.signal_all(signal.SIGKILL)
-        job2.wait_all(30)
