@@ -41,22 +41,40 @@ setup() {
 # debootstrapped base, a 2 GB image), most of it waiting on downloads. A full run builds them in
 # the background while the other tests run; the compose test, last in its lane, finds them built
 # (compose.sh takes a lock, so the test's own call waits for the build rather than racing it).
+PREBUILD_PID=""
+PREBUILD_LOG=${TMPDIR:-/tmp}/nebula-compose-build.log
+ENGINE_WAS_UP=1
+
 prebuild_compose() {
     [ "$(id -u)" = 0 ] || return 0  # compose.sh needs root to install or start an engine
-    ENGINE_WAS_UP=0
-    if bash broker/docker/compose.sh answers; then ENGINE_WAS_UP=1; fi
-    local log=${TMPDIR:-/tmp}/nebula-compose-build.log
-    echo "building the compose test's engine and images in the background (log: $log)"
-    NEBULA_VENV="$VENV" timeout 900 bash broker/docker/compose.sh image >"$log" 2>&1 </dev/null &
+    if ! bash broker/docker/compose.sh answers; then ENGINE_WAS_UP=0; fi
+    echo "building the compose test's engine and images in the background (log: $PREBUILD_LOG)"
+    # The engine at the tests' priority (its containers inherit it); the downloads and the build
+    # niced, as they share the cores with the first tests.
+    (timeout 300 bash broker/docker/compose.sh engine \
+        && NEBULA_VENV="$VENV" timeout 600 nice -n 10 bash broker/docker/compose.sh image) \
+        >"$PREBUILD_LOG" 2>&1 </dev/null &
     PREBUILD_PID=$!
+    trap build_left_running EXIT
 }
 
-# Wait for the background build (a build cut off mid-install could leave apt's state broken),
+# After the suite: wait for the build (cut off mid-install, apt's state could be left broken),
 # then stop an engine that this run started.
 end_prebuild() {
-    [ -n "${PREBUILD_PID:-}" ] || return 0
+    [ -n "$PREBUILD_PID" ] || return 0
     wait "$PREBUILD_PID" || echo "the background compose build failed: the compose test says why" >&2
-    if [ "$ENGINE_WAS_UP" = 0 ]; then bash broker/docker/compose.sh stop-engine 2>/dev/null || true; fi
+    PREBUILD_PID=""
+    if [ "$ENGINE_WAS_UP" = 0 ] && bash broker/docker/compose.sh answers; then
+        bash broker/docker/compose.sh stop-engine || true
+    fi
+}
+
+# A run stopped early (Ctrl-C) leaves the build to finish on its own, bounded, and says so.
+build_left_running() {
+    if [ -n "$PREBUILD_PID" ] && kill -0 "$PREBUILD_PID" 2>/dev/null; then
+        echo "the compose build goes on in the background (log: $PREBUILD_LOG);" \
+             "'bash broker/docker/compose.sh stop-engine' stops its engine afterwards" >&2
+    fi
 }
 
 cmd=${1:-}

@@ -71,8 +71,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The CPU-heavy group (``tests/fixtures/lanes.py``) first: it is the longest piece of work
     one xdist worker runs in turn, so it starts at once while the other worker takes the rest;
     a test marked ``last_in_lane`` goes to the end of its group."""
-    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None,
-                                 item.get_closest_marker("last_in_lane") is not None))
+    def key(item: pytest.Item) -> tuple[bool, str, bool]:
+        group = item.get_closest_marker("xdist_group")
+        name = str(group.args[0]) if group and group.args else ""
+        # "cpu-heavy" sorts before the other groups' names.
+        return group is None, name, item.get_closest_marker("last_in_lane") is not None
+
+    items.sort(key=key)
 
 
 def pytest_configure(config: pytest.Config) -> None:

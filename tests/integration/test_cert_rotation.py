@@ -118,7 +118,7 @@ def test_certificates_rotated_mid_run_lose_nothing_and_the_old_one_is_refused(
     assert set(old) == {head_cn, "server"}, text
     fault = json.loads((tmp_path / "run" / "chaos" / "faults.jsonl").read_text().splitlines()[0])
     history = (tmp_path / "run" / "chaos" / "history" / "head-0.jsonl").read_text().splitlines()
-    assert json.loads(history[-1])["time"] > fault["ended"], "the job ended before the rotation did: lengthen it"
+    assert json.loads(history[-1])["time"] > fault["ended"], "the job ended before the rotation did: the step hold did not keep it"
 
     # After the rotation the broker accepted the head's new certificate and cluster-b's federation
     # link (which verified the broker's new certificate), and refused no revoked certificate.

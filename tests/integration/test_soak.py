@@ -56,7 +56,7 @@ def test_a_short_soak_under_every_kind_of_fault_shows_no_growth(stack, tmp_path:
     report = json.loads(written.read_text())
     # Every verdict but the step rate's must pass. The step rate compares the medians of the
     # window's two halves, and in a CI-sized soak the faults' places decide it: on a fast host
-    # six came, two of them (a kill and a broker restart at 93 and 103 s of 150) in the second
+    # six came, two of them (a kill and a broker restart at 93 and 103 s of a 150 s soak) in the second
     # half, and the rate read 80 -> 29 steps/s with nothing leaking.
     failing = {t["series"] for t in report["trends"] if not t["ok"]}
     assert failing <= {"job steps_per_s"}, text

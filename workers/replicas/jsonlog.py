@@ -15,18 +15,29 @@ from nebula_mq.runtime.checkpoint import fsync_dir
 
 def append(path: Path, record: Mapping[str, Any]) -> None:
     """Append ``record`` as one line, fsynced, and the directory entry too when the file is new.
-    A disk that refuses the write (full, read-only, gone) raises CheckpointError: nothing was
-    decided, so the caller stops before anyone is told."""
-    new = not path.exists()
+    A disk that refuses the write (full, read-only, gone) raises CheckpointError, with the line
+    cut off again where it can be: the caller stops before anyone is told, and a restart must not
+    find a record that nobody acted on."""
+    new, end = not path.exists(), None
     try:
         with open(path, "a", encoding="utf-8") as f:
+            end = f.tell()
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
         if new:
             fsync_dir(path.parent)
     except OSError as e:
+        if end is not None:
+            _cut_back(path, end)
         raise CheckpointError(f"{path}: cannot append a record: {e.strerror or e}") from None
+
+
+def _cut_back(path: Path, size: int) -> None:
+    try:
+        os.truncate(path, size)
+    except OSError:
+        pass  # the disk refuses this too; read() drops a last line cut short
 
 
 def read(path: Path, what: str) -> list[tuple[int, Any]]:

@@ -42,3 +42,17 @@ def test_a_log_that_cannot_be_written_raises_a_checkpoint_error(tmp_path: Path) 
         jsonlog.append(tmp_path / "log.jsonl", {"event": 1})
     with pytest.raises(CheckpointError, match="cannot append a record"):
         jsonlog.append(tmp_path / "missing" / "log.jsonl", {"event": 1})
+
+
+def test_a_record_whose_fsync_fails_is_cut_off_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "log.jsonl"
+    jsonlog.append(log, {"event": 1})
+
+    def refused(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(jsonlog.os, "fsync", refused)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        jsonlog.append(log, {"event": 2})
+    monkeypatch.undo()
+    assert jsonlog.read(log, "a record") == [(1, {"event": 1})]
