@@ -9,9 +9,11 @@ from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, re
 from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.cast import BF16, FP16, Identity
 from nebula_mq.codecs.compose import ByRole, BySize, Chain
+from nebula_mq.codecs.hadamard import Hadamard
 from nebula_mq.codecs.int4 import Int4
 from nebula_mq.codecs.int8 import Int8
 from nebula_mq.codecs.lossless import LZ4
+from nebula_mq.codecs.lowbit import Int2, Int3
 from nebula_mq.codecs.lowrank import SVD, LowRankState
 from nebula_mq.codecs.lowrank_sketched import PowerSGD, RandomizedSVD
 from nebula_mq.codecs.parse import parse_codec
@@ -20,6 +22,6 @@ from nebula_mq.codecs.sparse import TopK
 
 __all__ = [
     "BF16", "FP16", "LZ4", "SVD", "ByRole", "BySize", "Chain", "Codec", "CompressionSchedule",
-    "EncodeContext", "Encoded", "Identity", "Int4", "Int8", "LowRankState", "PowerSGD", "RandomizedSVD", "TopK",
+    "EncodeContext", "Encoded", "Hadamard", "Identity", "Int2", "Int3", "Int4", "Int8", "LowRankState", "PowerSGD", "RandomizedSVD", "TopK",
     "codec_class", "decode_tree", "parse_codec", "registered",
 ]

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 
 from nebula_mq.codecs import Chain, Codec, decode_tree, parse_codec
 from nebula_mq.codecs.cast import BF16_SAFE_MAX, FP16_MAX
+from nebula_mq.codecs.hadamard import Hadamard
 from nebula_mq.codecs.lowrank import SVD
 from nebula_mq.codecs.lowrank_sketched import PowerSGD, RandomizedSVD
 from nebula_mq.errors import CodecError, NebulaError
@@ -24,11 +25,13 @@ from tests.fixtures.arrays import FLOAT_DTYPES, INT_DTYPES, codec_inputs
 
 F32_MAX = float(np.finfo(np.float32).max)
 LOSSLESS = ["none", "lz4"]
-LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "int4", "int4(block=8)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)",
+LOSSY = ["fp16", "bf16", "int8", "int8(block=8)", "int4", "int4(block=8)", "int3", "int3(block=8)", "int2(block=16)",
+         "hadamard", "hadamard(block=8, seed=7)", "svd(0.5)", "rsvd(0.5)", "rsvd(0.3, iters=0)",
          "powersgd(0.5)", "topk(0.3)"]
 CHAINS = ["fp16(svd(0.5))", "int8(rsvd(0.5))", "int4(svd(0.5))", "bf16(svd(0.6))", "fp16(powersgd(0.5))",
-          "int8(powersgd(0.3))", "lz4(topk(0.3))", "lz4(fp16)"]
+          "int8(powersgd(0.3))", "lz4(topk(0.3))", "lz4(fp16)", "int4(hadamard(16), block=16)", "int3(hadamard)"]
 LOWRANK = ("svd", "rsvd", "powersgd")
+QUANTISED = {"int8": 127, "int4": 7, "int3": 3, "int2": 1}  # levels each side of zero
 
 
 def _native(x: np.ndarray) -> np.ndarray:
@@ -47,8 +50,11 @@ def documented_refusal(codec: Codec, x: np.ndarray) -> bool:
             return True
         leaves = codec.inner.encode(x).leaves()
         return any(codec.outer.accepts(p.dtype) and documented_refusal(codec.outer, p) for p in leaves)
-    if codec.name in ("int8", "int4"):  # scales are float32
+    if codec.name in QUANTISED:  # scales are float32
         return x.dtype.name == "float64" and _amax(x) > F32_MAX
+    if isinstance(codec, Hadamard):  # partial sums of a rotated value must stay in range
+        work = np.float64 if x.dtype.name == "float64" else np.float32
+        return _amax(x) > float(np.finfo(work).max) / (2 * math.sqrt(codec.block))
     if isinstance(codec, (SVD, RandomizedSVD, PowerSGD)) and x.ndim >= 2 and x.size:
         work = np.float64 if x.dtype.name == "float64" else np.float32
         # powersgd's right factor carries the magnitude along columns (T values), the others' left along rows (H)
@@ -89,10 +95,10 @@ def assert_within_bound(spec: str, x: np.ndarray, y: np.ndarray) -> None:
     elif name == "bf16":  # clamped to the largest finite bf16, then 8-bit mantissa
         xc = np.clip(x64, -BF16_SAFE_MAX, BF16_SAFE_MAX)
         assert np.all(np.abs(y64 - xc) <= np.abs(xc) * 2.0**-8 + 2.0**-126)
-    elif name == "int8":
-        _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=127)  # type: ignore[attr-defined]
-    elif name == "int4":
-        _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, levels=7)  # type: ignore[attr-defined]
+    elif name in QUANTISED:
+        _assert_quantised_bound(parse_codec(spec).block, x64, y64, eps, QUANTISED[name])  # type: ignore[attr-defined]
+    elif name == "hadamard":
+        _assert_rotation_bound(parse_codec(spec).block, x, x64, y64)  # type: ignore[attr-defined]
     elif name in LOWRANK:
         _assert_lowrank_bound(parse_codec(spec), x, y)
     elif name == "topk":  # kept values exact, the rest zero, nothing dropped larger than the k-th
@@ -115,10 +121,22 @@ def _assert_quantised_bound(block: int, x64: np.ndarray, y64: np.ndarray, eps: f
         amax = np.repeat(flat.max(axis=1), block)[: x64.size].reshape(x64.shape)
     else:
         amax = np.abs(x64).max(axis=-1, keepdims=True) if x64.ndim else np.abs(x64)
-    # half a step (max/254 for int8, max/14 for int4) plus float32 rounding of the scale, rounding
+    # half a step (max/254 for int8, max/14 for int4, max/6 for int3, max/2 for int2) plus float32 rounding of the scale, rounding
     # into the output dtype, and the scale floor (rows below ~1e-28 quantise with error <= 5e-31)
     assert np.all(np.abs(y64 - x64) <= amax / (2 * levels) + 2.5e-7 * amax + np.abs(x64) * eps + 5e-31)
 
+
+def _assert_rotation_bound(block: int, x: np.ndarray, x64: np.ndarray, y64: np.ndarray) -> None:
+    """Two products of ``block`` terms in the working precision (each within block^2 x eps x the
+    block's max, a worst case), then rounding into the output dtype and its subnormal spacing."""
+    if x64.size == 0:
+        return
+    work = np.finfo(np.float64 if x.dtype.name == "float64" else np.float32)
+    flat = np.concatenate([np.abs(x64).reshape(-1), np.zeros(-x64.size % block)]).reshape(-1, block)
+    amax = np.repeat(flat.max(axis=1), block)[: x64.size].reshape(x64.shape)
+    out = np.finfo(x.dtype)
+    bound = 2 * block**2 * float(work.eps) * amax + np.abs(x64) * float(out.eps) + float(out.smallest_subnormal)
+    assert np.all(np.abs(y64 - x64) <= bound)
 
 
 def _assert_lowrank_bound(codec: Codec, x: np.ndarray, y: np.ndarray) -> None:

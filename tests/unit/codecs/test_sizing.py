@@ -11,8 +11,8 @@ from nebula_mq.codecs import parse_codec, registered
 from nebula_mq.codecs.sizing import FRACTIONS, LEAF_ALIGN, Fit, fitting_codecs, payload_bytes, total_bytes
 
 SHAPES = st.lists(st.integers(1, 48), min_size=1, max_size=3).map(tuple)
-SPECS = ["none", "fp16", "bf16", "int8", "int8(block=16)", "int4", "svd(0.5)", "rsvd(0.3)", "powersgd(0.2)",
-         "topk(0.1)"]
+SPECS = ["none", "fp16", "bf16", "int8", "int8(block=16)", "int4", "int3", "int2(block=16)", "hadamard(block=16)",
+         "int4(hadamard(32))", "svd(0.5)", "rsvd(0.3)", "powersgd(0.2)", "topk(0.1)"]
 
 
 def _wire_bytes(spec: str, x: np.ndarray) -> int:

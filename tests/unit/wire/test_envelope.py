@@ -106,7 +106,8 @@ def test_header_fields_roundtrip(step: int, seq: int, meta: dict) -> None:
     assert (got.step, got.seq, got.meta) == (step, seq, meta)
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "int8", "int8(block=8)", "int4", "svd(0.5)", "rsvd(0.5)",
+@pytest.mark.parametrize("spec", ["none", "fp16", "bf16", "int8", "int8(block=8)", "int4", "int3", "int2",
+                                  "svd(0.5)", "rsvd(0.5)",
                                   "powersgd(0.5)", "topk(0.5)", "lz4"])
 def test_zero_d_tensors_roundtrip(spec: str) -> None:
     tensors = {"scalar": np.array(2.5, np.float32), "loss": np.array(-0.75)}

@@ -1,0 +1,104 @@
+"""A randomised Hadamard rotation in blocks, to go under a quantiser: ``int4(hadamard)``.
+
+One outlier channel sets the scale of every block it sits in, and a 4-bit grid sized for it rounds
+the block's other values to zero. ``hadamard`` rotates each block of the flattened tensor by one
+fixed orthonormal matrix (random signs, then the Walsh-Hadamard matrix over sqrt(block): QuaRot,
+Ashkboos et al. 2024; QuIP#). The outlier's energy is spread over the whole block, so the values
+the quantiser sees are close to Gaussian: a block's max is about 3x its RMS, not 20x. The rotation
+is orthonormal, so the quantiser's error comes back the same size, spread evenly over the block.
+
+Its one part is the rotated tensor, flattened and padded with zeros to whole blocks: float32 (float64
+for float64 input), larger than the input until a quantiser encodes it. The signs come from the
+``seed`` parameter alone, so both ends build the same matrix. The rotation adds float32 rounding
+(about 1e-7 relative) and two matrix products (block multiply-adds per value each way).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
+from nebula_mq.codecs.checks import cast_saturating, narrows
+from nebula_mq.codecs.quantise import as_rows
+from nebula_mq.errors import CodecError
+
+MAX_BLOCK = 1024  # its matrix is 4 MiB of float32
+
+
+@functools.lru_cache(maxsize=16)
+def rotation(block: int, seed: int, dtype: str) -> np.ndarray:
+    """The ``block`` x ``block`` orthonormal matrix diag(signs) @ H / sqrt(block), read-only."""
+    h = np.ones((1, 1))
+    while h.shape[0] < block:  # Sylvester: H_2n = [[H, H], [H, -H]]
+        h = np.block([[h, h], [h, -h]])
+    # PCG64's raw stream is fixed across numpy versions (Generator methods may change): the two
+    # ends of a flow may run different numpy builds and must build the same signs.
+    raw = np.random.PCG64(seed).random_raw(block)
+    signs = np.where(raw & np.uint64(1), -1.0, 1.0)
+    m = (signs[:, None] * h / math.sqrt(block)).astype(dtype)
+    m.setflags(write=False)
+    return m
+
+
+def _work_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+
+
+@dataclass(frozen=True)
+class Hadamard(Codec):
+    wire_id = 10
+    name = "hadamard"
+    block: int = 128  # values per rotation; a power of two
+    seed: int = 0  # of the random signs
+
+    def __post_init__(self) -> None:
+        if not (2 <= self.block <= MAX_BLOCK and self.block & (self.block - 1) == 0):
+            raise CodecError(f"hadamard: block must be a power of two in 2..{MAX_BLOCK}, got {self.block}")
+        if not 0 <= self.seed < 1 << 32:
+            raise CodecError(f"hadamard: seed must be in 0..{(1 << 32) - 1}, got {self.seed}")
+
+    def _padded(self, shape: tuple[int, ...]) -> int:
+        return -(-math.prod(shape) // self.block) * self.block
+
+    def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [((self._padded(shape),), _work_dtype(np.dtype(dtype)))]
+
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
+        # NaN or Inf would smear over its whole block: refused even with allow_non_finite.
+        check_finite(x, ctx, "hadamard", representable=False)
+        work = _work_dtype(x.dtype)
+        limit = self.input_limit(work)
+        if x.size and not (-limit <= float(x.min()) and float(x.max()) <= limit):
+            raise CodecError(f"hadamard: |x| up to {float(np.abs(x).max()):.3g} may overflow {work.name} once "
+                             f"rotated (the limit at block {self.block} is {limit:.3g}); use fp16, bf16 or none")
+        n = self._padded(x.shape)
+        rows = as_rows(x.astype(work, copy=False), n // self.block, self.block)
+        return self._node(x, (rows @ rotation(self.block, self.seed, work.name)).reshape(-1))
+
+    def input_limit(self, work: np.dtype) -> float:
+        """The largest |x| rotated: every partial sum of a rotated value stays within sqrt(block)
+        x max|x|, and half the range leaves room for rounding and for a quantiser above."""
+        return float(np.finfo(work).max) / (2 * math.sqrt(self.block))
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        work = _work_dtype(dtype)
+        n = self._padded(shape)
+        expect_parts("hadamard", parts, ((n,), work.name))
+        (rotated,) = parts
+        m = rotation(self.block, self.seed, work.name)
+        out = (rotated.reshape(-1, self.block) @ m.T).reshape(-1)
+        # NaN, Inf or values that overflow on the way back were never encoded: forged.
+        if out.size and not (math.isfinite(float(out.min())) and math.isfinite(float(out.max()))):
+            raise CodecError("hadamard: the rotated values do not decode to finite values")
+        return cast_saturating(out[:math.prod(shape)].reshape(shape), dtype)
+
+    def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
+        work = _work_dtype(dtype)
+        n, product = math.prod(shape), self._padded(shape) * work.itemsize
+        if dtype == work:
+            return product - n * work.itemsize  # the product is the output
+        return product + (n if narrows(work, dtype) else 0)  # cast_saturating's mask

@@ -1,0 +1,102 @@
+"""``int3``, ``int2`` and ``hadamard``: the bit layout, the rotation's matrix and what it is for,
+and the typed refusal of every forged node (the grid in test_codec_properties.py covers the
+round trips and error bounds)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from nebula_mq.codecs import Encoded, Hadamard, Int2, Int3, decode_tree, parse_codec
+from nebula_mq.codecs.hadamard import rotation
+from nebula_mq.errors import CodecError
+
+
+def test_int3_packs_three_bits_a_value_low_bit_first() -> None:
+    x = np.array([3.0, -3.0, 1.0, 0.0, -1.0, 2.0, 1.4, -0.2], np.float32)  # one block of 8: scale 1
+    enc = Int3(block=8).encode(x)
+    packed, scale = enc.leaves()
+    assert scale.tolist() == [1.0] and packed.dtype == np.uint8 and packed.shape == (3,)
+    codes = [6, 0, 4, 3, 2, 5, 4, 3]  # level + 3
+    bits = "".join(format(c, "03b")[::-1] for c in codes)  # each code's low bit first
+    assert packed.tolist() == [int(bits[i:i + 8][::-1], 2) for i in (0, 8, 16)]
+    assert decode_tree(enc).tolist() == [3.0, -3.0, 1.0, 0.0, -1.0, 2.0, 1.0, -0.0]
+    assert Int3().estimated_ratio((64, 384), "float32") == pytest.approx(3.25 / 32)
+
+
+def test_int2_is_ternary_at_the_block_maximum() -> None:
+    x = np.array([0.9, -0.9, 0.3, -0.5, 0.0, 0.45, -0.46, 0.2], np.float32)
+    y = decode_tree(Int2(block=8).encode(x))
+    assert y.tolist() == pytest.approx([0.9, -0.9, 0.0, -0.9, 0.0, 0.0, -0.9, 0.0])
+    assert Int2().estimated_ratio((64, 384), "float32") == pytest.approx(2.25 / 32)
+
+
+@pytest.mark.parametrize("block", [0, 12, 1 << 21])
+def test_lowbit_blocks_are_whole_bytes(block: int) -> None:
+    with pytest.raises(CodecError, match="multiple of 8"):
+        Int3(block=block)
+
+
+def test_the_rotation_is_orthonormal_and_fixed_by_its_seed() -> None:
+    m = rotation(128, 0, "float64")
+    assert np.allclose(m @ m.T, np.eye(128), atol=1e-12)
+    assert not m.flags.writeable
+    # The signs come from PCG64's raw stream, the same on every numpy: both ends build this matrix.
+    signs = np.sign(rotation(8, 0, "float64")[:, 0]).astype(int).tolist()
+    assert signs == (np.where(np.random.PCG64(0).random_raw(8) & np.uint64(1), -1, 1)).tolist()
+    assert signs != np.sign(rotation(8, 1, "float64")[:, 0]).astype(int).tolist()
+
+
+def test_rotating_first_cuts_int4s_error_where_one_channel_dominates() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 24, 256)).astype(np.float32)
+    x[..., 5] *= 40.0  # an outlier channel, as transformer activations have
+
+    def rel_error(spec: str) -> float:
+        return float(np.linalg.norm(decode_tree(parse_codec(spec).encode(x)) - x) / np.linalg.norm(x))
+
+    plain, rotated = rel_error("int4(block=64)"), rel_error("int4(hadamard(64), block=64)")
+    assert rotated < plain / 2
+    # The same bytes: the rotation's part is what int4 encodes, so nothing else travels.
+    assert parse_codec("int4(hadamard(64), block=64)").encode(x).nbytes == parse_codec("int4(block=64)").encode(x).nbytes
+
+
+def test_hadamard_refuses_values_whose_rotation_may_overflow() -> None:
+    with pytest.raises(CodecError, match="may overflow float32"):
+        Hadamard(block=16).encode(np.full(16, 1e38, np.float32))
+    assert np.isfinite(decode_tree(Hadamard(block=16).encode(np.full(16, 1e37, np.float32)))).all()
+
+
+@pytest.mark.parametrize("params", [{"block": 12}, {"block": 2048}, {"block": 1}, {"seed": -1}])
+def test_hadamard_parameters_are_checked(params: dict[str, int]) -> None:
+    with pytest.raises(CodecError, match="hadamard"):
+        Hadamard(**params)
+
+
+FORGED = {
+    "int3 code 7": Encoded(Int3.wire_id, {"block": 8}, (8,), "float32", (np.full(3, 0xFF, np.uint8), np.ones(1, np.float32))),
+    "int3 scale is NaN": Encoded(Int3.wire_id, {"block": 8}, (8,), "float32",
+                                 (np.zeros(3, np.uint8), np.array([np.nan], np.float32))),
+    "int3 scale beyond 3 steps": Encoded(Int3.wire_id, {"block": 8}, (8,), "float32",
+                                         (np.zeros(3, np.uint8), np.array([3e38], np.float32))),
+    "int3 too few bytes": Encoded(Int3.wire_id, {"block": 8}, (8,), "float32", (np.zeros(2, np.uint8), np.ones(1, np.float32))),
+    "int2 code 3": Encoded(Int2.wire_id, {"block": 8}, (8,), "float32", (np.full(2, 0xFF, np.uint8), np.ones(1, np.float32))),
+    "int2 block 9": Encoded(Int2.wire_id, {"block": 9}, (9,), "float32", (np.zeros(3, np.uint8), np.ones(1, np.float32))),
+    "hadamard part is Inf": Encoded(Hadamard.wire_id, {"block": 8, "seed": 0}, (8,), "float32",
+                                    (np.array([np.inf] + [0.0] * 7, np.float32),)),
+    "hadamard part overflows back": Encoded(Hadamard.wire_id, {"block": 8, "seed": 0}, (8,), "float32",
+                                            (np.full(8, 3e38, np.float32),)),
+    "hadamard part too short": Encoded(Hadamard.wire_id, {"block": 8, "seed": 0}, (8,), "float32", (np.zeros(7, np.float32),)),
+    "hadamard part is float16": Encoded(Hadamard.wire_id, {"block": 8, "seed": 0}, (8,), "float32", (np.zeros(8, np.float16),)),
+    "hadamard block 6": Encoded(Hadamard.wire_id, {"block": 6, "seed": 0}, (6,), "float32", (np.zeros(6, np.float32),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+def test_forged_nodes_are_refused_with_codec_errors(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy warning on the way to the refusal either
+        with pytest.raises(CodecError):
+            decode_tree(FORGED[name])
