@@ -27,7 +27,8 @@ from nebula_mq.bench.machine import cpu_model
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SHAPES = [(32, 64, 384), (128, 64, 768)]
-CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "int4", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
+CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "int4", "int4(block=64)", "int4(hadamard(64), block=64)",
+          "int3", "int3(hadamard)", "int2(hadamard)", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
           "powersgd(0.6)", "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(powersgd(0.6))", "fp16(svd(0.2))",
           "int8(svd(0.6))"]
 #: Batches per input for --peers: the low-rank peers run warm over a stream of changing batches
@@ -106,7 +107,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         raw_mb = x.nbytes / 1e6
         norm = float(np.linalg.norm(x))
         print(f"\n{label}: {x.nbytes / 2**20:.1f} MiB float32")
-        print(f"  {'codec':20s} {'ratio':>7s} {'rel.err':>9s} {'enc MB/s':>9s} {'dec MB/s':>9s}")
+        print(f"  {'codec':28s} {'ratio':>7s} {'rel.err':>9s} {'enc MB/s':>9s} {'dec MB/s':>9s}")
         for spec in CHAINS:
             codec = parse_codec(spec)
             t_enc, enc = _median_time(lambda: codec.encode(x), repeats)
@@ -115,7 +116,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                    "rel_err": float(np.linalg.norm(y - x)) / norm,
                    "encode_MBps": raw_mb / t_enc, "decode_MBps": raw_mb / t_dec}
             rows.append(row)
-            print(f"  {spec:20s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
+            print(f"  {spec:28s} {row['ratio']:7.4f} {row['rel_err']:9.2e} {row['encode_MBps']:9.0f} {row['decode_MBps']:9.0f}")
         if args.peers:
             from nebula_mq.bench.codec_peers import peers
 

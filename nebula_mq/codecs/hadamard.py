@@ -2,20 +2,23 @@
 
 One outlier channel sets the scale of every block it sits in, and a 4-bit grid sized for it rounds
 the block's other values to zero. ``hadamard`` rotates each block of the flattened tensor by one
-fixed orthonormal matrix (random signs, then the Walsh-Hadamard matrix over sqrt(block): QuaRot,
-Ashkboos et al. 2024; QuIP#). The outlier's energy is spread over the whole block, so the values
-the quantiser sees are close to Gaussian: a block's max is about 3x its RMS, not 20x. The rotation
-is orthonormal, so the quantiser's error comes back the same size, spread evenly over the block.
+fixed orthonormal matrix, H diag(signs) / sqrt(block) with H the Walsh-Hadamard matrix and random
+signs (QuaRot, Ashkboos et al. 2024; QuIP#). The outlier's energy is spread over the whole block,
+so the values the quantiser sees are close to Gaussian: a block's max is about 3x its RMS, not 20x.
+The rotation is orthonormal, so the quantiser's error comes back the same size, spread evenly over
+the block.
 
 Its one part is the rotated tensor, flattened and padded with zeros to whole blocks: float32 (float64
 for float64 input), larger than the input until a quantiser encodes it. The signs come from the
-``seed`` parameter alone, so both ends build the same matrix. The rotation adds float32 rounding
-(about 1e-7 relative) and two matrix products (block multiply-adds per value each way).
+``seed`` parameter alone, so both ends build the same rotation. It is computed by the fast
+Walsh-Hadamard transform: log2(block) passes of elementwise sums and differences, no matrix and no
+BLAS, so every machine rounds it the same way (delta compression keeps a copy of the reference at
+each end, and the two must stay bit-identical). The rotation adds about log2(block) roundings of
+the block's largest |x| to each value.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -26,22 +29,29 @@ from nebula_mq.codecs.checks import cast_saturating, narrows
 from nebula_mq.codecs.quantise import as_rows
 from nebula_mq.errors import CodecError
 
-MAX_BLOCK = 1024  # its matrix is 4 MiB of float32
+MAX_BLOCK = 1 << 16
 
 
-@functools.lru_cache(maxsize=16)
-def rotation(block: int, seed: int, dtype: str) -> np.ndarray:
-    """The ``block`` x ``block`` orthonormal matrix diag(signs) @ H / sqrt(block), read-only."""
-    h = np.ones((1, 1))
-    while h.shape[0] < block:  # Sylvester: H_2n = [[H, H], [H, -H]]
-        h = np.block([[h, h], [h, -h]])
-    # PCG64's raw stream is fixed across numpy versions (Generator methods may change): the two
-    # ends of a flow may run different numpy builds and must build the same signs.
-    raw = np.random.PCG64(seed).random_raw(block)
-    signs = np.where(raw & np.uint64(1), -1.0, 1.0)
-    m = (signs[:, None] * h / math.sqrt(block)).astype(dtype)
-    m.setflags(write=False)
-    return m
+def signs(block: int, seed: int) -> np.ndarray:
+    """The ``block`` random signs, +-1.0. PCG64's raw stream is fixed across numpy versions
+    (Generator methods may change), and the two ends of a flow may run different numpy builds."""
+    return np.where(np.random.PCG64(seed).random_raw(block) & np.uint64(1), -1.0, 1.0)
+
+
+def walsh_hadamard(rows: np.ndarray) -> np.ndarray:
+    """H @ each row of ``rows`` (H the Sylvester-ordered Hadamard matrix, entries +-1): butterflies
+    (a + b, a - b) over pairs 1, 2, 4, ... apart. ``rows`` is the caller's scratch and is overwritten."""
+    n, block = rows.shape
+    src, dst = rows, np.empty_like(rows)
+    half = 1
+    while half < block:
+        a = src.reshape(n, block // (2 * half), 2, half)
+        b = dst.reshape(n, block // (2 * half), 2, half)
+        np.add(a[:, :, 0], a[:, :, 1], out=b[:, :, 0])
+        np.subtract(a[:, :, 0], a[:, :, 1], out=b[:, :, 1])
+        src, dst = dst, src
+        half *= 2
+    return src
 
 
 def _work_dtype(dtype: np.dtype) -> np.dtype:
@@ -76,12 +86,16 @@ class Hadamard(Codec):
             raise CodecError(f"hadamard: |x| up to {float(np.abs(x).max()):.3g} may overflow {work.name} once "
                              f"rotated (the limit at block {self.block} is {limit:.3g}); use fp16, bf16 or none")
         n = self._padded(x.shape)
-        rows = as_rows(x.astype(work, copy=False), n // self.block, self.block)
-        return self._node(x, (rows @ rotation(self.block, self.seed, work.name)).reshape(-1))
+        # Signs and the 1/sqrt(block) first: every partial sum then stays within sqrt(block) x max|x|.
+        rows = as_rows(x, n // self.block, self.block) * self._scaled_signs(work)
+        return self._node(x, walsh_hadamard(rows).reshape(-1))
+
+    def _scaled_signs(self, work: np.dtype) -> np.ndarray:
+        return (signs(self.block, self.seed) / math.sqrt(self.block)).astype(work)
 
     def input_limit(self, work: np.dtype) -> float:
-        """The largest |x| rotated: every partial sum of a rotated value stays within sqrt(block)
-        x max|x|, and half the range leaves room for rounding and for a quantiser above."""
+        """The largest |x| rotated: every partial sum stays within sqrt(block) x max|x|, and half
+        the range leaves room for rounding and for a quantiser above."""
         return float(np.finfo(work).max) / (2 * math.sqrt(self.block))
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -89,8 +103,10 @@ class Hadamard(Codec):
         n = self._padded(shape)
         expect_parts("hadamard", parts, ((n,), work.name))
         (rotated,) = parts
-        m = rotation(self.block, self.seed, work.name)
-        out = (rotated.reshape(-1, self.block) @ m.T).reshape(-1)
+        # The inverse is the transpose, diag(signs) H / sqrt(block) (H is symmetric); the scaling
+        # first, so a legitimate part's partial sums stay in range.
+        scaled = rotated.reshape(-1, self.block) * np.asarray(1.0 / math.sqrt(self.block), work)
+        out = (walsh_hadamard(scaled) * signs(self.block, self.seed).astype(work)).reshape(-1)
         # NaN, Inf or values that overflow on the way back were never encoded: forged.
         if out.size and not (math.isfinite(float(out.min())) and math.isfinite(float(out.max()))):
             raise CodecError("hadamard: the rotated values do not decode to finite values")
@@ -98,7 +114,8 @@ class Hadamard(Codec):
 
     def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
         work = _work_dtype(dtype)
-        n, product = math.prod(shape), self._padded(shape) * work.itemsize
+        n, padded = math.prod(shape), self._padded(shape) * work.itemsize
+        scratch = 3 * padded  # the scaled part, the butterflies' second buffer, the signed result
         if dtype == work:
-            return product - n * work.itemsize  # the product is the output
-        return product + (n if narrows(work, dtype) else 0)  # cast_saturating's mask
+            return scratch - n * work.itemsize  # the signed result is the output
+        return scratch + (n if narrows(work, dtype) else 0)  # cast_saturating's mask

@@ -5,7 +5,8 @@ exact, except lz4's, which is data dependent and says the raw size), so the payl
 tensor under any registered codec is known without encoding it; lz4 ties with ``none`` and
 is never the one named. :func:`fitting_codecs` uses that
 to name the codecs under which tensors too large for a message would fit: the least
-compressing codec without parameters, and the largest fraction of a low-rank codec.
+compressing codec without parameters (one that makes them smaller), and the largest fraction
+of a low-rank codec.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nebula_mq.codecs.base import Codec, registered
+from nebula_mq.codecs.cast import Identity
 
 #: Leaves are 8-byte aligned on the wire (``nebula_mq.wire.tree``).
 LEAF_ALIGN = 8
@@ -76,12 +78,14 @@ def fitting_codecs(tensors: Sequence[TensorShape], budget: int) -> list[Fit]:
     the low-rank codec (one with a ``rank``) at the largest of :data:`FRACTIONS` that fits."""
     fixed: list[tuple[int, int, Fit]] = []
     low_rank: list[tuple[int, int, Fit]] = []
+    raw = total_bytes(Identity(), tensors)
     for wire_id, cls in sorted(registered().items()):
         required = _required(cls)
         if not required:
             codec = cls()
             size = total_bytes(codec, tensors)
-            if size <= budget:
+            # A codec that only transforms (hadamard: a rotation, padded) is no fix for a size.
+            if size <= budget and (size < raw or cls is Identity):
                 fixed.append((-size, wire_id, Fit(codec.spec, size)))
         elif required == ["fraction"] and hasattr(cls, "rank"):
             for fraction in FRACTIONS:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nebula_mq.codecs import Encoded, Hadamard, Int2, Int3, decode_tree, parse_codec
-from nebula_mq.codecs.hadamard import rotation
+from nebula_mq.codecs.hadamard import signs, walsh_hadamard
 from nebula_mq.errors import CodecError
 
 
@@ -40,13 +40,22 @@ def test_lowbit_blocks_are_whole_bytes(block: int) -> None:
 
 
 def test_the_rotation_is_orthonormal_and_fixed_by_its_seed() -> None:
-    m = rotation(128, 0, "float64")
-    assert np.allclose(m @ m.T, np.eye(128), atol=1e-12)
-    assert not m.flags.writeable
-    # The signs come from PCG64's raw stream, the same on every numpy: both ends build this matrix.
-    signs = np.sign(rotation(8, 0, "float64")[:, 0]).astype(int).tolist()
-    assert signs == (np.where(np.random.PCG64(0).random_raw(8) & np.uint64(1), -1, 1)).tolist()
-    assert signs != np.sign(rotation(8, 1, "float64")[:, 0]).astype(int).tolist()
+    basis = np.eye(128)
+    m = np.stack([Hadamard(block=128).encode(e).parts[0] for e in basis])  # type: ignore[misc]
+    assert np.allclose(m @ m.T, basis, atol=1e-12)
+    assert np.allclose(np.abs(m), 1 / np.sqrt(128), atol=1e-15)
+    # The same signs on every numpy (PCG64's raw stream), so both ends build the same rotation.
+    assert signs(8, 0).tolist() == [-1, -1, 1, -1, -1, 1, -1, -1]
+    assert signs(16, 0).tolist() == [-1, -1, 1, -1, -1, 1, -1, -1, -1, -1, 1, 1, 1, -1, -1, 1]
+    assert signs(8, 1).tolist() != signs(8, 0).tolist()
+
+
+def test_the_fast_transform_is_the_sylvester_matrix() -> None:
+    h = np.ones((1, 1))
+    while len(h) < 64:
+        h = np.block([[h, h], [h, -h]])
+    x = np.random.default_rng(2).standard_normal((5, 64))
+    assert np.allclose(walsh_hadamard(x.copy()), x @ h.T, atol=1e-12)
 
 
 def test_rotating_first_cuts_int4s_error_where_one_channel_dominates() -> None:
@@ -69,7 +78,7 @@ def test_hadamard_refuses_values_whose_rotation_may_overflow() -> None:
     assert np.isfinite(decode_tree(Hadamard(block=16).encode(np.full(16, 1e37, np.float32)))).all()
 
 
-@pytest.mark.parametrize("params", [{"block": 12}, {"block": 2048}, {"block": 1}, {"seed": -1}])
+@pytest.mark.parametrize("params", [{"block": 12}, {"block": 1 << 17}, {"block": 1}, {"seed": -1}])
 def test_hadamard_parameters_are_checked(params: dict[str, int]) -> None:
     with pytest.raises(CodecError, match="hadamard"):
         Hadamard(**params)

@@ -47,7 +47,9 @@ def test_the_codecs_named_fit_and_none_larger_would(shapes: list[tuple[int, ...]
     for fit in fits:
         assert fit.nbytes == total_bytes(parse_codec(fit.spec), tensors) <= budget
     parameterless = [cls() for cls in registered().values() if not _has_required(cls)]
-    fitting = [total_bytes(c, tensors) for c in parameterless if total_bytes(c, tensors) <= budget]
+    raw = total_bytes(parse_codec("none"), tensors)
+    sizes = [total_bytes(c, tensors) for c in parameterless if total_bytes(c, tensors) < raw or c.name == "none"]
+    fitting = [size for size in sizes if size <= budget]
     fixed = [f for f in fits if f.rank is None and "(" not in f.spec]
     assert [f.nbytes for f in fixed] == ([max(fitting)] if fitting else [])
     low_rank = [f for f in fits if f not in fixed]
@@ -71,3 +73,13 @@ def test_a_large_activation_is_told_fp16_or_the_largest_rsvd_rank_that_fits() ->
     assert fits == [Fit("fp16", 35 * 2**21), Fit("rsvd(0.3)", 35 * 2 * 1024 * 307 * 4, 307)]
     assert fitting_codecs(tensors, 2**20) == [Fit("rsvd(0.003)", 35 * 2 * 1024 * 3 * 4, 3)]
     assert fitting_codecs(tensors, 1000) == []
+
+
+def test_a_rotation_is_never_named_as_a_fix() -> None:
+    """hadamard only rotates (and pads to whole blocks): it never makes a message smaller."""
+    for tensors in ([((100,), "float32")], [((64, 384), "float16")], [((2, 128), "float32")]):
+        raw = total_bytes(parse_codec("none"), tensors)
+        assert total_bytes(parse_codec("hadamard"), tensors) >= raw
+        for budget in (raw - 1, raw, 4 * raw):
+            assert all(not f.spec.startswith("hadamard") for f in fitting_codecs(tensors, budget))
+    assert fitting_codecs([((100,), "float32")], 10_000)[0].spec == "none"
