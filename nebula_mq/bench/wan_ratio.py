@@ -51,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
     parser.add_argument("--codecs", default="job", metavar="SETS",
                         help="job: the job's own chains in every row; auto: uncompressed in one cluster and "
-                             "auto's pick for each WAN rate; none: uncompressed everywhere; none,auto: both "
-                             "WAN rows at each rate and delay, beside one uncompressed in-cluster row")
+                             "auto's pick for each WAN rate; none: uncompressed everywhere; none,auto or "
+                             "none,job: both WAN rows at each rate and delay, beside one uncompressed "
+                             "in-cluster row")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times to run the whole plan, each with its own in-cluster row (medians reported)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
@@ -75,14 +76,14 @@ CODEC_SETS = ("job", "none", "auto")
 
 
 def codec_sets(text: str) -> list[str]:
-    """``--codecs``: ``job`` alone, or any of ``none`` and ``auto`` (their in-cluster row is
-    uncompressed); anything else is a one-line ConfigError."""
+    """``--codecs``: ``job`` alone, any of ``none`` and ``auto``, or ``none,job`` (the in-cluster
+    row of all but ``job`` alone is uncompressed); anything else is a one-line ConfigError."""
     from nebula_mq.errors import ConfigError
 
     sets = [v.strip() for v in text.split(",") if v.strip()]
     if not sets or any(v not in CODEC_SETS for v in sets) or len(set(sets)) < len(sets) \
-            or ("job" in sets and len(sets) > 1):
-        raise ConfigError("<command line>", "--codecs", "job, auto, none, or none,auto", text)
+            or ("job" in sets and len(sets) > 1 and sorted(sets) != ["job", "none"]):
+        raise ConfigError("<command line>", "--codecs", "job, auto, none, none,auto or none,job", text)
     return sets
 
 
@@ -143,9 +144,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
     sets = codec_sets(args.codecs)
     from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, row_codecs  # numpy and the codecs: not for --help
+    from nebula_mq.study.rows import StudyRow
 
     codecs = AutoCodecs(settings) if "auto" in sets else None
-    own = f"{settings.codec.forward} / {settings.codec.backward}"
+    given = settings.scenario_section()
+    own = StudyRow(settings.codec.forward, settings.codec.backward, origin="job",
+                   forward_feedback=given.get("forward_feedback", "none"),
+                   backward_feedback=given.get("backward_feedback", "none")).chain
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
     rows: list[dict[str, Any]] = []
     shaped: Any = None
@@ -162,9 +167,9 @@ def run(args: argparse.Namespace) -> int:
             tag = name if repeats == 1 else f"{name}-r{repeat}"
             if chains == "auto" and codecs is not None:
                 env_codecs, label = codecs.env(rate), codecs.choice(rate).chain
-            elif sets == ["job"]:
+            elif sets == ["job"] or chains == "job":
                 env_codecs, label = {}, own
-            else:  # "none", and the in-cluster row beside none or auto: nothing is compressed in one cluster
+            else:  # "none", and the in-cluster row beside none: nothing is compressed in one cluster
                 env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
             env = row_env(settings, tag, steps, root, rate is None) | env_codecs
             job = run_row(args.config, args.stack, env, args.timeout)

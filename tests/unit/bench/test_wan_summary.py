@@ -77,9 +77,12 @@ def test_uncompressed_and_auto_rows_share_one_in_cluster_row_per_repeat() -> Non
         (1, "in-cluster", None), (1, "2.7mbit-100ms-auto", "auto"), (1, "2.7mbit-100ms-none", "none"),
         (1, "2.7mbit-20ms-auto", "auto"), (1, "2.7mbit-20ms-none", "none")]
     assert [name for _, name, _, _, _ in plan([60.0], [20.0], 1, ["auto"])] == ["in-cluster", "60mbit-20ms"]
+    # The job's own chains beside uncompressed: one in-cluster row, then both at each link.
+    assert [(name, chains) for _, name, _, _, chains in plan([0.6], [20.0], 1, codec_sets("none,job"))] == [
+        ("in-cluster", None), ("0.6mbit-20ms-none", "none"), ("0.6mbit-20ms-job", "job")]
 
 
-@pytest.mark.parametrize("text", ["", "zip", "job,auto", "auto,auto", "none,fp16"])
+@pytest.mark.parametrize("text", ["", "zip", "job,auto", "auto,auto", "none,fp16", "job,job", "none,auto,job"])
 def test_codec_sets_other_than_job_none_and_auto_are_one_line_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="--codecs"):
         codec_sets(text)

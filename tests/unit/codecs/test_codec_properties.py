@@ -128,14 +128,16 @@ def _assert_quantised_bound(block: int, x64: np.ndarray, y64: np.ndarray, eps: f
 
 def _assert_rotation_bound(block: int, x: np.ndarray, x64: np.ndarray, y64: np.ndarray) -> None:
     """log2(block) sums and differences each way in the working precision, each value within
-    sqrt(block) x the block's max, then rounding into the output dtype and its subnormal spacing."""
+    sqrt(block) x the block's max (or its subnormal spacing, below the normal range), then rounding
+    into the output dtype and its subnormal spacing."""
     if x64.size == 0:
         return
     work = np.finfo(np.float64 if x.dtype.name == "float64" else np.float32)
     flat = np.concatenate([np.abs(x64).reshape(-1), np.zeros(-x64.size % block)]).reshape(-1, block)
     amax = np.repeat(flat.max(axis=1), block)[: x64.size].reshape(x64.shape)
     out = np.finfo(x.dtype)
-    bound = 4 * math.log2(block) * math.sqrt(block) * float(work.eps) * amax + np.abs(x64) * float(out.eps) + float(out.smallest_subnormal)
+    bound = (4 * math.log2(block) * math.sqrt(block) * float(work.eps) * amax + 4 * block * float(work.smallest_subnormal)
+             + np.abs(x64) * float(out.eps) + float(out.smallest_subnormal))
     assert np.all(np.abs(y64 - x64) <= bound)
 
 
