@@ -28,8 +28,8 @@ from nebula_mq.bench.machine import cpu_model
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SHAPES = [(32, 64, 384), (128, 64, 768)]
 CHAINS = ["none", "fp16", "bf16", "int8", "int8(block=64)", "int4", "int4(block=64)", "int4(hadamard(32))",
-          "int4(hadamard(64), block=64)", "int3", "int3(hadamard)", "int2(hadamard)", "topk(0.1)", "lz4", "svd(0.6)", "rsvd(0.6)",
-          "powersgd(0.6)", "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(powersgd(0.6))", "fp16(svd(0.2))",
+          "int4(hadamard(64), block=64)", "int3", "int3(hadamard)", "int2(hadamard)", "topk(0.1)", "lz4", "svd(0.6)",
+          "rsvd(0.6)", "powersgd(0.6)", "fp16(svd(0.6))", "fp16(rsvd(0.6))", "fp16(powersgd(0.6))", "fp16(svd(0.2))",
           "int8(svd(0.6))"]
 #: Batches per input for --peers: the low-rank peers run warm over a stream of changing batches
 #: (the first is their cold start). The table above uses the first batch only.

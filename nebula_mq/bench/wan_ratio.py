@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     codecs = AutoCodecs(settings) if "auto" in sets else None
     given = settings.scenario_section()
     own = StudyRow(settings.codec.forward, settings.codec.backward, origin="job",
+                   compress_from_step=settings.codec.compress_from_step,
                    forward_feedback=given.get("forward_feedback", "none"),
                    backward_feedback=given.get("backward_feedback", "none")).chain
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))

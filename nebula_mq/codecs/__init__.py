@@ -22,6 +22,7 @@ from nebula_mq.codecs.sparse import TopK
 
 __all__ = [
     "BF16", "FP16", "LZ4", "SVD", "ByRole", "BySize", "Chain", "Codec", "CompressionSchedule",
-    "EncodeContext", "Encoded", "Hadamard", "Identity", "Int2", "Int3", "Int4", "Int8", "LowRankState", "PowerSGD", "RandomizedSVD", "TopK",
+    "EncodeContext", "Encoded", "Hadamard", "Identity", "Int2", "Int3", "Int4", "Int8", "LowRankState", "PowerSGD",
+    "RandomizedSVD", "TopK",
     "codec_class", "decode_tree", "parse_codec", "registered",
 ]

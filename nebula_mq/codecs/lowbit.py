@@ -3,9 +3,9 @@
 ``int3`` maps each value to one of the 7 levels -3..3 of its block's scale max|block| / 3,
 ``int2`` to one of -1, 0, 1 (ternary, as TernGrad) of max|block|. A value's level plus the
 largest level is its code (0..6, 0..2), packed ``bits`` to a value, least significant bit first
-(eight codes to a little-endian word of ``bits`` bytes): 3.25 and 2.25 bits a value at the default block of 128,
-9.8x and 14.2x smaller than float32. The error per element is at most scale/2 (max|block| / 6 and
-/ 2).
+(eight codes to a little-endian word of ``bits`` bytes): 3.25 and 2.25 bits a value at the
+default block of 128, 9.8x and 14.2x smaller than float32. The error per element is at most
+scale/2 (max|block| / 6 and / 2).
 
 Coarse on their own: they are meant under a rotation, ``int3(hadamard, block=128)``, which makes
 a block's max a few times its RMS, and for gradients with error feedback, which carries what a
@@ -58,7 +58,7 @@ class LowBit(Codec):
         blocks, cols = self._blocks(x.shape), self.block
         x2 = as_rows(x, blocks, cols)
         scale = row_scales(x2, self.levels, self.scale_max, self.name)
-        codes = np.empty((blocks, cols), np.uint64)
+        codes = np.empty((blocks, cols), np.uint8)
         for r0, levels in rounded_levels(x2, scale, self.levels, clip=True):
             levels += np.float32(self.levels)  # levels -L..L -> codes 0..2L
             codes[r0:r0 + len(levels)] = levels
@@ -66,21 +66,23 @@ class LowBit(Codec):
 
     def _pack(self, codes: np.ndarray) -> np.ndarray:
         """Each row of 8 codes into ``bits`` bytes: code i at bits ``bits`` x i.. of a little-endian
-        word, which is the bit stream, least significant bit first, that ``np.packbits`` would make."""
-        word = codes[:, 0].copy()
+        32-bit word (8 x 3 bits fit), which is the bit stream, least significant bit first, that
+        ``np.packbits`` would make of the codes' bits."""
+        word = codes[:, 0].astype(np.uint32)
         for i in range(1, 8):
-            word |= codes[:, i] << np.uint64(self.bits * i)
-        return np.ascontiguousarray(word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :self.bits]).reshape(-1)
+            word |= codes[:, i].astype(np.uint32) << np.uint32(self.bits * i)
+        wire = word.astype("<u4", copy=False).view(np.uint8).reshape(-1, 4)[:, :self.bits]
+        return np.ascontiguousarray(wire).reshape(-1)
 
     def _unpack(self, packed: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`_pack`: the codes, 8 a row."""
-        wide = np.zeros((packed.size // self.bits, 8), np.uint8)
+        wide = np.zeros((packed.size // self.bits, 4), np.uint8)
         wide[:, :self.bits] = packed.reshape(-1, self.bits)
-        word = wide.view("<u8").reshape(-1)
-        mask = np.uint64((1 << self.bits) - 1)
+        word = wide.view("<u4").reshape(-1)
+        mask = np.uint32((1 << self.bits) - 1)
         codes = np.empty((word.size, 8), np.uint8)
         for i in range(8):
-            codes[:, i] = (word >> np.uint64(self.bits * i)) & mask
+            codes[:, i] = (word >> np.uint32(self.bits * i)) & mask
         return codes
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -100,8 +102,9 @@ class LowBit(Codec):
 
     def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
         padded = self._blocks(shape) * self.block
-        # The words (a byte a value), two temporaries of shifted words, the codes, the float32 buffer.
-        n, work = math.prod(shape), 8 * padded
+        # The words and two temporaries of shifted words (half a byte a value each), the codes (a
+        # byte), the float32 buffer.
+        n, work = math.prod(shape), 7 * padded
         if dtype == np.float32:
             return work - 4 * n
         return work + (n if narrows(np.dtype(np.float32), dtype) else 0)

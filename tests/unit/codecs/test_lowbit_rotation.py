@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from nebula_mq.codecs import Encoded, Hadamard, Int2, Int3, decode_tree, parse_codec
+from nebula_mq.codecs import hadamard
 from nebula_mq.codecs.hadamard import signs, walsh_hadamard
 from nebula_mq.errors import CodecError
 
@@ -33,6 +34,18 @@ def test_int2_is_ternary_at_the_block_maximum() -> None:
     assert Int2().estimated_ratio((64, 384), "float32") == pytest.approx(2.25 / 32)
 
 
+@pytest.mark.parametrize("codec", [Int3(block=8), Int2(block=8)])
+@pytest.mark.parametrize("blocks", [1, 2, 7])
+def test_lowbit_bytes_are_the_little_endian_bit_stream_of_the_codes(codec: Int3 | Int2, blocks: int) -> None:
+    """The wire format: code i's bit j is bit bits x i + j of the stream, least significant first."""
+    x = np.random.default_rng(blocks).standard_normal(8 * blocks).astype(np.float32)
+    packed, scale = codec.encode(x).leaves()
+    inv = np.float32(1.0) / scale  # the codec's own arithmetic
+    levels = np.clip(np.rint(x.reshape(blocks, 8) * inv[:, None]), -codec.levels, codec.levels).astype(int) + codec.levels
+    planes = (levels.reshape(-1, 1) >> np.arange(codec.bits)) & 1
+    assert packed.tolist() == np.packbits(planes.reshape(-1).astype(np.uint8), bitorder="little").tolist()
+
+
 @pytest.mark.parametrize("block", [0, 12, 1 << 21])
 def test_lowbit_blocks_are_whole_bytes(block: int) -> None:
     with pytest.raises(CodecError, match="multiple of 8"):
@@ -50,12 +63,31 @@ def test_the_rotation_is_orthonormal_and_fixed_by_its_seed() -> None:
     assert signs(8, 1).tolist() != signs(8, 0).tolist()
 
 
-def test_the_fast_transform_is_the_sylvester_matrix() -> None:
+def _sylvester(block: int) -> np.ndarray:
     h = np.ones((1, 1))
-    while len(h) < 64:
+    while len(h) < block:
         h = np.block([[h, h], [h, -h]])
-    x = np.random.default_rng(2).standard_normal((5, 64))
-    assert np.allclose(walsh_hadamard(x.copy()), x @ h.T, atol=1e-12)
+    return h
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 8, hadamard.CHUNK_ELEMS])
+@pytest.mark.parametrize(("rows", "block"), [(5, 64), (300, 64), (3, 2), (0, 16), (2, 256)])
+def test_the_fast_transform_is_the_sylvester_matrix(monkeypatch: pytest.MonkeyPatch, chunk: int, rows: int,
+                                                    block: int) -> None:
+    """Chunks of one row, of several, a shorter last one, blocks larger than a chunk."""
+    monkeypatch.setattr(hadamard, "CHUNK_ELEMS", chunk)
+    x = np.random.default_rng(rows).standard_normal((rows, block))
+    y = walsh_hadamard(x.copy())
+    assert y.shape == x.shape and np.allclose(y, x @ _sylvester(block).T, atol=1e-9)
+    if rows:  # its own inverse up to 1/block, exactly so for integers
+        ints = np.random.default_rng(1).integers(-9, 9, (rows, block)).astype(np.float64)
+        assert np.array_equal(walsh_hadamard(walsh_hadamard(ints.copy())) / block, ints)
+
+
+def test_a_block_larger_than_a_chunk_decodes_what_was_encoded() -> None:
+    x = np.random.default_rng(4).standard_normal((3, 32768)).astype(np.float32)
+    y = decode_tree(Hadamard(block=32768).encode(x))
+    assert np.abs(y - x).max() <= 1e-5 * np.abs(x).max()
 
 
 def test_rotating_first_cuts_int4s_error_where_one_channel_dominates() -> None:
