@@ -13,8 +13,8 @@ def link_note(step_s: float, row: dict[str, Any]) -> str | None:
 
     Each direction of the link is shaped to ``rate_mbit``; a step sends its activations one way
     and its gradients the other, so the busier direction's bytes a step, over the rate, is the
-    shortest a step can take across the link. Where that is longer than the in-cluster step the
-    link, not the window, bounds the rate (on an H200, the language-identification split job's
+    shortest a step can take across the link. Where that is longer than the in-cluster step
+    (``step_s``: the batch over the in-cluster row's samples/s) the link, not the window, bounds the rate (on an H200, the language-identification split job's
     fp16 activations took 26 ms a step at 60 Mbit/s against a 14 ms step: 0.55x at any window;
     int8 took 13 ms, and 48 in flight reached 1.00-1.08x)."""
     rate, per_step = row.get("rate_mbit"), row.get("busiest_bytes_per_step")

@@ -105,3 +105,20 @@ def test_the_report_names_a_full_link_and_not_the_window_beneath_it() -> None:
     assert len(notes) == 2
     assert notes[0].startswith("note: 60mbit-20ms: the link is full") and "deeper window" in notes[0]
     assert notes[1].startswith("note: 60mbit-5ms: 0.85x with in_flight 12")  # it fits: the window is named
+
+
+def test_the_full_links_bound_is_never_below_what_the_row_measured() -> None:
+    """This host's 60-minute job: a 0.564 s median step, but 34.3 samples/s of 32 (0.93 s a step);
+    R32 took 16.2 samples/s across 0.6 Mbit/s, 0.47x. The bound must allow that."""
+    import re
+    from types import SimpleNamespace
+
+    from nebula_mq.bench.wan_ratio import report
+
+    settings = SimpleNamespace(job=SimpleNamespace(id="abnet-corpus"), codec=SimpleNamespace(forward="f", backward="b"),
+                               scenario_section=lambda: {"in_flight": 4})
+    inside = {**_row("in-cluster", 0, 34.3, None), "samples": 32 * 24, "step_s_median": 0.564}
+    slow = {**_row("0.6mbit-20ms", 0, 16.2, 0.6), "busiest_bytes_per_step": 130_600.0}
+    note = next(line for line in report(settings, [inside, slow], 24, 6).splitlines() if line.startswith("note:"))
+    bound = float(re.search(r"at most ([0-9.]+)x", note).group(1))  # type: ignore[union-attr]
+    assert "the link is full" in note and 16.2 / 34.3 <= bound <= 0.6
