@@ -232,15 +232,28 @@ def tls_probe(node: NodeLayout, client: Identity, timeout: float = 5.0) -> str:
 # After a graceful stop that did not end the VM: how long SIGTERM (the VM's own orderly stop),
 # then SIGKILL, get to end it.
 SIGNAL_WAITS_S = ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0))
+#: How long a stopped node's ports may take to close after its VM is gone (start() names a port
+#: still bound after that).
+PORTS_RELEASED_S = 10.0
 
 
 def stop(node: NodeLayout, timeout: float = 60.0) -> None:
-    """Stop the node and wait for its VM to exit (no-op when it is not running). A graceful
+    """Stop the node, wait for its VM to exit and its ports to close (no-op when it is not running). A graceful
     stop that hangs (``rabbitmqctl stop`` has been seen to on a loaded 2-core host) is followed
     by SIGTERM, then SIGKILL: durable queues and their messages survive either, as they survive
     a power cut."""
     if not is_running(node):
         return
+    _stop_vm(node, timeout)
+    # An exiting process loses its memory, and with it the cmdline is_running reads, before its
+    # sockets close: a restart right away found the distribution port still bound (CI, once).
+    deadline = time.monotonic() + PORTS_RELEASED_S
+    ports = [p for p in (node.tls_port, node.mgmt_port, node.dist_port) if p]
+    while not all(port_free(p) for p in ports) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _stop_vm(node: NodeLayout, timeout: float) -> None:
     try:
         rabbitmqctl(node, "stop", str(node.pid_file), timeout=timeout)
     except StackError:
