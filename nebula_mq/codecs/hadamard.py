@@ -26,7 +26,7 @@ import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
 from nebula_mq.codecs.checks import cast_saturating, narrows
-from nebula_mq.codecs.quantise import as_rows
+from nebula_mq.codecs.quantise import as_rows, block_count
 from nebula_mq.errors import CodecError
 
 MAX_BLOCK = 1 << 16
@@ -80,7 +80,7 @@ class Hadamard(Codec):
             raise CodecError(f"hadamard: seed must be in 0..{(1 << 32) - 1}, got {self.seed}")
 
     def _padded(self, shape: tuple[int, ...]) -> int:
-        return -(-math.prod(shape) // self.block) * self.block
+        return block_count(shape, self.block) * self.block
 
     def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
         return [((self._padded(shape),), _work_dtype(np.dtype(dtype)))]

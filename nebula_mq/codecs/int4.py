@@ -17,7 +17,7 @@ import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
 from nebula_mq.codecs.checks import cast_saturating, largest_scale, narrows
-from nebula_mq.codecs.quantise import as_rows, rounded_levels, row_scales
+from nebula_mq.codecs.quantise import as_rows, block_count, rounded_levels, row_scales
 from nebula_mq.errors import CodecError
 
 LEVELS = 7  # levels -7..7 of the scale; nibble = level + 8 (nibble 0 is never sent: refused)
@@ -37,16 +37,13 @@ class Int4(Codec):
         if not (8 <= self.block <= 1 << 20 and self.block % 2 == 0):
             raise CodecError(f"int4: block must be even and 8..1048576, got {self.block}")
 
-    def _blocks(self, shape: tuple[int, ...]) -> int:
-        return -(-math.prod(shape) // self.block)
-
     def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
-        blocks = self._blocks(shape)
+        blocks = block_count(shape, self.block)
         return [((blocks * self.block // 2,), np.dtype(np.uint8)), ((blocks,), np.dtype(np.float32))]
 
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         check_finite(x, ctx, "int4", representable=False)
-        blocks, cols = self._blocks(x.shape), self.block
+        blocks, cols = block_count(x.shape, self.block), self.block
         x2 = as_rows(x, blocks, cols)
         scale = row_scales(x2, LEVELS, SCALE_MAX, "int4")
         packed = np.empty((blocks, cols // 2), np.uint8)
@@ -57,7 +54,7 @@ class Int4(Codec):
         return self._node(x, packed.reshape(-1), scale)
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        blocks, cols = self._blocks(shape), self.block
+        blocks, cols = block_count(shape, self.block), self.block
         expect_parts("int4", parts, ((blocks * cols // 2,), "uint8"), ((blocks,), "float32"))
         packed, scale = parts
         # The encoder clamps scales to SCALE_MAX, so larger ones are forged. NaN fails too.
@@ -77,7 +74,7 @@ class Int4(Codec):
         return cast_saturating(out.reshape(-1)[:n].reshape(shape), dtype)
 
     def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        padded = self._blocks(shape) * self.block
+        padded = block_count(shape, self.block) * self.block
         n, work = math.prod(shape), 5 * padded  # the int8 levels and the float32 buffer
         if dtype == np.float32:
             return work - 4 * n

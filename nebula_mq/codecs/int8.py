@@ -17,7 +17,7 @@ import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
 from nebula_mq.codecs.checks import cast_saturating, largest_scale, narrows
-from nebula_mq.codecs.quantise import as_rows, rounded_levels, row_scales
+from nebula_mq.codecs.quantise import as_rows, block_count, rounded_levels, row_scales
 from nebula_mq.errors import CodecError
 
 
@@ -40,7 +40,7 @@ class Int8(Codec):
         """(rows, cols) of the 2-D view that gets one scale per row."""
         n = math.prod(shape)
         if self.block:
-            return -(-n // self.block), self.block
+            return block_count(shape, self.block), self.block
         cols = shape[-1] if shape else 1
         return (n // cols if cols else 0), cols
 

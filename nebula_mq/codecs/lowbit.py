@@ -22,7 +22,7 @@ import numpy as np
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
 from nebula_mq.codecs.checks import cast_saturating, largest_scale, narrows
-from nebula_mq.codecs.quantise import as_rows, rounded_levels, row_scales
+from nebula_mq.codecs.quantise import as_rows, block_count, rounded_levels, row_scales
 from nebula_mq.errors import CodecError
 
 
@@ -46,16 +46,13 @@ class LowBit(Codec):
         if not (8 <= self.block <= 1 << 20 and self.block % 8 == 0):
             raise CodecError(f"{self.name}: block must be a multiple of 8 in 8..1048576, got {self.block}")
 
-    def _blocks(self, shape: tuple[int, ...]) -> int:
-        return -(-math.prod(shape) // self.block)
-
     def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
-        blocks = self._blocks(shape)
+        blocks = block_count(shape, self.block)
         return [((blocks * self.block * self.bits // 8,), np.dtype(np.uint8)), ((blocks,), np.dtype(np.float32))]
 
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         check_finite(x, ctx, self.name, representable=False)
-        blocks, cols = self._blocks(x.shape), self.block
+        blocks, cols = block_count(x.shape, self.block), self.block
         x2 = as_rows(x, blocks, cols)
         scale = row_scales(x2, self.levels, self.scale_max, self.name)
         codes = np.empty((blocks, cols), np.uint8)
@@ -86,7 +83,7 @@ class LowBit(Codec):
         return codes
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        blocks, cols = self._blocks(shape), self.block
+        blocks, cols = block_count(shape, self.block), self.block
         expect_parts(self.name, parts, ((blocks * cols * self.bits // 8,), "uint8"), ((blocks,), "float32"))
         packed, scale = parts
         if scale.size and not (0.0 <= float(scale.min()) and float(scale.max()) <= self.scale_max):
@@ -101,7 +98,7 @@ class LowBit(Codec):
         return cast_saturating(out.reshape(-1)[:math.prod(shape)].reshape(shape), dtype)
 
     def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        padded = self._blocks(shape) * self.block
+        padded = block_count(shape, self.block) * self.block
         # The words and two temporaries of shifted words (half a byte a value each), the codes (a
         # byte), the float32 buffer.
         n, work = math.prod(shape), 7 * padded

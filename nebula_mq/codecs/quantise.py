@@ -4,6 +4,7 @@ levels computed chunk by chunk so the float temporaries stay in L2 (~256 KiB).""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,6 +16,11 @@ _CHUNK_ELEMS = 64 * 1024
 # Scales never go below this: 1/scale stays finite for all-zero or subnormal rows (the
 # error there is at most 5e-31).
 SCALE_FLOOR = np.float32(1e-30)
+
+
+def block_count(shape: tuple[int, ...], block: int) -> int:
+    """How many blocks of ``block`` values hold a tensor of ``shape``, the last one padded."""
+    return -(-math.prod(shape) // block)
 
 
 def as_rows(x: np.ndarray, rows: int, cols: int) -> np.ndarray:

@@ -238,10 +238,10 @@ PORTS_RELEASED_S = 10.0
 
 
 def stop(node: NodeLayout, timeout: float = 60.0) -> None:
-    """Stop the node, wait for its VM to exit and its ports to close (no-op when it is not running). A graceful
-    stop that hangs (``rabbitmqctl stop`` has been seen to on a loaded 2-core host) is followed
-    by SIGTERM, then SIGKILL: durable queues and their messages survive either, as they survive
-    a power cut."""
+    """Stop the node, then wait for its VM to exit and its ports to close; a no-op when it is not
+    running. A graceful stop that hangs (``rabbitmqctl stop`` has been seen to on a loaded 2-core
+    host) is followed by SIGTERM, then SIGKILL: durable queues and their messages survive either,
+    as they survive a power cut."""
     if not is_running(node):
         return
     _stop_vm(node, timeout)
