@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job
+from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job, step_of, worker_status
 from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts
 from tests.fixtures.pairs import SPLIT_EXAMPLE
-from tests.fixtures.up import finish_ups, run_dir, up_every_host, worker_status
+from tests.fixtures.up import finish_ups, run_dir, up_every_host
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
@@ -111,7 +111,7 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
     procs = up_every_host(hosts, stacks, killed, ranks=2)
     run_a = tmp_path / "killed-cluster-a"
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and int(worker_status(run_a, "head-0-r1").get("step", 0)) < 5:
+    while time.monotonic() < deadline and step_of(run_a, "head-0-r1") < 5:
         time.sleep(0.1)
     victim = worker_status(run_a, "head-0-r1")
     assert int(victim.get("step", 0)) >= 5, victim
@@ -200,7 +200,7 @@ def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(f
     procs = up_every_host(hosts, stacks, killed, ranks=2)
     run_b = run_dir(killed, "cluster-b")
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and int(worker_status(run_b, "replica-1-r1").get("step", 0)) < 3:
+    while time.monotonic() < deadline and step_of(run_b, "replica-1-r1") < 3:
         time.sleep(0.1)
     victim = worker_status(run_b, "replica-1-r1")
     assert int(victim.get("step", 0)) >= 3, victim
