@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import published_bytes, sides
+from nebula_mq.bench.scaling import published_bytes
 from nebula_mq.study import auto
 from nebula_mq.study.rows import StudyRow
 
@@ -38,6 +38,10 @@ class Profile:
         """Uncompressed wire time of a step (the slower direction) over its compute: the paper's
         regime is about 4."""
         return max(self.forward_bytes, self.backward_bytes) * 8 / (rate_mbit * 1e6) / self.compute_s
+
+    def rate_for(self, wire_factor: float) -> float:
+        """The rate in Mbit/s at which :meth:`wire_factor` is ``wire_factor``."""
+        return max(self.forward_bytes, self.backward_bytes) * 8 / (wire_factor * self.compute_s) / 1e6
 
 
 def row_codecs(settings: Any, row: StudyRow) -> dict[str, str]:
@@ -103,10 +107,10 @@ class AutoCodecs:
     def env(self, rate_mbit: float | None) -> dict[str, str]:
         return row_codecs(self.settings, self.choice(rate_mbit))
 
-    def learn(self, run_dir: Path, steps: int, plan: Any, measured: dict[str, Any]) -> None:
+    def learn(self, found: Profile) -> None:
+        """The first in-cluster row's profile: every pick is made from it."""
         if self.found is None:
-            heads, tails = sides(plan)
-            self.found = profile(self.settings, run_dir, steps, heads, tails, measured)
+            self.found = found
 
     def notes(self) -> list[str]:
         found = self.found

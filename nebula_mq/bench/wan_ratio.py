@@ -35,6 +35,7 @@ from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, sides, split_job
 from nebula_mq.bench.wan_notes import link_note, window_note
+from nebula_mq.bench.wan_rates import Rate, WireFactor, factor_notes, link_rates, rate_name, resolve
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -44,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="job TOML file of a split or abnet job (its model, codecs and in_flight)")
     parser.add_argument("--steps", type=int, default=120, help="steps per row")
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the rate")
-    parser.add_argument("--rates", default=DEFAULT_RATES, help="WAN rates in Mbit/s each way, comma separated")
+    parser.add_argument("--rates", default=DEFAULT_RATES,
+                        help="WAN rates in Mbit/s each way, comma separated; 4x: the rate at which a step's "
+                             "uncompressed wire takes 4x its compute in one cluster (the paper's regime; not "
+                             "with --codecs job alone)")
     parser.add_argument("--delay-ms", default=DEFAULT_DELAYS, help="one-way WAN delays in ms, comma separated")
     parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
                         default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
     settings = split_job(args.config)
-    rates = numbers("10" if args.quick else args.rates, "--rates")
+    rates = link_rates("10" if args.quick else args.rates)
     delays = numbers("20" if args.quick else args.delay_ms, "--delay-ms", allow_zero=True)
     steps = 30 if args.quick else args.steps
     warmup = min(args.warmup, steps // 3)
@@ -143,7 +147,13 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
     sets = codec_sets(args.codecs)
-    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, row_codecs  # numpy and the codecs: not for --help
+    factors = [r for r in rates if isinstance(r, WireFactor)]
+    if sets == ["job"] and factors:
+        from nebula_mq.errors import ConfigError
+
+        raise ConfigError("<command line>", "--rates", "Mbit/s with --codecs job: a factor like 4x is measured "
+                          "on an uncompressed in-cluster row (--codecs none, auto, none,auto or none,job)", args.rates)
+    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, Profile, profile, row_codecs  # not for --help
     from nebula_mq.study.rows import StudyRow
 
     codecs = AutoCodecs(settings) if "auto" in sets else None
@@ -156,8 +166,10 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     shaped: Any = None
     before: dict[str, Any] = {}
+    found: Profile | None = None  # the first in-cluster row's, for auto and wire factors
     try:
-        for repeat, name, rate, delay, chains in plan(rates, delays, repeats, sets):
+        for repeat, name, spec, delay, chains in plan(rates, delays, repeats, sets):
+            rate = None if spec is None else resolve(spec, found)
             if rate is not None:
                 if shaped is None:
                     shaped = Stack.open(args.stack)
@@ -177,44 +189,48 @@ def run(args: argparse.Namespace) -> int:
             heads, tails = sides(job.plan)
             row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
                    **measure(job.run_dir, heads[0], warmup, (heads, tails)), "compute_share": shares(job.run_dir)}
-            if codecs is not None and rate is None:
-                codecs.learn(job.run_dir, steps, job.plan, row)
+            if found is None and (codecs is not None or factors):  # the in-cluster row: uncompressed
+                found = profile(settings, job.run_dir, steps, heads, tails, row)
+                if codecs is not None:
+                    codecs.learn(found)
             row["codecs"] = label
             rows.append(row)
             print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
     except BaseException:
         if rows:  # a later row failed or the run was stopped: what the finished rows measured is printed
-            print(report(settings, rows, steps, warmup, codec_notes(sets, codecs)), flush=True)
+            notes = codec_notes(sets, codecs, factor_notes(factors, found))
+            print(report(settings, rows, steps, warmup, notes), flush=True)
         raise
     finally:
         if shaped is not None:
             put_back(shaped, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
-    print(report(settings, rows, steps, warmup, codec_notes(sets, codecs)))
+    print(report(settings, rows, steps, warmup, codec_notes(sets, codecs, factor_notes(factors, found))))
     if args.json:
         Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
                                                "summary": summary(rows)}, indent=2))
     return 0
 
 
-def codec_notes(sets: list[str], codecs: Any) -> list[str] | None:
-    """The lines under the table about each row's chains (None: every row runs the job's own)."""
+def codec_notes(sets: list[str], codecs: Any, rate_notes: list[str]) -> list[str] | None:
+    """The lines under the table about each row's link and chains (None: every row runs the job's
+    own chains, on rates given in Mbit/s)."""
     if sets == ["job"]:
         return None
-    return codecs.notes() if codecs is not None else []
+    return rate_notes + (codecs.notes() if codecs is not None else [])
 
 
-PlanRow = tuple[int, str, float | None, float | None, str | None]
+PlanRow = tuple[int, str, Rate | None, float | None, str | None]
 
 
-def plan(rates: list[float], delays: list[float], repeats: int, sets: list[str] | None = None) -> list[PlanRow]:
+def plan(rates: list[Rate], delays: list[float], repeats: int, sets: list[str] | None = None) -> list[PlanRow]:
     """(repeat, row name, rate, delay, codec set) in the order run: each repeat its in-cluster
     row first (no set), then the WAN rows, one per rate, delay and set (a set's name ends the
     row's when there are several), reversed every other repeat."""
     sets = sets or ["job"]
-    wan: list[tuple[str, float | None, float | None, str | None]] = [
-        (f"{r:g}mbit-{d:g}ms" + (f"-{c}" if len(sets) > 1 else ""), r, d, c)
+    wan: list[tuple[str, Rate | None, float | None, str | None]] = [
+        (f"{rate_name(r)}-{d:g}ms" + (f"-{c}" if len(sets) > 1 else ""), r, d, c)
         for r in rates for d in delays for c in sets]
     return [(repeat, *row) for repeat in range(repeats)
             for row in [("in-cluster", None, None, None)] + (wan if repeat % 2 == 0 else wan[::-1])]

@@ -23,14 +23,6 @@ def _metrics(run_dir: Path, worker: str, out_bytes: float, in_bytes: float) -> N
         f'nebula_wire_bytes_total{{flow="bwd",direction="in"}} {in_bytes}\n')
 
 
-class _Plan:
-    class _P:
-        def __init__(self, worker_id: str, role: str) -> None:
-            self.worker_id, self.role = worker_id, role
-
-    processes = [_P("enc-0", "abnet-encoder"), _P("dec-0", "abnet-decoder")]
-
-
 MEASURED = {"step_s_median": 0.15, "compute_share": {"enc-0": 0.6, "dec-0": 0.8}, "samples": 1600}
 
 
@@ -79,7 +71,7 @@ def test_the_in_cluster_row_is_uncompressed_and_the_wan_rows_wait_for_it(tmp_pat
         codecs.env(10.0)
     _metrics(tmp_path, "enc-0", out_bytes=100 * 196_000, in_bytes=0)
     _metrics(tmp_path, "dec-0", out_bytes=100 * 196_000, in_bytes=0)
-    codecs.learn(tmp_path, 100, _Plan(), MEASURED)
+    codecs.learn(profile(settings, tmp_path, 100, ["enc-0"], ["dec-0"], MEASURED))
     chosen = codecs.choice(3.0)
     assert chosen is codecs.choice(3.0) and chosen != UNCOMPRESSED  # picked once, kept for every repeat
     notes = codecs.notes()
