@@ -2,8 +2,10 @@
 
 Inside one cluster nothing is compressed, so with ``--codecs auto`` the in-cluster row runs
 uncompressed (``none`` / ``none``). Its metrics give what the rule of ``nebula_mq.study.auto``
-needs: the slower side's compute seconds per step in the steady state (the median step times
-that side's compute share: the totals would count the first steps' imports and warm-up), and the
+needs: the slower side's compute seconds per step in the steady state (the step the row's rate
+implies after its warm-up, times that side's compute share: the totals would count the first
+steps' imports, and a median step would leave out the batches of long sentences, which take up to
+ten times the typical step on real data), and the
 size of an uncompressed activation (the head's published bytes per step), from which the typical
 [B, S, H] follows. The picks are made once, from the first repeat's in-cluster row, so every
 repeat trains the same chains.
@@ -56,18 +58,18 @@ def row_codecs(settings: Any, row: StudyRow) -> dict[str, str]:
 
 def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: list[str],
             measured: dict[str, Any]) -> Profile:
-    """The in-cluster row's :class:`Profile`: ``measured`` is its row (median step, compute
-    shares), the bytes come from its workers' metrics."""
+    """The in-cluster row's :class:`Profile`: ``measured`` is its row (samples/s after the
+    warm-up, samples, compute shares), the bytes come from its workers' metrics."""
     from nebula_mq.errors import WorkerError
 
     shares = measured["compute_share"].values()
-    compute = measured["step_s_median"] * max(shares, default=0.0)
+    batch = max(1, round(measured["samples"] / steps))  # the global batch, as trained
+    compute = batch / measured["samples_per_s"] * max(shares, default=0.0) if measured["samples_per_s"] else 0.0
     forward = sum(published_bytes(run_dir, w) for w in heads) / steps
     backward = sum(published_bytes(run_dir, w) for w in tails) / steps
     if compute <= 0 or forward <= 0:
         raise WorkerError(f"the in-cluster row left no compute time or activation bytes in {run_dir / 'metrics'}: "
                           "auto has nothing to choose by")
-    batch = max(1, round(measured["samples"] / steps))  # the global batch, as trained
     if settings.job.scenario == "abnet":
         from nebula_mq.models import abnet_config
         from workers.abnet.job import load_job  # paddle-free: the launcher reads it too

@@ -63,7 +63,7 @@ def resolve(rate: Rate, found: Profile | None) -> float:
         return rate
     if found is None:
         raise RuntimeError("the in-cluster row runs before any WAN row")
-    return found.rate_for(rate.factor)
+    return float(f"{found.rate_for(rate.factor):.3g}")  # a link as one would write it
 
 
 def factor_notes(rates: Sequence[Rate], found: Profile | None) -> list[str]:

@@ -32,6 +32,8 @@ def test_a_factor_is_the_rate_at_which_the_slower_directions_wire_takes_that_man
     rate = resolve(WireFactor(4.0), FOUND)
     assert rate == pytest.approx(3.0)  # 750 kB x 8 bits over 4 x 0.5 s
     assert FOUND.wire_factor(rate) == pytest.approx(4.0)
+    slower = Profile(compute_s=0.7, forward_bytes=750_000, backward_bytes=500_000, shape=(32, 61, 384))
+    assert resolve(WireFactor(4.0), slower) == 2.14  # 2.142857: three figures, as a link is written
     assert resolve(60.0, FOUND) == 60.0 and resolve(60.0, None) == 60.0
     with pytest.raises(RuntimeError):  # only from an in-cluster row
         resolve(WireFactor(4.0), None)
