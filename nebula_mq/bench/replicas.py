@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import run_row
-from nebula_mq.bench.wan_ratio import link_shapes, numbers, put_back
+from nebula_mq.bench.wan_rates import numbers
+from nebula_mq.bench.wan_ratio import link_shapes, put_back
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

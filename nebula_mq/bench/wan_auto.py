@@ -4,8 +4,8 @@ Inside one cluster nothing is compressed, so with ``--codecs auto`` the in-clust
 uncompressed (``none`` / ``none``). Its metrics give what the rule of ``nebula_mq.study.auto``
 needs: the slower side's compute seconds per step in the steady state (the step the row's rate
 implies after its warm-up, times that side's compute share: the totals would count the first
-steps' imports, and a median step would leave out the batches of long sentences, which take up to
-ten times the typical step on real data), and the
+steps' imports, and a median step would leave out the batches of long sentences, which take up
+to ten times the typical step on real data), and the
 size of an uncompressed activation (the head's published bytes per step), from which the typical
 [B, S, H] follows. The picks are made once, from the first repeat's in-cluster row, so every
 repeat trains the same chains.
@@ -69,7 +69,7 @@ def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: l
     backward = sum(published_bytes(run_dir, w) for w in tails) / steps
     if compute <= 0 or forward <= 0:
         raise WorkerError(f"the in-cluster row left no compute time or activation bytes in {run_dir / 'metrics'}: "
-                          "auto has nothing to choose by")
+                          "neither auto's chains nor a wire factor like 4x can be set from it")
     if settings.job.scenario == "abnet":
         from nebula_mq.models import abnet_config
         from workers.abnet.job import load_job  # paddle-free: the launcher reads it too

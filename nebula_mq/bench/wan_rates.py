@@ -1,4 +1,5 @@
-"""``bench wan --rates``: each WAN row's rate, in Mbit/s each way or as a wire factor.
+"""``bench wan --rates`` and ``--delay-ms``: each WAN row's link, its rate in Mbit/s each way or
+as a wire factor.
 
 ``4x`` is the rate at which one step's uncompressed wire, in the slower direction, takes 4 times
 the compute of the busier side in one cluster: the paper's regime is about 4. A factor follows
@@ -28,6 +29,20 @@ class WireFactor:
 
 
 Rate = float | WireFactor
+
+
+def numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
+    """``10,60`` as numbers; anything else is a one-line ConfigError naming ``flag``."""
+    from nebula_mq.errors import ConfigError
+
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("<command line>", flag, "numbers separated by commas, like 10,60", text) from None
+    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
+        raise ConfigError("<command line>", flag, "positive numbers separated by commas, like 10,60", text)
+    return values
+
 
 RATES_EXPECTED = "Mbit/s or wire factors separated by commas, like 10,60 or 4x (the uncompressed wire 4x the compute)"
 

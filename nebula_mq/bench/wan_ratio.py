@@ -8,7 +8,8 @@ as real worker processes:
 * **in-cluster**: both sides on the head's cluster (``tail_cluster = head_cluster``):
   every flow is local to one broker, no federation, no WAN;
 * **WAN rate/delay**: the job's own two clusters, the stack's WAN links shaped to that
-  rate (Mbit/s each way) and one-way delay, federation over mutual TLS.
+  rate (Mbit/s each way, or a wire factor: ``nebula_mq.bench.wan_rates``) and one-way delay,
+  federation over mutual TLS.
 
 Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
 ratio to the in-cluster row of the same run, the median step time, each side's share
@@ -30,12 +31,13 @@ import os
 import shutil
 import statistics
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, sides, split_job
 from nebula_mq.bench.wan_notes import link_note, window_note
-from nebula_mq.bench.wan_rates import Rate, WireFactor, factor_notes, link_rates, rate_name, resolve
+from nebula_mq.bench.wan_rates import Rate, WireFactor, factor_notes, link_rates, numbers, rate_name, resolve
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -47,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=20, help="steps left out of the rate")
     parser.add_argument("--rates", default=DEFAULT_RATES,
                         help="WAN rates in Mbit/s each way, comma separated; 4x: the rate at which a step's "
-                             "uncompressed wire takes 4x its compute in one cluster (the paper's regime; not "
-                             "with --codecs job alone)")
+                             "uncompressed wire takes 4x its compute in one cluster (the paper's regime; needs "
+                             "--codecs none, auto, none,auto or none,job: the default, job, compresses in one cluster)")
     parser.add_argument("--delay-ms", default=DEFAULT_DELAYS, help="one-way WAN delays in ms, comma separated")
     parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
                         default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
@@ -61,19 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1,
                         help="times to run the whole plan, each with its own in-cluster row (medians reported)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
-
-
-def numbers(text: str, flag: str, allow_zero: bool = False) -> list[float]:
-    """``10,60`` as numbers; anything else is a one-line ConfigError naming ``flag``."""
-    from nebula_mq.errors import ConfigError
-
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError("<command line>", flag, "numbers separated by commas, like 10,60", text) from None
-    if not values or any(v < 0 or (v == 0 and not allow_zero) for v in values):
-        raise ConfigError("<command line>", flag, "positive numbers separated by commas, like 10,60", text)
-    return values
 
 
 CODEC_SETS = ("job", "none", "auto")
@@ -151,8 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if sets == ["job"] and factors:
         from nebula_mq.errors import ConfigError
 
-        raise ConfigError("<command line>", "--rates", "Mbit/s with --codecs job: a factor like 4x is measured "
-                          "on an uncompressed in-cluster row (--codecs none, auto, none,auto or none,job)", args.rates)
+        raise ConfigError("<command line>", "--rates", "Mbit/s under --codecs job (the default): a factor like 4x "
+                          "is measured on an uncompressed in-cluster row, so add --codecs none,job, none, auto or "
+                          "none,auto", args.rates)
     from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, Profile, profile, row_codecs  # not for --help
     from nebula_mq.study.rows import StudyRow
 
@@ -198,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
     except BaseException:
         if rows:  # a later row failed or the run was stopped: what the finished rows measured is printed
-            notes = codec_notes(sets, codecs, factor_notes(factors, found))
+            notes = table_notes(sets, codecs, factor_notes(factors, found))
             print(report(settings, rows, steps, warmup, notes), flush=True)
         raise
     finally:
@@ -206,16 +196,18 @@ def run(args: argparse.Namespace) -> int:
             put_back(shaped, before)
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
-    print(report(settings, rows, steps, warmup, codec_notes(sets, codecs, factor_notes(factors, found))))
+    print(report(settings, rows, steps, warmup, table_notes(sets, codecs, factor_notes(factors, found))))
     if args.json:
+        # The profile is what auto's picks and any wire factor's rate were set from.
         Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
-                                               "summary": summary(rows)}, indent=2))
+                                               "summary": summary(rows), "profile": found and asdict(found)},
+                                              indent=2))
     return 0
 
 
-def codec_notes(sets: list[str], codecs: Any, rate_notes: list[str]) -> list[str] | None:
-    """The lines under the table about each row's link and chains (None: every row runs the job's
-    own chains, on rates given in Mbit/s)."""
+def table_notes(sets: list[str], codecs: Any, rate_notes: list[str]) -> list[str] | None:
+    """The lines under the table about each row's link and chains; None when every row runs the
+    job's own chains (the table then names them in its header), on rates given in Mbit/s."""
     if sets == ["job"]:
         return None
     return rate_notes + (codecs.notes() if codecs is not None else [])
@@ -261,13 +253,14 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
-           auto_notes: list[str] | None = None) -> str:
-    """The table: every row beside the in-cluster row of the same run (of the same repeat)."""
+           notes_under: list[str] | None = None) -> str:
+    """The table: every row beside the in-cluster row of the same run (of the same repeat), and
+    ``notes_under`` below it (None: every row ran the job's own chains, which the header names)."""
     table = summary(rows)
     repeats = max(r["repeat"] for r in rows) + 1
     batch = rows[0]["samples"] / steps
     lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
-             + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if auto_notes is None
+             + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if notes_under is None
                 else "each row's codecs in its last column")
              + (f", {repeats} repeats (medians; each repeat's ratio after the median)" if repeats > 1 else ""),
              f"{'row':<20} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
@@ -278,7 +271,7 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
         loss = "/".join(f"{x:.4f}" for x in r["final_losses"])
         lines.append(f"{r['row']:<20} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x "
                      f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
-                     + (f"  {r['codecs']}" if auto_notes is not None else ""))
+                     + (f"  {r['codecs']}" if notes_under is not None else ""))
     lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
                  "relay shapes each direction)")
     in_flight = settings.scenario_section().get("in_flight")
@@ -287,5 +280,5 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
     # median step leaves out the slow ones and would bound below what the row measures).
     rate_step_s = batch / table[0]["samples_per_s"] if table[0]["samples_per_s"] else 0.0
     notes = [n for r in table[1:] if (n := link_note(rate_step_s, r) or window_note(in_flight, step_s, r))]
-    notes += auto_notes or []
+    notes += notes_under or []
     return "\n".join(lines + notes)

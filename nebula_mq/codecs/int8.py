@@ -38,11 +38,10 @@ class Int8(Codec):
 
     def _layout(self, shape: tuple[int, ...]) -> tuple[int, int]:
         """(rows, cols) of the 2-D view that gets one scale per row."""
-        n = math.prod(shape)
         if self.block:
             return block_count(shape, self.block), self.block
         cols = shape[-1] if shape else 1
-        return (n // cols if cols else 0), cols
+        return (math.prod(shape) // cols if cols else 0), cols
 
     def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
         rows, cols = self._layout(shape)

@@ -85,5 +85,5 @@ def test_a_row_that_measured_nothing_is_a_one_line_error(tmp_path: Path) -> None
 
     settings = load_job_settings(str(DEMO))
     _metrics(tmp_path, "enc-0", out_bytes=0, in_bytes=0)
-    with pytest.raises(WorkerError, match="auto has nothing to choose by"):
+    with pytest.raises(WorkerError, match="neither auto's chains nor a wire factor"):
         profile(settings, tmp_path, 100, ["enc-0"], ["dec-0"], {**MEASURED, "compute_share": {}})

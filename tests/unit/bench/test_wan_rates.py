@@ -3,7 +3,10 @@ compute in one cluster) rather than in Mbit/s, so the regime follows the host's 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,10 +56,66 @@ def test_factor_rows_are_named_by_the_factor_and_make_valid_job_ids(tmp_path: Pa
     assert load_job_settings(demo, environ=env).job.id == "demo-wan-4x-20ms-job-r1"
 
 
-@pytest.mark.parametrize("argv", [["--rates", "4x"], ["--rates", "4y", "--codecs", "none,job"]])
-def test_a_factor_needs_an_uncompressed_in_cluster_row(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+def test_a_factor_needs_an_uncompressed_in_cluster_row(capsys: pytest.CaptureFixture[str]) -> None:
     from nebula_mq.cli import main
 
-    code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), *argv])
+    code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--rates", "4x"])  # --codecs job, the default
     err = capsys.readouterr().err
-    assert code != 0 and "--rates" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--rates" in err and "uncompressed in-cluster row" in err and "--codecs none,job" in err
+
+
+def test_a_mistyped_rate_is_refused_before_any_broker_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    from nebula_mq.cli import main
+
+    code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--rates", "4y", "--codecs", "none,job",
+                 "--stack", "/nonexistent/stack"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "--rates" in err and "4x" in err  # the error shows the form a factor takes
+
+
+def test_a_factor_row_runs_on_the_link_its_in_cluster_row_sets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_metrics: Callable[..., None]) -> None:
+    """The run's order with the workers and the stack left out: the in-cluster row's profile sets
+    the factor's rate before the first WAN row shapes the link, every repeat shapes that same
+    link, and the JSON keeps the profile."""
+    import nebula_mq.stack
+    from nebula_mq.bench import wan_ratio
+    from nebula_mq.cli import main
+
+    shaped: list[tuple[float, float]] = []
+
+    class Links:  # the stack's WAN links, as far as the bench uses them
+        @classmethod
+        def open(cls, _dir: str) -> Links:
+            return cls()
+
+        def wan_status(self) -> dict[str, dict[str, float]]:
+            return {}
+
+        def link_up(self, _cluster: None, rate_mbit: float, delay_ms: float) -> None:
+            shaped.append((rate_mbit, delay_ms))
+
+    def run_row(_config: str, _stack: str, env: dict[str, str], _timeout: float) -> SimpleNamespace:
+        run_dir = Path(env["NEBULA__JOB__RUN_DIR"])  # 150 kB of activations a step, 100 steps
+        write_metrics(run_dir, {"enc-0": {("activations", "out"): 100}, "dec-0": {("reply", "out"): 100}},
+                      wire=150_000)
+        return SimpleNamespace(run_dir=run_dir, plan=None)
+
+    monkeypatch.setattr(nebula_mq.stack, "Stack", Links)
+    monkeypatch.setattr(wan_ratio, "run_row", run_row)
+    monkeypatch.setattr(wan_ratio, "sides", lambda _plan: (["enc-0"], ["dec-0"]))
+    # 16 samples a step at 0.15 s, the decoder computing 80% of it: 0.12 s of compute a step.
+    monkeypatch.setattr(wan_ratio, "measure", lambda *_a: {
+        "samples_per_s": 16 / 0.15, "samples": 1600, "step_s_median": 0.1, "final_loss": 6.0,
+        "busiest_bytes_per_step": 150_000.0})
+    monkeypatch.setattr(wan_ratio, "shares", lambda _run_dir: {"enc-0": 0.5, "dec-0": 0.8})
+    out = tmp_path / "wan.json"
+    code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--rates", "4x", "--delay-ms", "20",
+                 "--codecs", "none", "--steps", "100", "--repeats", "2", "--json", str(out)])
+    assert code == 0
+    assert shaped == [(2.5, 20.0), (2.5, 20.0)]  # 150 kB x 8 over 4 x 0.12 s, in both repeats
+    saved = json.loads(out.read_text())
+    assert saved["profile"]["compute_s"] == pytest.approx(0.12)
+    assert [r["rate_mbit"] for r in saved["rows"]] == [None, 2.5, None, 2.5]
