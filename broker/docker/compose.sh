@@ -202,8 +202,35 @@ copy_job_keys() {
     done
 }
 
+subnet_of() {  # subnet_of CLUSTER: the fixed subnet of its network (the shell's value wins, as in compose)
+    if [ -n "${NEBULA_SUBNET:-}" ]; then echo "$NEBULA_SUBNET"; return; fi
+    sed -n 's/^NEBULA_SUBNET=//p' "$ROOT/broker/docker/$1.env"
+}
+
+free_subnet() {  # free_subnet CLUSTER: no other project's network may hold CLUSTER's subnet
+    local cluster=$1 subnet ours name nets
+    subnet=$(subnet_of "$cluster")
+    ours="$PROJECT_PREFIX-${cluster}_cluster"
+    nets=$("$DOCKER" network ls -q)
+    [ -n "$nets" ] || return 0
+    # shellcheck disable=SC2086  # one id per word
+    for name in $("$DOCKER" network inspect -f '{{.Name}}{{range .IPAM.Config}} {{.Subnet}}{{end}}' $nets \
+            | awk -v s="$subnet" '{for (i = 2; i <= NF; i++) if ($i == s) print $1}'); do
+        [ "$name" = "$ours" ] && continue
+        # A project that a killed run left stopped holds the subnet for nothing: remove it.
+        if [ -z "$("$DOCKER" ps -q --filter "network=$name")" ]; then
+            say "removing the stopped network $name, which held $subnet"
+            "$DOCKER" ps -aq --filter "network=$name" | xargs -r "$DOCKER" rm -f >/dev/null
+            "$DOCKER" network rm "$name" >/dev/null
+        else
+            die "$cluster's subnet $subnet is held by network $name, whose containers run; stop that project first (DOCKER_HOST=$DOCKER_HOST docker network inspect $name)"
+        fi
+    done
+}
+
 up() {
     image
+    for c in "${CLUSTERS[@]}"; do free_subnet "$c"; done
     [ -d "$ROOT/run/data/tokenized" ] || (cd "$ROOT" && "$VENV/bin/nebula-mq" data build)
     exchange_trust
     for c in "${CLUSTERS[@]}"; do compose "$c" up -d --no-build broker; done

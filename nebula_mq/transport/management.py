@@ -17,6 +17,7 @@ import base64
 import http.client
 import json
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from nebula_mq.settings import BrokerSettings
 from nebula_mq.transport.connection import ssl_context
 
 TIMEOUT_S = 5.0
+# The first pause before asking a busy broker again; the n-th pause is n times this.
+RETRY_PAUSE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,34 @@ class ManagementClient:
         """The decoded JSON of ``GET /api/<path>``; None on 404; TransportError otherwise."""
         return self.request("GET", path)
 
-    def request(self, method: str, path: str, body: Any = None, timeout: float = TIMEOUT_S) -> Any:
+    def request(self, method: str, path: str, body: Any = None, timeout: float = TIMEOUT_S,
+                attempts: int = 1) -> Any:
         """``METHOD /api/<path>`` with a JSON ``body``; the decoded answer (None when empty or
         404); TransportError for any other failure. Writes need a user with the rights
-        (the provisioning administrator, never the monitoring user)."""
+        (the provisioning administrator, never the monitoring user).
+
+        A busy broker answers 5xx when its statistics or vhost supervisors miss an internal
+        deadline; a GET or DELETE (idempotent: a repeated DELETE finds 404) is then asked
+        again, up to ``attempts`` times in all, after a pause that grows."""
+        for attempt in range(1, attempts + 1):
+            status, reason, answer = self._exchange(method, path, body, timeout)
+            if status < 500 or attempt == attempts or method not in ("GET", "DELETE"):
+                break
+            time.sleep(RETRY_PAUSE_S * attempt)
+        if status == 404:
+            return None
+        if status not in (200, 201, 204):
+            detail = answer[:300].decode(errors="replace")
+            raise TransportError(f"management API {method} {path}: HTTP {status} {reason} {detail}".rstrip())
+        if not answer.strip():
+            return None
+        try:
+            return json.loads(answer)
+        except ValueError as exc:
+            raise TransportError(f"management API {path}: not JSON ({exc})") from None
+
+    def _exchange(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, str, bytes]:
+        """One HTTPS request: the status, its reason and the body."""
         b = self.broker
         data = None if body is None else json.dumps(body).encode()
         headers = self.headers if data is None else {**self.headers, "Content-Type": "application/json"}
@@ -71,22 +98,11 @@ class ManagementClient:
             conn.sock = self.context.wrap_socket(raw, server_hostname=b.server_name)
             conn.request(method, f"/api/{path}", body=data, headers=headers)
             resp = conn.getresponse()
-            answer = resp.read()
+            return resp.status, resp.reason, resp.read()
         except (OSError, http.client.HTTPException) as exc:
             raise TransportError(f"management API {method} {path}: {exc}") from None
         finally:
             conn.close()
-        if resp.status == 404:
-            return None
-        if resp.status not in (200, 201, 204):
-            detail = answer[:300].decode(errors="replace")
-            raise TransportError(f"management API {method} {path}: HTTP {resp.status} {resp.reason} {detail}".rstrip())
-        if not answer.strip():
-            return None
-        try:
-            return json.loads(answer)
-        except ValueError as exc:
-            raise TransportError(f"management API {path}: not JSON ({exc})") from None
 
     def queue(self, queue: str) -> QueueStats | None:
         """Ready messages and their bytes in ``queue`` of this broker's vhost; None when it does not exist."""
