@@ -207,18 +207,22 @@ subnet_of() {  # subnet_of CLUSTER: the fixed subnet of its network (the shell's
     sed -n 's/^NEBULA_SUBNET=//p' "$ROOT/broker/docker/$1.env"
 }
 
-free_subnet() {  # free_subnet CLUSTER: no other project's network may hold CLUSTER's subnet
-    local cluster=$1 subnet ours name nets
+free_subnet() {  # free_subnet CLUSTER: no other project's network may have CLUSTER's subnet
+    local cluster=$1 subnet ours name nets holders running
     subnet=$(subnet_of "$cluster")
-    ours="$PROJECT_PREFIX-${cluster}_cluster"
-    nets=$("$DOCKER" network ls -q)
+    # Compose lower-cases a project's name, and so its networks' names.
+    ours=$(echo "$PROJECT_PREFIX-${cluster}_cluster" | tr '[:upper:]' '[:lower:]')
+    nets=$("$DOCKER" network ls -q) || die "cannot list the engine's networks at $DOCKER_HOST"
     [ -n "$nets" ] || return 0
     # shellcheck disable=SC2086  # one id per word
-    for name in $("$DOCKER" network inspect -f '{{.Name}}{{range .IPAM.Config}} {{.Subnet}}{{end}}' $nets \
-            | awk -v s="$subnet" '{for (i = 2; i <= NF; i++) if ($i == s) print $1}'); do
+    holders=$("$DOCKER" network inspect -f '{{.Name}}{{range .IPAM.Config}} {{.Subnet}}{{end}}' $nets \
+        | awk -v s="$subnet" '{for (i = 2; i <= NF; i++) if ($i == s) print $1}') \
+        || die "cannot inspect the engine's networks at $DOCKER_HOST"
+    for name in $holders; do
         [ "$name" = "$ours" ] && continue
+        running=$("$DOCKER" ps -q --filter "network=$name") || die "cannot list the containers on $name"
         # A project that a killed run left stopped holds the subnet for nothing: remove it.
-        if [ -z "$("$DOCKER" ps -q --filter "network=$name")" ]; then
+        if [ -z "$running" ]; then
             say "removing the stopped network $name, which held $subnet"
             "$DOCKER" ps -aq --filter "network=$name" | xargs -r "$DOCKER" rm -f >/dev/null
             "$DOCKER" network rm "$name" >/dev/null
@@ -229,8 +233,9 @@ free_subnet() {  # free_subnet CLUSTER: no other project's network may hold CLUS
 }
 
 up() {
-    image
+    engine
     for c in "${CLUSTERS[@]}"; do free_subnet "$c"; done
+    image
     [ -d "$ROOT/run/data/tokenized" ] || (cd "$ROOT" && "$VENV/bin/nebula-mq" data build)
     exchange_trust
     for c in "${CLUSTERS[@]}"; do compose "$c" up -d --no-build broker; done

@@ -30,6 +30,8 @@ from nebula_mq.transport.connection import ssl_context
 TIMEOUT_S = 5.0
 # The first pause before asking a busy broker again; the n-th pause is n times this.
 RETRY_PAUSE_S = 1.0
+# Methods whose repetition changes nothing more than their first success did.
+IDEMPOTENT = ("GET", "DELETE")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class QueueStats:
 
 
 class ManagementClient:
-    """GET requests to one broker's management API, as the job's monitoring user."""
+    """Requests to one broker's management API: reads as the job's monitoring user, and the
+    writes of an administrator who provisions the broker (``stack.admin.HttpAdmin``)."""
 
     def __init__(self, broker: BrokerSettings) -> None:
         if not broker.management_port:
@@ -67,17 +70,26 @@ class ManagementClient:
 
         A busy broker answers 5xx when its statistics or vhost supervisors miss an internal
         deadline; a GET or DELETE (idempotent: a repeated DELETE finds 404) is then asked
-        again, up to ``attempts`` times in all, after a pause that grows."""
-        for attempt in range(1, attempts + 1):
-            status, reason, answer = self._exchange(method, path, body, timeout)
-            if status < 500 or attempt == attempts or method not in ("GET", "DELETE"):
-                break
+        again, up to ``attempts`` times in all, after a pause that grows. So is a GET that
+        failed to connect or timed out; a write whose answer never came is reported, not resent."""
+        attempt = 1
+        while True:
+            try:
+                status, reason, answer = self._exchange(method, path, body, timeout)
+            except TransportError:
+                if attempt >= attempts or method != "GET":
+                    raise
+            else:
+                if status < 500 or attempt >= attempts or method not in IDEMPOTENT:
+                    break
             time.sleep(RETRY_PAUSE_S * attempt)
+            attempt += 1
         if status == 404:
             return None
         if status not in (200, 201, 204):
             detail = answer[:300].decode(errors="replace")
-            raise TransportError(f"management API {method} {path}: HTTP {status} {reason} {detail}".rstrip())
+            tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+            raise TransportError(f"management API {method} {path}: HTTP {status} {reason} {detail}".rstrip() + tries)
         if not answer.strip():
             return None
         try:
