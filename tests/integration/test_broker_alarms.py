@@ -48,7 +48,9 @@ class Job:
 
     def alarm(self, cluster: str, kind: str, on: bool) -> None:
         args = ALARMS[kind][0 if on else 1]
-        self.stack.rabbitmqctl(cluster, *(a.format(limit=self.disk_limit) for a in args), timeout=20)
+        # rabbitmqctl boots an Erlang VM of its own: 20 s were too few once, with both lanes
+        # starting brokers on 2 cores; a node that is really gone still fails within a minute.
+        self.stack.rabbitmqctl(cluster, *(a.format(limit=self.disk_limit) for a in args), timeout=60)
 
 
 @pytest.fixture(scope="module")
