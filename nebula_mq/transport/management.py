@@ -25,10 +25,11 @@ from urllib.parse import quote
 
 from nebula_mq.errors import TransportError
 from nebula_mq.settings import BrokerSettings
+from nebula_mq.transport.backoff import Backoff
 from nebula_mq.transport.connection import ssl_context
 
 TIMEOUT_S = 5.0
-# The first pause before asking a busy broker again; the n-th pause is n times this.
+# The first pause before asking a busy broker again (transport.backoff doubles it, with jitter).
 RETRY_PAUSE_S = 1.0
 # Methods whose repetition changes nothing more than their first success did.
 IDEMPOTENT = ("GET", "DELETE")
@@ -70,9 +71,9 @@ class ManagementClient:
 
         A busy broker answers 5xx when its statistics or vhost supervisors miss an internal
         deadline; a GET or DELETE (idempotent: a repeated DELETE finds 404) is then asked
-        again, up to ``attempts`` times in all, after a pause that grows. So is a GET that
+        again, up to ``attempts`` times in all, after a pause that doubles. So is a GET that
         failed to connect or timed out; a write whose answer never came is reported, not resent."""
-        attempt = 1
+        attempt, pauses = 1, Backoff(initial=RETRY_PAUSE_S, maximum=4 * RETRY_PAUSE_S)
         while True:
             try:
                 status, reason, answer = self._exchange(method, path, body, timeout)
@@ -82,7 +83,7 @@ class ManagementClient:
             else:
                 if status < 500 or attempt >= attempts or method not in IDEMPOTENT:
                     break
-            time.sleep(RETRY_PAUSE_S * attempt)
+            time.sleep(pauses.next_delay())
             attempt += 1
         if status == 404:
             return None
