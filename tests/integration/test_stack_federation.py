@@ -149,8 +149,7 @@ def test_federation_goodput_with_4mb_messages_reaches_the_shaped_rate(stack: Sta
     # Steady state: n-1 messages between the first and the last arrival.
     goodput = (n - 1) * size * 8 / (arrivals[-1] - arrivals[0]) / 1e6
     print(f"federation goodput {goodput:.1f} Mbit/s at a {rate} Mbit/s cap")
-    # The cap holds (the shaper is the link), and federation is not the bottleneck: a stall of
-    # a round trip a message (40 ms against 0.56 s of wire) would leave it near 0.93; 0.8
-    # leaves room for a loaded 2-core CI host, which measured 0.89. How close it comes is
-    # `bench transport`'s figure.
-    assert 0.8 * rate <= goodput <= 1.1 * rate
+    # The cap holds (the shaper is the link), and the floor catches federation falling far
+    # behind it. Loaded 2-core CI hosts measured 0.79-0.89 of the cap, so how close it comes is
+    # `bench transport`'s figure, not this test's.
+    assert 0.6 * rate <= goodput <= 1.1 * rate
