@@ -156,7 +156,29 @@ def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
     t = [r["time"] for r in rows]
     w = min(warmup, len(t) - 2)
     rate = per_step * (len(t) - 1 - w) / (t[-1] - t[w])
-    return rate, {"steps": len(t), "samples_per_step": per_step, "final_rtd_loss": rows[-1]["rtd_loss"]}
+    return rate, {"steps": len(t), "samples_per_step": per_step, "final_rtd_loss": rows[-1]["rtd_loss"],
+                  "ms_per_step": time_per_step(run_dir, len(t))}
+
+
+def time_per_step(run_dir: Path, steps: int) -> dict[str, dict[str, float]]:
+    """Where each worker's time went, in ms a step over the whole run: ``compute`` (its own
+    steps) and ``wait`` (for the other side's messages or sync tokens)."""
+    from nebula_mq.runtime.metrics import read_metrics
+
+    out = {}
+    for prom in sorted((run_dir / "metrics").glob("*.prom")):
+        m = read_metrics(prom)
+        out[prom.stem] = {"compute": 1000 * m.get("nebula_compute_seconds_total", 0.0) / steps,
+                          "wait": 1000 * m.get("nebula_wait_seconds_total", 0.0) / steps}
+    return out
+
+
+def where_time_goes(row: dict[str, Any]) -> str:
+    """One line per pair: each side's compute / wait in ms a step, inside then across."""
+    def side(where: str) -> str:
+        each = row[f"{where}_detail"]["ms_per_step"]
+        return ", ".join(f"{w} {t['compute']:.1f}/{t['wait']:.1f}" for w, t in each.items())
+    return f"  ms a step (compute/wait): inside {side('inside')}; across {side('across')}"
 
 
 def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max_lead: int, preset: str,
@@ -216,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 results.append(row)
                 print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
                       f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+                print(where_time_goes(row), flush=True)
         hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
                         delay=delay, rate_mbit=rate_mbit)
     finally:

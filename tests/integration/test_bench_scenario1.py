@@ -26,6 +26,10 @@ def test_quick_scenario1_bench_trains_inside_and_across_and_the_hot_start_resume
     (row,) = report["results"]
     assert row["n"] == 1 and row["inside"] > 0 and row["across"] > 0
     assert row["inside_detail"]["steps"] == row["across_detail"]["steps"] == 24
+    for where in ("inside", "across"):  # each side's compute and wait, per worker
+        times = row[f"{where}_detail"]["ms_per_step"]
+        assert set(times) == {"gen", "disc-root"}
+        assert all(t["compute"] > 0 and t["wait"] >= 0 for t in times.values())
     assert report["by_n"][0]["ratio"] == pytest.approx(row["across"] / row["inside"])
     hot = report["hot_start"]
     # The across run goes to step 48 from the inside run's checkpoint at 24: it trains 24 steps,
@@ -35,3 +39,4 @@ def test_quick_scenario1_bench_trains_inside_and_across_and_the_hot_start_resume
     assert Path(hot["plot"]).is_file()
     text = capsys.readouterr().out
     assert "across/inside ratio at the fastest n=1" in text
+    assert "ms a step (compute/wait): inside " in text
