@@ -87,7 +87,11 @@ def test_a_tools_stack_takes_free_ports_below_the_ephemeral_range() -> None:
     base = free_base_port(2, os.getpid())
     assert base in TOOL_BASE_PORTS
     with socket.socket() as holder:  # its dist port busy: the same seed must move elsewhere
+        # Listening with SO_REUSEADDR, as a node does: the probe finds the port taken, and a
+        # TIME_WAIT leftover there (which the probe counts as free) does not stop this bind.
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", stack_ports(base, 2)[-1]))
+        holder.listen()
         other = free_base_port(2, os.getpid())
     assert other != base and other in TOOL_BASE_PORTS
 
