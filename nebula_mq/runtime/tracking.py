@@ -17,6 +17,7 @@ succeeds again, and the training goes on (``atomic.SkipWhenFull``).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,8 @@ class TensorBoardHook(Hook):
     starts at the first step, so a worker that never trains leaves nothing behind."""
 
     def __init__(self, logdir: Path) -> None:
-        from tensorboardX import SummaryWriter
-
         self.logdir = logdir
-        self.make_writer = SummaryWriter
+        self.make_writer = _summary_writer_class()
         self.writer: Any = None
         # Creating the writer (the training thread) and writing its file (the writer's thread).
         self.create, self.file_write = SkipWhenFull("tensorboard", _skipped), SkipWhenFull("tensorboard", _skipped)
@@ -76,6 +75,26 @@ class TensorBoardHook(Hook):
         if queue is not None:
             queue.join_thread()
         self.writer = None
+
+
+def _summary_writer_class() -> Any:
+    """tensorboardX's ``SummaryWriter``, imported without torch unless torch is loaded already.
+
+    tensorboardX's writer imports torch where it is installed, only to accept torch tensors,
+    and this hook gives it floats. That import cost every Paddle worker about 2 s of CPU at each
+    start and restart, more than Paddle's own import costs. A ``None`` in ``sys.modules`` makes
+    ``import torch`` raise the ImportError that tensorboardX expects where torch is missing; it
+    is taken out again at once, so the worker's own model can still import torch."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        if sys.modules.get("torch", 0) is None:
+            del sys.modules["torch"]
+    return SummaryWriter
 
 
 def _skipped(what: str, problem: str) -> None:
