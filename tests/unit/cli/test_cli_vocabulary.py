@@ -70,3 +70,29 @@ def test_the_top_level_help_says_where_to_begin_and_each_group_shows_examples() 
     assert len(groups) >= 6  # audit, bench, certs, config, data, data-access, stack, study, wan
     for group in groups:
         assert group.epilog and group.epilog.startswith("example") and f"nebula-mq {group.prog.split()[-1]} " in group.epilog, group.prog
+
+
+def test_a_command_imports_its_own_module_alone_and_the_rest_get_the_whole_parser() -> None:
+    """A worker's start (and its restarts) builds the ``worker`` parser only: no benchmark or
+    stack module is imported for it. Top-level help and a mistyped command see every command."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from nebula_mq.cli import _parser_for
+args = _parser_for(["worker", "job.toml", "--role", "split-head"]).parse_args(
+    ["worker", "job.toml", "--role", "split-head"])
+assert args.command == "worker" and args.job == "job.toml", args
+print(" ".join(m for m in sys.modules if m.startswith(("nebula_mq.bench", "nebula_mq.stack", "nebula_mq.cli."))))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = set(out.stdout.split())
+    assert "nebula_mq.cli.worker" in loaded
+    assert not loaded & {"nebula_mq.bench", "nebula_mq.stack", "nebula_mq.cli.bench", "nebula_mq.cli.stack"}, loaded
+    from nebula_mq.cli import _parser_for
+
+    every = {name for _path, parser in commands(build_parser()) for name in [parser.prog]}
+    for typed in (["--help"], ["bogus"], ["demo"], ["deprovision", "job.toml"]):
+        assert {p.prog for _path, p in commands(_parser_for(typed))} == every, typed

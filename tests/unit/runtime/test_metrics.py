@@ -117,3 +117,25 @@ def test_each_workers_values_are_tensorboard_scalars(pair: tuple[Worker, Worker,
     scalars = read_scalars(receiver.settings.run_dir / "tensorboard" / "dec-0")
     assert scalars["loss"] == [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert [s for s, _ in scalars["lr"]] == [1, 2, 3] and "acc" not in scalars  # NaN is not plotted
+
+
+def test_the_tensorboard_hook_leaves_torch_unloaded_and_importable(tmp_path: Path) -> None:
+    """tensorboardX's writer would import torch (installed here) at every worker start, 2 s of
+    CPU a Paddle worker does not need: the hook keeps it out, and a model can still import it."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys
+from nebula_mq.runtime.tracking import TensorBoardHook
+hook = TensorBoardHook({str(tmp_path)!r})
+hook.on_step(1, {{"loss": 2.5}})
+hook.close()
+assert "torch" not in sys.modules, "tensorboardX imported torch"
+import torch
+print(torch.ones(2).sum().item())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2.0"
+    assert read_scalars(tmp_path)["loss"] == [(1, 2.5)]
