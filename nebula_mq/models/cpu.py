@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from functools import lru_cache
 
 THREADS_ENV = "NEBULA_THREADS"
@@ -69,6 +70,9 @@ def configure_cpu(threads: int | None = None) -> int:
     n = threads if threads is not None else threads_from_env()
     if importlib.util.find_spec("paddle") is None:
         return n  # torch reads its share from OMP_NUM_THREADS (thread_share_env) at import
+    # paddle warns at import that ccache is missing, which matters only to compiling custom
+    # C++ operators: left alone, it opened every worker's log as a warning at every start.
+    warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
     import paddle
 
     paddle.base.core.set_num_threads(n)

@@ -39,3 +39,13 @@ def test_with_paddle_its_math_threads_are_set() -> None:
         print(configure_cpu(2), "paddle" in sys.modules)
     """)
     assert got == "2 True"
+
+
+def test_a_worker_start_logs_no_ccache_warning_from_paddle() -> None:
+    """paddle's import-time "No ccache found" warning (only about compiling custom operators)
+    does not open every worker's log; other warnings still show."""
+    script = ("import warnings\nfrom nebula_mq.models.cpu import configure_cpu\nconfigure_cpu()\n"
+              "warnings.warn('still shown')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ccache" not in out.stderr and "still shown" in out.stderr, out.stderr
