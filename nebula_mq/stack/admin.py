@@ -2,9 +2,12 @@
 
 One ABC, two ways in:
 
-* :class:`CtlAdmin`: ``rabbitmqctl`` on a node of the local stack (Erlang cookie, this host);
 * :class:`HttpAdmin`: the management API over HTTPS as an administrator, for any broker
-  reachable over the network (``nebula-mq provision``).
+  reachable over the network (``nebula-mq provision``) and for the local stack's nodes
+  (:func:`local_admin`);
+* :class:`CtlAdmin`: ``rabbitmqctl`` on a node of the local stack (Erlang cookie, this host),
+  for a node rendered before its administrator's password was kept beside it. Each call
+  starts an Erlang VM, about 0.6 s of CPU: a request to the API costs a TLS handshake.
 
 Both apply the same definitions document (``provision.definitions``), so ``nebula-mq run``
 on the local stack and ``nebula-mq provision`` on a remote broker create the same objects.
@@ -22,7 +25,10 @@ from urllib.parse import quote
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError, TransportError
+from nebula_mq.security.certs import ClusterCA
 from nebula_mq.settings import BrokerSettings
+from nebula_mq.stack import node as nodes
+from nebula_mq.stack.layout import NodeLayout
 from nebula_mq.transport.management import ManagementClient
 
 # Importing definitions on a busy broker takes a few seconds.
@@ -129,6 +135,26 @@ class HttpAdmin(BrokerAdmin):
 
     def delete_user(self, user: str) -> None:
         self._call("DELETE", f"users/{quote(user, safe='')}")
+
+
+# The client certificate the stack's administrator presents to a node's management API.
+STACK_ADMIN_CLIENT = "nebula-stack-admin"
+
+
+def local_admin(node: NodeLayout, ca: ClusterCA, management_listen: str) -> BrokerAdmin:
+    """A local stack's node as its administrator: its management API as the node's default
+    user, or ``rabbitmqctl`` where the node has no API port or no kept password (a stack
+    rendered by an older version)."""
+    password = nodes.admin_password_file(node)
+    if not node.mgmt_port or not password.is_file():
+        return CtlAdmin(node.node, lambda *args, timeout=60.0: nodes.rabbitmqctl(node, *args, timeout=timeout),
+                        node.path)
+    client = ca.ensure_client(STACK_ADMIN_CLIENT)
+    host = "127.0.0.1" if management_listen in ("0.0.0.0", "::") else management_listen
+    return HttpAdmin(BrokerSettings(
+        host=host, port=node.tls_port, tls=True, ca_file=str(client.ca_file), cert_file=str(client.cert_file),
+        key_file=str(client.key_file), server_name="localhost", management_port=node.mgmt_port,
+        management_user=nodes.STACK_ADMIN, management_password_file=str(password)))
 
 
 def deprovision(admin: BrokerAdmin, job_id: str, workers: Sequence[str]) -> list[str]:

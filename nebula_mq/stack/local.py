@@ -28,7 +28,7 @@ from nebula_mq.security.keys import ensure_secret
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import processes, provision, wan
-from nebula_mq.stack.admin import CtlAdmin
+from nebula_mq.stack.admin import BrokerAdmin, local_admin
 from nebula_mq.stack.layout import (
     DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, StackLayout, default_run_dir, plan,
 )
@@ -173,10 +173,9 @@ class Stack:
     def rabbitmqctl(self, cluster: str, *args: str, timeout: float = 60.0) -> str:
         return nodes.rabbitmqctl(self.layout.node(cluster), *args, timeout=timeout)
 
-    def admin(self, cluster: str) -> CtlAdmin:
+    def admin(self, cluster: str) -> BrokerAdmin:
         """``cluster``'s node as its administrator (what provisioning applies definitions through)."""
-        n = self.layout.node(cluster)
-        return CtlAdmin(n.node, lambda *args, timeout=60.0: nodes.rabbitmqctl(n, *args, timeout=timeout), n.path)
+        return local_admin(self.layout.node(cluster), self.ca(cluster), self.layout.management_listen)
 
     # ------------------------------------------------------------------ clients
 

@@ -21,12 +21,16 @@ from typing import NoReturn
 
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, Identity
+from nebula_mq.security.pem import write_private
 from nebula_mq.security.revocation import ensure_crls
 from nebula_mq.settings import BROKER_MAX_MESSAGE_BYTES
 from nebula_mq.stack.layout import NodeLayout, port_free
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 BROKER_DIR = Path(__file__).resolve().parents[2] / "broker"
+# The default user (made at the database's first boot): the stack's administrator through the
+# management API (stack.admin.local_admin). AMQP takes certificates only. An older name, kept.
+STACK_ADMIN = "nebula-admin-disabled"
 
 
 def _template(name: str) -> str:
@@ -68,6 +72,10 @@ def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1", manage
         fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_hex(20).upper())
+    # The default user's password stays what the node's database was first booted with.
+    old = node.config_file.read_text() if node.config_file.exists() else ""
+    kept = [ln.split("=", 1)[1].strip() for ln in old.splitlines() if ln.startswith("default_pass")]
+    password = kept[0] if kept else secrets.token_hex(16)
     conf = Template(_template("rabbitmq.conf.template")).substitute(
         node=node.node,
         tls_port=node.tls_port,
@@ -75,17 +83,12 @@ def render(node: NodeLayout, server: Identity, listen: str = "127.0.0.1", manage
         ca_file=server.ca_file,
         cert_file=server.cert_file,
         key_file=server.key_file,
-        default_pass=secrets.token_hex(16),
+        default_user=STACK_ADMIN,
+        default_pass=password,
         max_message_size=BROKER_MAX_MESSAGE_BYTES,
     )
-    if not node.config_file.exists():
-        node.config_file.write_text(conf)
-    else:
-        # Keep the first random default password; refresh everything else.
-        old = node.config_file.read_text()
-        keep = [ln for ln in old.splitlines() if ln.startswith("default_pass")]
-        lines = [keep[0] if ln.startswith("default_pass") and keep else ln for ln in conf.splitlines()]
-        node.config_file.write_text("\n".join(lines) + "\n")
+    write_private(node.config_file, conf.encode())
+    write_private(admin_password_file(node), f"{password}\n".encode())
     node.plugins_file.write_text(_template("enabled_plugins"))
     node.env_file.write_text(_template("rabbitmq-env.conf.template"))
     node.advanced_config_file.write_text(
@@ -120,6 +123,10 @@ def _crl_dir(server: Identity) -> str:
     certs_dir = Path(server.ca_file).parent.parent
     cas = [ClusterCA(certs_dir, d.name) for d in sorted(certs_dir.iterdir()) if (d / "ca.pem").is_file()]
     return str(ensure_crls(certs_dir, cas))
+
+
+def admin_password_file(node: NodeLayout) -> Path:
+    return node.path / "admin.password"
 
 
 def log_file(node: NodeLayout) -> Path:

@@ -32,12 +32,21 @@ def start_all(layout: StackLayout, timeout: float) -> None:
         if isinstance(exc, StackError):
             raise StackError(f"{exc}; {rollback}") from None
         raise
+    trust_changed = max((f.stat().st_mtime for f in layout.certs_dir.glob("*/trust.pem")), default=0.0)
     for n in layout.nodes:
-        if n.node in nodes_before:
+        if n.node in nodes_before and trust_changed >= _started_at(n):
             # A running node re-reads certificate files at each handshake, except CA bundles it
-            # already loaded as a TLS client (federation links): a peer CA imported since would
-            # stay unknown until this, or a restart.
+            # already loaded as a TLS client (federation links): a peer CA imported since it
+            # started would stay unknown until this, or a restart.
             nodes.rabbitmqctl(n, "eval", "ssl:clear_pem_cache().")
+
+
+def _started_at(node: NodeLayout) -> float:
+    """When the node's VM wrote its pid file (0 when that cannot be read: clear the cache)."""
+    try:
+        return node.pid_file.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def stop_all(layout: StackLayout) -> None:

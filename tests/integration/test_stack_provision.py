@@ -102,3 +102,26 @@ def test_bad_job_or_cluster_is_a_stack_error(stack: StackHandle) -> None:
         stack.stack.provision_job("Bad Job", topology.abnet_flows("cluster-a", "cluster-b", ("e",)))
     with pytest.raises(StackError):
         stack.stack.provision_job("ok", topology.abnet_flows("cluster-a", "cluster-z", ("e",)))
+
+
+@pytest.mark.broker
+def test_the_stack_administers_its_nodes_through_the_management_api(stack: StackHandle, tmp_path: Path) -> None:
+    """Provisioning a job on the local stack is a request to each node's management API, not an
+    Erlang VM per ``rabbitmqctl`` call; the administrator's password is kept 0600 beside the node
+    (as is the config holding it). A node rendered before the password was kept (or without a
+    management port) is still administered, through ``rabbitmqctl``."""
+    from dataclasses import replace
+
+    from nebula_mq.stack import node as nodes
+    from nebula_mq.stack.admin import CtlAdmin, HttpAdmin, local_admin
+
+    n = stack.stack.layout.node("cluster-a")
+    admin = stack.stack.admin("cluster-a")
+    assert isinstance(admin, HttpAdmin)
+    for private in (nodes.admin_password_file(n), n.config_file):
+        assert private.stat().st_mode & 0o777 == 0o600, private
+    job = stack.new_job(prefix="adm")
+    assert job.vhost in admin.users_of().get(job.identities["cluster-a"][0], [])
+    older = replace(n, dir=str(tmp_path))  # no admin.password there
+    assert isinstance(local_admin(older, stack.stack.ca("cluster-a"), "127.0.0.1"), CtlAdmin)
+    assert isinstance(local_admin(replace(n, mgmt_port=0), stack.stack.ca("cluster-a"), "127.0.0.1"), CtlAdmin)
