@@ -23,21 +23,19 @@ from nebula_mq.errors import ConfigError, NebulaError
 from .defaults import announce_defaults
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """Every command, or (``only``) the commands of that one module."""
-    return _build(only)[0]
+def build_parser() -> argparse.ArgumentParser:
+    return _build(_command_modules())[0]
 
 
-def _build(only: str | None) -> tuple[argparse.ArgumentParser, set[str]]:
+def _build(modules: Sequence[str]) -> tuple[argparse.ArgumentParser, set[str]]:
+    """The parser with the commands that ``modules`` register, and those commands' names."""
     parser = argparse.ArgumentParser(
         prog="nebula-mq",
         description="Train deep-learning models across clusters over RabbitMQ.",
     )
     parser.add_argument("--version", action="version", version=f"nebula-mq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _command_modules():
-        if only is not None and name != only:
-            continue
+    for name in modules:
         module = importlib.import_module(f"{__name__}.{name}")
         register = getattr(module, "register", None)
         if callable(register):
@@ -60,12 +58,12 @@ def _parser_for(argv: Sequence[str] | None) -> argparse.ArgumentParser:
     otherwise: top-level help, a mistyped command, a command another module registers."""
     args = sys.argv[1:] if argv is None else list(argv)
     typed = args[0] if args else ""
-    name = typed.replace("-", "_")
-    if name in _command_modules():
-        parser, commands = _build(name)
+    modules = _command_modules()
+    if typed.replace("-", "_") in modules:
+        parser, commands = _build([typed.replace("-", "_")])
         if typed in commands:
             return parser
-    return build_parser()
+    return _build(modules)[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, federation_identity
@@ -32,9 +33,8 @@ def start_all(layout: StackLayout, timeout: float) -> None:
         if isinstance(exc, StackError):
             raise StackError(f"{exc}; {rollback}") from None
         raise
-    trust_changed = max((f.stat().st_mtime for f in layout.certs_dir.glob("*/trust.pem")), default=0.0)
     for n in layout.nodes:
-        if n.node in nodes_before and trust_changed >= _started_at(n):
+        if n.node in nodes_before and _changed_at(ClusterCA(layout.certs_dir, n.cluster).trust_file) >= _started_at(n):
             # A running node re-reads certificate files at each handshake, except CA bundles it
             # already loaded as a TLS client (federation links): a peer CA imported since it
             # started would stay unknown until this, or a restart.
@@ -47,6 +47,14 @@ def _started_at(node: NodeLayout) -> float:
         return node.pid_file.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _changed_at(path: Path) -> float:
+    """When ``path`` last changed (infinitely late when that cannot be read: clear the cache)."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return float("inf")
 
 
 def stop_all(layout: StackLayout) -> None:
