@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_mq.bench.scenario1 import by_n
+from nebula_mq.bench.scenario1 import by_n, root_busy
 from nebula_mq.cli import main
 
 
 def test_each_ratio_is_its_own_pairs_and_the_medians_are_per_n() -> None:
-    results = [{"n": 1, "repeat": 0, "inside": 280.0, "across": 234.0, "ratio": 234 / 280},
-               {"n": 2, "repeat": 0, "inside": 177.0, "across": 223.0, "ratio": 223 / 177},
-               {"n": 1, "repeat": 1, "inside": 200.0, "across": 196.0, "ratio": 0.98},
-               {"n": 2, "repeat": 1, "inside": 210.0, "across": 200.0, "ratio": 200 / 210},
-               {"n": 1, "repeat": 2, "inside": 250.0, "across": 240.0, "ratio": 0.96}]
+    results = [{"n": 1, "repeat": 0, "inside": 280.0, "across": 234.0, "ratio": 234 / 280, "busy_ratio": 0.97},
+               {"n": 2, "repeat": 0, "inside": 177.0, "across": 223.0, "ratio": 223 / 177, "busy_ratio": 1.0},
+               {"n": 1, "repeat": 1, "inside": 200.0, "across": 196.0, "ratio": 0.98, "busy_ratio": 0.99},
+               {"n": 2, "repeat": 1, "inside": 210.0, "across": 200.0, "ratio": 200 / 210, "busy_ratio": 0.98},
+               {"n": 1, "repeat": 2, "inside": 250.0, "across": 240.0, "ratio": 0.96, "busy_ratio": 0.95}]
     table = by_n(results)
     assert [r["n"] for r in table] == [1, 2]
     one = table[0]
@@ -22,6 +22,13 @@ def test_each_ratio_is_its_own_pairs_and_the_medians_are_per_n() -> None:
     assert one["ratio"] == pytest.approx(0.96)  # the median pair, not median(across) / median(inside)
     assert (one["inside"], one["across"]) == (250.0, 234.0)
     assert table[1]["ratio"] == pytest.approx((223 / 177 + 200 / 210) / 2)
+    assert (one["busy_ratio"], table[1]["busy_ratio"]) == pytest.approx((0.97, 0.99))
+
+
+def test_the_roots_busy_share_is_its_compute_over_compute_and_wait() -> None:
+    assert root_busy({"ms_per_step": {"disc-root": {"compute": 30.0, "wait": 10.0},
+                                      "gen": {"compute": 5.0, "wait": 35.0}}}) == pytest.approx(0.75)
+    assert root_busy({"ms_per_step": {}}) == 0.0  # no metrics written: nothing to divide
 
 
 def test_repeats_below_one_is_refused_in_one_line_before_any_broker_starts(capsys: pytest.CaptureFixture[str]) -> None:
