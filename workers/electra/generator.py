@@ -19,9 +19,10 @@ steps are the sync tokens: token ``i`` is step ``i``, applied in order on the
 worker's step counter (the synced steps; a repeat is below it) and acked with the
 checkpoint that records it (replay contract). Before each wait the generator
 trains (:meth:`ElectraGenerator.produce`) while ``trained - synced <= max_lead``
-(``max_lead = 0`` is the paper's strict lockstep; 1-2 hide the WAN latency), so it
-never trains past the last step, and both sides end at the same step once the last
-token is applied.
+(``max_lead = 0`` is the paper's strict lockstep; a lead that spans the tokens' round
+trip, in the discriminator's steps, hides the WAN), so it never trains past the last
+step, and both sides end at the same step once the last token is applied. The lead
+changes no weight: a generator trains on its own data alone.
 
 The checkpoint at synced step ``s`` holds the trainers after ``trained >= s``
 steps and ``trained`` in its metadata: every micro-batch of those steps is

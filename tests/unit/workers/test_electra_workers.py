@@ -66,6 +66,21 @@ def test_stop_and_resume_ends_bit_identical_to_a_clean_run(tmp_path: Path) -> No
         assert resumed.step == clean.step == 12 and resumed.digest == clean.digest
 
 
+def test_the_generators_lead_changes_no_weight(tmp_path: Path) -> None:
+    """A generator trains on its own data alone: in lockstep (max_lead 0) and eight steps
+    ahead, both sides end bit-identical, so a lead deep enough for the WAN costs nothing."""
+    for lead in (0, 8):
+        run_pair(settings_for(tmp_path / str(lead), steps=12, max_lead=lead), MemoryBroker())
+    synced = history(tmp_path / "8", "gen", "synced")
+    assert max(step - s for step, s in enumerate(synced, start=1)) > 1  # it did run ahead
+    for worker in ("gen", "disc-root"):
+        lockstep = CheckpointStore(tmp_path / "0" / "checkpoints" / worker).latest()
+        ahead = CheckpointStore(tmp_path / "8" / "checkpoints" / worker).latest()
+        assert lockstep is not None and ahead is not None and lockstep.step == ahead.step == 12
+        assert all(np.array_equal(lockstep.arrays[name], ahead.arrays[name]) for name in lockstep.arrays)
+        assert lockstep.arrays.keys() == ahead.arrays.keys()
+
+
 def test_m3_two_generators_with_their_own_tasks_feed_one_discriminator(tmp_path: Path) -> None:
     gen, root = run_pair(settings_for(tmp_path, steps=20, model={"preset": "tiny", **TWO_GENERATORS}),
                          MemoryBroker())
