@@ -145,6 +145,10 @@ def time_per_step(run_dir: Path, steps: int) -> dict[str, dict[str, float]]:
     return out
 
 
+# Across, the root's busy share this far below inside's: its waits are the link's round trip.
+LEAD_HINT_BELOW = 0.05
+
+
 def root_busy(detail: dict[str, Any]) -> float:
     """The share of its time the root discriminator (the pipeline's bound) computed rather than
     waited for micro-batches: what the WAN costs it, whatever the shared host's speed at the time."""
@@ -160,9 +164,13 @@ def where_time_goes(row: dict[str, Any]) -> str:
         each = row[f"{where}_detail"]["ms_per_step"]
         return ", ".join(f"{w} {t['compute']:.1f}/{t['wait']:.1f}" for w, t in each.items())
     inside, across = root_busy(row["inside_detail"]), root_busy(row["across_detail"])
-    return (f"  ms a step (compute/wait): inside {side('inside')}; across {side('across')}\n"
+    text = (f"  ms a step (compute/wait): inside {side('inside')}; across {side('across')}\n"
             f"  the root busy {100 * inside:.1f}% of its time inside, {100 * across:.1f}% across "
             f"({across / inside if inside else 0.0:.3f}x)")
+    if inside and across < inside - LEAD_HINT_BELOW:
+        text += ("\n  the root waited longer for micro-batches across: the generator's lead is shorter than "
+                 "the sync tokens' round trip in the root's steps; raise [electra] max_lead (it changes no weight)")
+    return text
 
 
 def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max_lead: int | None, preset: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula_mq.bench.scenario1 import by_n, root_busy
+from nebula_mq.bench.scenario1 import by_n, root_busy, where_time_goes
 from nebula_mq.cli import main
 
 
@@ -35,3 +35,14 @@ def test_repeats_below_one_is_refused_in_one_line_before_any_broker_starts(capsy
     code = main(["bench", "scenario1", "--repeats", "0"])
     err = capsys.readouterr().err
     assert code != 0 and "--repeats" in err and "Traceback" not in err
+
+
+def test_a_root_waiting_on_the_link_is_told_to_raise_the_lead() -> None:
+    def row(across_wait: float) -> dict[str, object]:
+        def detail(wait: float) -> dict[str, object]:
+            return {"ms_per_step": {"disc-root": {"compute": 20.0, "wait": wait}, "gen": {"compute": 9.0, "wait": 9.0}}}
+        return {"inside_detail": detail(1.0), "across_detail": detail(across_wait)}
+
+    assert "max_lead" not in where_time_goes(row(2.0))  # 95.2% against 90.9%: within the hint's margin
+    lines = where_time_goes(row(6.0)).splitlines()  # 76.9% busy across against 95.2% inside
+    assert "0.808x" in lines[1] and "raise [electra] max_lead" in lines[2]
