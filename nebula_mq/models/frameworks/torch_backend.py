@@ -98,6 +98,13 @@ def fp16_narrowed(tensor: torch.Tensor) -> np.ndarray:
         return np.asarray(clamped.to(torch.float16).cpu().numpy())
 
 
+def owned_float32(array: np.ndarray) -> np.ndarray:
+    """``array`` as a float32 array that torch may share and write: itself when it is one already,
+    else a copy. A decoded message's arrays are read-only views of its bytes: torch warns about
+    sharing those, and an in-place op on a gradient it holds (clipping) would write into them."""
+    return np.require(array, np.float32, ["C", "W"])
+
+
 class TorchFramework:
     """:class:`~nebula_mq.models.frameworks.Framework` for ``torch.nn.Module`` models."""
 
@@ -143,7 +150,7 @@ class TorchFramework:
         return isinstance(value, torch.Tensor) and value.is_floating_point()
 
     def backward(self, output: Any, grad: np.ndarray) -> None:
-        output.backward(torch.from_numpy(np.asarray(grad, dtype=np.float32)).to(output.device, output.dtype))
+        output.backward(torch.from_numpy(owned_float32(grad)).to(output.device, output.dtype))
 
     def loss_backward(self, loss: object, where: str) -> float:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
@@ -166,8 +173,8 @@ class TorchFramework:
     def set_param_grads(self, model: Any, grads: Mapping[str, np.ndarray]) -> None:
         for name, p in model.named_parameters():
             if p.requires_grad:
-                p.grad = torch.from_numpy(np.asarray(grads[name], np.float32).reshape(tuple(p.shape))).to(p.device,
-                                                                                                        p.dtype)
+                grad = owned_float32(grads[name]).reshape(tuple(p.shape))
+                p.grad = torch.from_numpy(grad).to(p.device, p.dtype)
 
     def default_optimizer(self, params: list[Any], lr: float) -> Any:
         return torch.optim.Adam(params, lr=lr)

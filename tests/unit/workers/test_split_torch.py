@@ -63,7 +63,7 @@ def test_uncompressed_lockstep_torch_split_equals_joint_torch_training(tmp_path:
         for opt in (opt_b, opt_t):
             opt.step()
             opt.zero_grad()
-        expected.append(float(loss))
+        expected.append(float(loss.detach()))
     np.testing.assert_allclose(split, expected, rtol=1e-5)
     assert expected[-1] < expected[0]
 
