@@ -69,7 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_job(stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
             max_lead: int | None, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
-    """Write a job file for these parameters and run it (see :func:`run_config`)."""
+    """Write a job file for these parameters and run it as ``nebula-mq run`` does
+    (``bench.scaling.run_row``: each worker with its share of the cores); its run directory."""
+    from nebula_mq.bench.scaling import run_row
+
     config = root / f"{name}.toml"
     text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
                       n=n, port=free_port_base(n),
@@ -79,15 +82,6 @@ def run_job(stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cl
     if horizon:
         text += f"total_steps = {horizon}\n"
     config.write_text(text)
-    return run_config(stack_dir, config, timeout)
-
-
-def run_config(stack_dir: str, config: Path, timeout: float = 900.0) -> Path:
-    """Provision the job of ``config`` on the running stack and run its processes to
-    completion as ``nebula-mq run`` does (``bench.scaling.run_row``): each worker with its
-    share of the cores, not a thread per core each."""
-    from nebula_mq.bench.scaling import run_row
-
     return Path(run_row(str(config), stack_dir, {}, timeout).run_dir)
 
 
