@@ -95,18 +95,19 @@ def sides(plan: Any) -> tuple[list[str], list[str]]:
 
 
 def measure(run_dir: Path, head: str, warmup: int,
-            by_side: tuple[list[str], list[str]] = ([], [])) -> dict[str, float]:
+            by_side: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any]:
     """Samples/s after the warm-up (from ``head``'s step history), wire bytes, the median step
-    and the final loss; with ``by_side`` (``sides(plan)``) also the busier direction's bytes a step."""
+    and the final loss; with ``by_side`` (``sides(plan)``) also each side's bytes a step (head, tail) and
+    the busier direction's."""
     rows = [json.loads(line) for line in (run_dir / "history" / f"{head}.jsonl").read_text().splitlines()]
     t = [r["time"] for r in rows]
     w = min(warmup, len(t) - 2)
     batch = rows[-1]["samples"]
     samples = batch * len(rows)
-    busiest = max(sum(published_bytes(run_dir, worker) for worker in side) for side in by_side)
+    by_side_bytes = [sum(published_bytes(run_dir, worker) for worker in side) / len(rows) for side in by_side]
     return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
             "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
-            "busiest_bytes_per_step": busiest / len(rows),
+            "busiest_bytes_per_step": max(by_side_bytes), "bytes_per_step_by_side": by_side_bytes,
             "step_s_median": statistics.median(b - a for a, b in zip(t[w:], t[w + 1:]))}
 
 

@@ -29,25 +29,32 @@ def link_note(step_s: float, row: dict[str, Any]) -> str | None:
             "a deeper window would not")
 
 
-def window_note(in_flight: int | None, step_s: float, row: dict[str, Any]) -> str | None:
-    """A line for a WAN row whose round trip ``in_flight`` steps do not cover.
+def window_note(in_flight: int | None, step_s: float, row: dict[str, Any], head_turn_s: float = 0.0) -> str | None:
+    """A line for a WAN row whose loop ``in_flight`` steps do not cover.
 
-    A gradient comes back a round trip plus the tail's step after its activation left, so the
-    head keeps computing only while ``in_flight`` in-cluster steps span that; below it the head
-    waits on the link (on an H200, in_flight 4 at 100 ms each way kept 0.54x the GPU busy time,
-    12 kept 1.05x). ``in_flight`` changes how stale the head's weights are when a gradient lands,
-    so it is the job's to choose, not the bench's."""
+    The tail takes activation ``j`` and must hold ``j + in_flight`` by the time it has done
+    ``in_flight`` steps. Meanwhile, after its step ``j``, the gradient crosses (a delay and its
+    bytes' wire time), the head takes its turn (``head_turn_s``: apply, then the next forward)
+    and the activation crosses back: ``(in_flight - 1)`` steps must span that loop, or the
+    pipeline waits on the link (on an H200, in_flight 4 at 100 ms each way kept 0.54x the GPU
+    busy time, 12 kept 1.05x). Each side's bytes a step come from the row
+    (``bytes_per_step_by_side``). ``in_flight`` changes how stale the head's weights are when a
+    gradient lands, so it is the job's to choose, not the bench's."""
     if not in_flight or not step_s or not row.get("delay_ms"):
         return None
-    needed = 2 * row["delay_ms"] / 1000 + step_s
-    if in_flight * step_s >= needed:
-        # The estimate leaves out each message's time on the link and in both brokers: the demo
-        # at 10 Mbit/s +20 ms kept 0.77x with 4 in flight, which "cover" 3x the round trip, and
-        # 0.99x with 8.
-        if row.get("ratio", 1.0) >= 0.95:
+    rate = row.get("rate_mbit")
+    wire_s = sum(b * 8 / (rate * 1e6) for b in row.get("bytes_per_step_by_side", ())) if rate else 0.0
+    loop_s = 2 * row["delay_ms"] / 1000 + wire_s + head_turn_s
+    if (in_flight - 1) * step_s >= loop_s:
+        # The loop leaves out each message's time in both brokers and the steps' spread: the
+        # demo at 10 Mbit/s +100 ms, 4 in flight, spanned 558 ms of a 456 ms loop and kept
+        # 0.92x, its tail 0.92x as busy as in one cluster.
+        ratio, busy = row.get("ratio", 1.0), row.get("busy_ratio", 1.0)
+        if min(ratio, busy) >= 0.95:
             return None
-        return (f"note: {row['row']}: {row['ratio']:.2f}x with in_flight {in_flight}; where the link is not full, "
-                f"a deeper window hides more of it (in_flight {2 * in_flight})")
-    return (f"note: {row['row']}: in_flight {in_flight} x the {step_s * 1000:.0f} ms step covers "
-            f"{in_flight * step_s * 1000:.0f} ms of the {needed * 1000:.0f} ms round trip and step: the head "
-            f"waits for gradients; in_flight >= {math.ceil(needed / step_s)} would hide the link")
+        return (f"note: {row['row']}: {ratio:.2f}x the samples/s, the bound {busy:.2f}x as busy, with in_flight "
+                f"{in_flight}; where the link is not full, a deeper window hides more of it (in_flight {2 * in_flight})")
+    parts = f"{2 * row['delay_ms']:g} ms of delay, {wire_s * 1000:.0f} ms of wire, the head's {head_turn_s * 1000:.0f} ms turn"
+    return (f"note: {row['row']}: in_flight {in_flight} leaves {(in_flight - 1) * step_s * 1000:.0f} ms "
+            f"({in_flight - 1} steps of {step_s * 1000:.0f} ms) for a {loop_s * 1000:.0f} ms loop ({parts}): "
+            f"the pipeline waits on the link; in_flight >= {1 + math.ceil(loop_s / step_s)} would hide it")

@@ -12,9 +12,9 @@ as real worker processes:
   federation over mutual TLS.
 
 Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
-ratio to the in-cluster row of the same run, the median step time, each side's share
-of its time spent computing (the rest is waiting for the wire), the wire rate and the
-final loss. The links' shape is put back as it was when the run ends. Worker processes
+ratio to the in-cluster row of the same run, the bound worker's busy share across over
+inside, the median step time, each side's share of its time spent computing (the rest is
+waiting for the wire) and the final loss (``nebula_mq.bench.wan_table``). The links' shape is put back as it was when the run ends. Worker processes
 import the frameworks; this module does not.
 
 With ``--repeats R`` the whole plan runs R times, each repeat starting with its own in-cluster
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq.bench.scaling import measure, run_row, sides, split_job
-from nebula_mq.bench.wan_notes import link_note, window_note
 from nebula_mq.bench.wan_rates import Rate, WireFactor, factor_notes, link_rates, numbers, rate_name, resolve
+from nebula_mq.bench.wan_table import report, shares, summary
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -95,18 +95,6 @@ def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> di
         key = "TGT_CLUSTER" if "tgt_cluster" in given else "TAIL_CLUSTER"
         env[f"NEBULA__{section}__{key}"] = str(head)
     return env
-
-
-def shares(run_dir: Path) -> dict[str, float]:
-    """Each worker's share of its time spent computing (compute over compute + wait)."""
-    from nebula_mq.runtime.metrics import read_metrics
-
-    out = {}
-    for prom in sorted((run_dir / "metrics").glob("*.prom")):
-        m = read_metrics(prom)
-        busy, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
-        out[prom.stem] = busy / (busy + wait) if busy + wait else 0.0
-    return out
 
 
 def link_shapes(stack: Any) -> dict[str, dict[str, Any]]:
@@ -178,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
             job = run_row(args.config, args.stack, env, args.timeout)
             heads, tails = sides(job.plan)
             row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
-                   **measure(job.run_dir, heads[0], warmup, (heads, tails)), "compute_share": shares(job.run_dir)}
+                   **measure(job.run_dir, heads[0], warmup, (heads, tails)), "compute_share": shares(job.run_dir),
+                   "head": heads[0]}
             if found is None and (codecs is not None or factors):  # the in-cluster row: uncompressed
                 found = profile(settings, job.run_dir, steps, heads, tails, row)
                 if codecs is not None:
@@ -226,59 +215,3 @@ def plan(rates: list[Rate], delays: list[float], repeats: int, sets: list[str] |
         for r in rates for d in delays for c in sets]
     return [(repeat, *row) for repeat in range(repeats)
             for row in [("in-cluster", None, None, None)] + (wan if repeat % 2 == 0 else wan[::-1])]
-
-
-def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per row name, in plan order: medians over the repeats, and each repeat's ratio
-    to the in-cluster row of that same repeat."""
-    base = {r["repeat"]: r["samples_per_s"] for r in rows if r["rate_mbit"] is None}
-    names = list(dict.fromkeys(r["row"] for r in rows))
-    out = []
-    for name in names:
-        runs = [r for r in rows if r["row"] == name]
-        shares_by_worker: dict[str, list[float]] = {}
-        for r in runs:
-            for worker, share in r["compute_share"].items():
-                shares_by_worker.setdefault(worker, []).append(share)
-        ratios = [r["samples_per_s"] / base[r["repeat"]] for r in runs]
-        out.append({"row": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
-                    "ratio": statistics.median(ratios), "ratios": ratios,
-                    "step_s_median": statistics.median(r["step_s_median"] for r in runs),
-                    "compute_share": {w: statistics.median(v) for w, v in shares_by_worker.items()},
-                    "final_losses": sorted({r["final_loss"] for r in runs}),
-                    "delay_ms": runs[0]["delay_ms"], "rate_mbit": runs[0]["rate_mbit"],
-                    "busiest_bytes_per_step": statistics.median(r.get("busiest_bytes_per_step", 0.0) for r in runs),
-                    "codecs": runs[0].get("codecs", "")})
-    return out
-
-
-def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
-           notes_under: list[str] | None = None) -> str:
-    """The table: every row beside the in-cluster row of the same run (of the same repeat), and
-    ``notes_under`` below it (None: every row ran the job's own chains, which the header names)."""
-    table = summary(rows)
-    repeats = max(r["repeat"] for r in rows) + 1
-    batch = rows[0]["samples"] / steps
-    lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
-             + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if notes_under is None
-                else "each row's codecs in its last column")
-             + (f", {repeats} repeats (medians; each repeat's ratio after the median)" if repeats > 1 else ""),
-             f"{'row':<20} {'samples/s':>10} {'vs in-cluster':>14} {'step s (median)':>16} "
-             f"{'compute share by worker':<34} {'final loss':>10}"]
-    for r in table:
-        compute = ", ".join(f"{w} {s:.0%}" for w, s in r["compute_share"].items())
-        each = f" ({', '.join(f'{x:.2f}' for x in r['ratios'])})" if repeats > 1 else ""
-        loss = "/".join(f"{x:.4f}" for x in r["final_losses"])
-        lines.append(f"{r['row']:<20} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x "
-                     f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
-                     + (f"  {r['codecs']}" if notes_under is not None else ""))
-    lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
-                 "relay shapes each direction)")
-    in_flight = settings.scenario_section().get("in_flight")
-    step_s = table[0]["step_s_median"]
-    # The link's bound is on the ratio, so it takes the step the in-cluster rate implies (the
-    # median step leaves out the slow ones and would bound below what the row measures).
-    rate_step_s = batch / table[0]["samples_per_s"] if table[0]["samples_per_s"] else 0.0
-    notes = [n for r in table[1:] if (n := link_note(rate_step_s, r) or window_note(in_flight, step_s, r))]
-    notes += notes_under or []
-    return "\n".join(lines + notes)

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env, summary
+from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env
+from nebula_mq.bench.wan_table import summary
 from nebula_mq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,6 +33,17 @@ def test_each_ratio_is_against_its_own_repeats_in_cluster_row() -> None:
     assert wan["samples_per_s"] == 90.0
     assert wan["compute_share"] == {"enc-0": pytest.approx(0.6), "dec-0": 0.8}
     assert table[0]["ratios"] == [1.0, 1.0, 1.0]
+
+
+def test_busy_is_the_in_cluster_rows_busiest_workers_share_against_its_own_repeat() -> None:
+    rows = [_row("in-cluster", 0, 100.0, None), {**_row("10mbit-100ms", 0, 120.0), "compute_share": {"enc-0": 0.9, "dec-0": 0.72}},
+            _row("in-cluster", 1, 80.0, None), {**_row("10mbit-100ms", 1, 70.0), "compute_share": {"enc-0": 0.2, "dec-0": 0.8}}]
+    wan = summary(rows)[1]
+    # dec-0 bounds the pipeline in one cluster (0.8 against enc-0's 0.5 and 0.6): its share
+    # is compared, whatever enc-0 did and whatever the host's speed did to samples/s.
+    assert wan["busy_ratios"] == pytest.approx([0.9, 1.0])
+    assert wan["busy_ratio"] == pytest.approx(0.95)
+    assert wan["ratios"] == pytest.approx([1.2, 0.875])
 
 
 def test_a_model_that_differs_between_repeats_shows_every_final_loss() -> None:
@@ -91,7 +103,7 @@ def test_codec_sets_other_than_job_none_and_auto_are_one_line_errors(text: str) 
 def test_the_report_names_a_full_link_and_not_the_window_beneath_it() -> None:
     from types import SimpleNamespace
 
-    from nebula_mq.bench.wan_ratio import report
+    from nebula_mq.bench.wan_table import report
 
     settings = SimpleNamespace(job=SimpleNamespace(id="langid"), codec=SimpleNamespace(forward="fp16", backward="int8"),
                                scenario_section=lambda: {"in_flight": 12})
@@ -104,7 +116,7 @@ def test_the_report_names_a_full_link_and_not_the_window_beneath_it() -> None:
     notes = [line for line in report(settings, rows, 400, 80).splitlines() if line.startswith("note:")]
     assert len(notes) == 2
     assert notes[0].startswith("note: 60mbit-20ms: the link is full") and "deeper window" in notes[0]
-    assert notes[1].startswith("note: 60mbit-5ms: 0.85x with in_flight 12")  # it fits: the window is named
+    assert notes[1].startswith("note: 60mbit-5ms: 0.85x the samples/s")  # it fits: the window is named
 
 
 def test_the_full_links_bound_is_never_below_what_the_row_measured() -> None:
@@ -113,7 +125,7 @@ def test_the_full_links_bound_is_never_below_what_the_row_measured() -> None:
     import re
     from types import SimpleNamespace
 
-    from nebula_mq.bench.wan_ratio import report
+    from nebula_mq.bench.wan_table import report
 
     settings = SimpleNamespace(job=SimpleNamespace(id="abnet-corpus"), codec=SimpleNamespace(forward="f", backward="b"),
                                scenario_section=lambda: {"in_flight": 4})

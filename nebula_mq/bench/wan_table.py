@@ -1,0 +1,106 @@
+"""``bench wan``'s table: each row's medians over the repeats beside the in-cluster row of its own
+repeat, the bound worker's busy share across over inside, and the notes under it.
+
+Samples/s follow the shared host's speed, which drifts by a fifth from one minute to the next
+on a 2-core machine whatever the link; the busy share (compute over compute + wait) of the
+worker that bounds the pipeline does not: where the link is hidden it computes as large a share
+of its time across as inside, at whatever speed the host runs.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+from nebula_mq.bench.wan_notes import link_note, window_note
+
+
+def shares(run_dir: Path) -> dict[str, float]:
+    """Each worker's share of its time spent computing (compute over compute + wait)."""
+    from nebula_mq.runtime.metrics import read_metrics
+
+    out = {}
+    for prom in sorted((run_dir / "metrics").glob("*.prom")):
+        m = read_metrics(prom)
+        busy, wait = m.get("nebula_compute_seconds_total", 0.0), m.get("nebula_wait_seconds_total", 0.0)
+        out[prom.stem] = busy / (busy + wait) if busy + wait else 0.0
+    return out
+
+
+
+
+def busy_ratio(row: dict[str, Any], inside: dict[str, Any]) -> float:
+    """The in-cluster row's busiest worker (the pipeline's bound): its busy share in ``row`` over
+    its share in ``inside``."""
+    bound = max(inside["compute_share"], key=inside["compute_share"].get)
+    return row["compute_share"].get(bound, 0.0) / max(1e-9, inside["compute_share"][bound])
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per row name, in plan order: medians over the repeats, and each repeat's ratio
+    (samples/s, and the bound's busy share: ``busy_ratio``) to the in-cluster row of that same repeat."""
+    inside = {r["repeat"]: r for r in rows if r["rate_mbit"] is None}
+    base = {repeat: r["samples_per_s"] for repeat, r in inside.items()}
+    names = list(dict.fromkeys(r["row"] for r in rows))
+    out = []
+    for name in names:
+        runs = [r for r in rows if r["row"] == name]
+        shares_by_worker: dict[str, list[float]] = {}
+        for r in runs:
+            for worker, share in r["compute_share"].items():
+                shares_by_worker.setdefault(worker, []).append(share)
+        ratios = [r["samples_per_s"] / base[r["repeat"]] for r in runs]
+        busy = [busy_ratio(r, inside[r["repeat"]]) for r in runs]
+        by_side = [r.get("bytes_per_step_by_side", ()) for r in runs]
+        out.append({"row": name, "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
+                    "ratio": statistics.median(ratios), "ratios": ratios,
+                    "step_s_median": statistics.median(r["step_s_median"] for r in runs),
+                    "compute_share": {w: statistics.median(v) for w, v in shares_by_worker.items()},
+                    "final_losses": sorted({r["final_loss"] for r in runs}),
+                    "delay_ms": runs[0]["delay_ms"], "rate_mbit": runs[0]["rate_mbit"],
+                    "busy_ratio": statistics.median(busy), "busy_ratios": busy,
+                    "busiest_bytes_per_step": statistics.median(r.get("busiest_bytes_per_step", 0.0) for r in runs),
+                    "bytes_per_step_by_side": [statistics.median(side) for side in zip(*by_side)],
+                    "head": runs[0].get("head"),
+                    "codecs": runs[0].get("codecs", "")})
+    return out
+
+
+def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
+           notes_under: list[str] | None = None) -> str:
+    """The table: every row beside the in-cluster row of the same run (of the same repeat), and
+    ``notes_under`` below it (None: every row ran the job's own chains, which the header names)."""
+    table = summary(rows)
+    repeats = max(r["repeat"] for r in rows) + 1
+    batch = rows[0]["samples"] / steps
+    lines = [f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {batch:.0f}, "
+             + (f"codecs {settings.codec.forward} / {settings.codec.backward}" if notes_under is None
+                else "each row's codecs in its last column")
+             + (f", {repeats} repeats (medians; each repeat's ratios after the median)" if repeats > 1 else ""),
+             f"{'row':<20} {'samples/s':>10} {'vs in-cluster':>14} {'busy':>6} {'step s (median)':>16} "
+             f"{'compute share by worker':<34} {'final loss':>10}"]
+    for r in table:
+        compute = ", ".join(f"{w} {s:.0%}" for w, s in r["compute_share"].items())
+        each = (f" ({', '.join(f'{x:.2f}' for x in r['ratios'])}; busy "
+                f"{', '.join(f'{x:.2f}' for x in r['busy_ratios'])})" if repeats > 1 else "")
+        loss = "/".join(f"{x:.4f}" for x in r["final_losses"])
+        lines.append(f"{r['row']:<20} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x {r['busy_ratio']:>5.2f}x "
+                     f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
+                     + (f"  {r['codecs']}" if notes_under is not None else ""))
+    bound = max(table[0]["compute_share"], key=table[0]["compute_share"].get, default="-")
+    lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
+                 f"relay shapes each direction; busy: {bound}'s share of its time computing over its share in "
+                 "one cluster, the same repeat's: it bounds the pipeline there, and unlike samples/s its share "
+                 "does not move with the shared host's speed)")
+    in_flight = settings.scenario_section().get("in_flight")
+    step_s = table[0]["step_s_median"]
+    head = table[0]["head"]
+    head_turn_s = table[0]["compute_share"].get(head, 0.0) * step_s if head else 0.0  # the head's compute a step
+    # The link's bound is on the ratio, so it takes the step the in-cluster rate implies (the
+    # median step leaves out the slow ones and would bound below what the row measures).
+    rate_step_s = batch / table[0]["samples_per_s"] if table[0]["samples_per_s"] else 0.0
+    notes = [n for r in table[1:] if (n := link_note(rate_step_s, r) or window_note(in_flight, step_s, r, head_turn_s))]
+    notes += notes_under or []
+    return "\n".join(lines + notes)
