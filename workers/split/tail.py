@@ -126,10 +126,11 @@ class SplitTail(SplitSide):
             tensors = {k: np.concatenate([p.tensors[k] for p in parts])
                        for k in parts[0].tensors if k != self.activation_name}
         loss, grad = self.loss_and_grad(mb, activation, tensors)
-        self.step_optimizer()
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
         if self.world > 1:
             grad = grad / np.float32(self.world)  # d(global mean loss) / d activation (routing)
+        # The replies leave before the optimizer step (and the tail group's all-reduce): the
+        # gradient of the activation is final once backward is done, and the head waits for it;
+        # the step would only lengthen the loop that in_flight must span.
         offset = 0
         for outbox, outgoing, p, piece in zip(self.outboxes, self.outgoing, parts, pieces):
             rows = slice(offset, offset + len(piece))
@@ -138,6 +139,8 @@ class SplitTail(SplitSide):
                 encoded, meta = outgoing.encode(mb, {"grad": grad[rows]}, self.samples(p.tensors))
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
                         correlation_id=p.message_id)
+        self.step_optimizer()
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
         return {"loss": loss}
 
 

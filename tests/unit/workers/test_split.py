@@ -231,3 +231,37 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
     for wrong in (None, topology.message_id(settings.job.id, head.act_flows[0].name, "head-0", 2)):
         with pytest.raises(MalformedMessage, match="correlates"):
             head.check_correlation(reply(3, wrong))
+
+
+def test_the_tail_replies_before_its_optimizer_step(tmp_path: Path) -> None:
+    """The gradient of a micro-batch's activation is final once backward is done: it leaves then,
+    and the optimizer step (with a tail group's all-reduce) runs while it crosses, outside the
+    loop that ``in_flight`` must span."""
+    from nebula_mq.runtime.hooks import Hook, MessageEvent
+    from workers.split.head import SpecHead
+    from workers.split.tail import SpecTail
+
+    import mlp
+
+    settings = settings_for(tmp_path, steps=6)
+    broker = MemoryBroker()
+    tail = SpecTail(settings, mlp.build_tail(settings), MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+    head = SpecHead(settings, mlp.build_head(settings), MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    replied: list[int] = []
+    replied_before_step: list[list[int]] = []
+
+    class Replies(Hook):
+        def on_published(self, event: MessageEvent) -> None:
+            replied.append(event.micro_batch)
+
+    tail.worker.hooks.add(Replies())
+    step_optimizer = tail.step_optimizer
+
+    def recording_step() -> None:
+        replied_before_step.append(list(replied))
+        step_optimizer()
+
+    tail.step_optimizer = recording_step  # type: ignore[method-assign]
+    run_workers(drivers(tail, head))
+    assert replied == list(range(6))
+    assert replied_before_step == [list(range(s + 1)) for s in range(6)]
