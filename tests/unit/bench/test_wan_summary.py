@@ -134,3 +134,9 @@ def test_the_full_links_bound_is_never_below_what_the_row_measured() -> None:
     note = next(line for line in report(settings, [inside, slow], 24, 6).splitlines() if line.startswith("note:"))
     bound = float(re.search(r"at most ([0-9.]+)x", note).group(1))  # type: ignore[union-attr]
     assert "the link is full" in note and 16.2 / 34.3 <= bound <= 0.6
+
+
+def test_an_in_cluster_row_without_metrics_leaves_busy_unknown_not_a_crash() -> None:
+    rows = [{**_row("in-cluster", 0, 100.0, None), "compute_share": {}}, _row("10mbit-20ms", 0, 95.0)]
+    wan = summary(rows)[1]
+    assert wan["ratio"] == pytest.approx(0.95) and wan["busy_ratio"] != wan["busy_ratio"]  # NaN
