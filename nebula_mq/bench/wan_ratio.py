@@ -14,8 +14,9 @@ as real worker processes:
 Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
 ratio to the in-cluster row of the same run, the bound worker's busy share across over
 inside, the median step time, each side's share of its time spent computing (the rest is
-waiting for the wire) and the final loss (``nebula_mq.bench.wan_table``). The links' shape is put back as it was when the run ends. Worker processes
-import the frameworks; this module does not.
+waiting for the wire) and the final loss (``nebula_mq.bench.wan_table``). The links' shape is
+put back as it was when the run ends. Worker processes import the frameworks; this module
+does not.
 
 With ``--repeats R`` the whole plan runs R times, each repeat starting with its own in-cluster
 row (the WAN rows in reverse order every other repeat, so that a drift of the shared host's

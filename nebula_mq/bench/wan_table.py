@@ -30,10 +30,15 @@ def shares(run_dir: Path) -> dict[str, float]:
     return out
 
 
+def bound_of(compute_share: dict[str, float]) -> str | None:
+    """The busiest worker of an in-cluster row: the pipeline's bound; None without metrics."""
+    return max(compute_share, key=compute_share.__getitem__, default=None)
+
+
 def busy_ratio(row: dict[str, Any], inside: dict[str, Any]) -> float:
-    """The in-cluster row's busiest worker (the pipeline's bound): its busy share in ``row`` over
-    its share in ``inside``; NaN where the in-cluster row left no metrics."""
-    bound = max(inside["compute_share"], key=inside["compute_share"].get, default=None)
+    """The in-cluster row's bound (``bound_of``): its busy share in ``row`` over its share in
+    ``inside``; NaN where the in-cluster row left no metrics."""
+    bound = bound_of(inside["compute_share"])
     if bound is None:
         return float("nan")
     return row["compute_share"].get(bound, 0.0) / max(1e-9, inside["compute_share"][bound])
@@ -90,11 +95,11 @@ def report(settings: Any, rows: list[dict[str, Any]], steps: int, warmup: int,
         lines.append(f"{r['row']:<20} {r['samples_per_s']:>10.1f} {r['ratio']:>13.2f}x {r['busy_ratio']:>5.2f}x "
                      f"{r['step_s_median']:>16.3f} {compute:<34} {loss:>10}{each}"
                      + (f"  {r['codecs']}" if notes_under is not None else ""))
-    bound = max(table[0]["compute_share"], key=table[0]["compute_share"].get, default="-")
+    bound = bound_of(table[0]["compute_share"]) or "-"
     lines.append(f"({os.cpu_count()} CPU cores; the two sides and both brokers share them; WAN rows: the stack's "
                  f"relay shapes each direction; busy: {bound}'s share of its time computing over its share in "
-                 "one cluster, the same repeat's: it bounds the pipeline there, and unlike samples/s its share "
-                 "does not move with the shared host's speed)")
+                 "one cluster, the same repeat's: it bounds the pipeline there, and its share moves far less "
+                 "than samples/s with the shared host's speed)")
     in_flight = settings.scenario_section().get("in_flight")
     step_s = table[0]["step_s_median"]
     head = table[0]["head"]
