@@ -14,7 +14,7 @@ import inspect
 
 from nebula_mq.settings import Settings
 from workers.processes import Plan, Process
-from workers.registry import plan_for, role_main
+from workers.registry import plan_for, role_main, scenario_of
 
 __all__ = ["Plan", "Process", "plan_for", "run_role"]
 
@@ -23,7 +23,8 @@ def run_role(role: str, settings: Settings, index: int = 0) -> int:
     """Run role ``role`` of the job (``index``: its rank among processes of the same role)."""
     from nebula_mq.models.cpu import configure_cpu
 
-    configure_cpu()  # before the role's module loads paddle's math: MKL's path on AMD, this worker's threads
+    # Before the role's module loads its framework's math: MKL's path on AMD, this worker's threads.
+    configure_cpu(paddle=scenario_of(settings).framework == "paddle")
     main = role_main(settings, role)
     if "worker_index" in inspect.signature(main).parameters:
         return int(main(settings, worker_index=index))

@@ -44,6 +44,9 @@ class Scenario:
     role_modules: tuple[str, ...]  # the modules of workers.<name> that register its roles
     # Other names the section accepts for a key (old name -> key), for `config show`'s marks.
     aliases: Mapping[str, str] = field(default_factory=dict)
+    # "paddle": every role computes with paddle; "": each job's model says (paddle or torch),
+    # and a worker loads only the framework its model uses.
+    framework: str = "paddle"
 
 
 _ROLES: dict[str, RoleMain] = {}

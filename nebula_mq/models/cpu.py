@@ -63,17 +63,27 @@ def thread_share_env(processes: int) -> dict[str, str]:
     return {name: share for name in (THREADS_ENV, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def configure_cpu(threads: int | None = None) -> int:
-    """Select MKL's AVX2 path on AMD and set paddle's math threads where paddle is installed
-    (a torch-only machine, such as a GPU host, has none); returns the thread count."""
+def configure_cpu(threads: int | None = None, *, paddle: bool = True) -> int:
+    """Select MKL's AVX2 path on AMD and this process's share of the cores; returns the count.
+
+    ``paddle``: the process computes with paddle (the ABNet and ELECTRA roles), so paddle's
+    math threads are set now, where paddle is installed (a torch-only machine, such as a GPU
+    host, has none). A split or replicas worker's model may be PyTorch: it passes ``False``,
+    and the paddle adapter sets them when a paddle model turns up (``PaddleFramework()``), so
+    a torch worker never loads paddle (1.1 s and ~340 MB a process here) beside torch, which
+    reads its share from ``OMP_NUM_THREADS`` (:func:`thread_share_env`) at import."""
     select_mkl_code_path()
-    n = threads if threads is not None else threads_from_env()
-    if importlib.util.find_spec("paddle") is None:
-        return n  # torch reads its share from OMP_NUM_THREADS (thread_share_env) at import
     # paddle warns at import that ccache is missing, which matters only to compiling custom
     # C++ operators: left alone, it opened every worker's log as a warning at every start.
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
+    n = threads if threads is not None else threads_from_env()
+    if paddle and importlib.util.find_spec("paddle") is not None:
+        use_paddle_threads(n)
+    return n
+
+
+def use_paddle_threads(n: int) -> None:
+    """paddle's math threads: ``n`` (imports paddle)."""
     import paddle
 
     paddle.base.core.set_num_threads(n)
-    return n

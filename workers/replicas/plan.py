@@ -23,4 +23,5 @@ def plan(settings: Settings) -> Plan:
     return Plan(procs, job.flows())
 
 
-SCENARIO = declare(Scenario("replicas", ReplicasJob, load_job, plan, role_modules=("replica",)))
+SCENARIO = declare(Scenario("replicas", ReplicasJob, load_job, plan, role_modules=("replica",),
+                            framework=""))

@@ -33,7 +33,9 @@ __all__ = ["HeadSpec", "TailSpec", "export", "load", "predict", "run_head", "run
 def _settings(job: str | os.PathLike[str] | Settings) -> Settings:
     from nebula_mq.models.cpu import configure_cpu
 
-    configure_cpu()  # MKL's fast path on AMD, this process's share of the cores
+    # MKL's fast path on AMD, this process's share of the cores; paddle's threads are set by its
+    # adapter if the model is paddle's (a torch model's process never loads paddle).
+    configure_cpu(paddle=False)
     return job if isinstance(job, Settings) else load_job_settings(job)
 
 

@@ -32,4 +32,5 @@ def plan(settings: Settings) -> Plan:
     return side_processes(load_split_job(settings), "split-head", "split-tail")
 
 
-SCENARIO = declare(Scenario("split", SplitJob, load_split_job, plan, role_modules=("head", "tail")))
+SCENARIO = declare(Scenario("split", SplitJob, load_split_job, plan, role_modules=("head", "tail"),
+                            framework=""))
