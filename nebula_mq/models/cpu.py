@@ -1,4 +1,4 @@
-"""paddle's CPU math, set up once per worker process.
+"""A worker's CPU math (paddle's, or torch's through its environment), set up once per process.
 
 Two things decide how fast a worker computes on a CPU:
 
@@ -63,23 +63,41 @@ def thread_share_env(processes: int) -> dict[str, str]:
     return {name: share for name in (THREADS_ENV, "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
+# The share a worker took before it knew its model's framework (configure_cpu(paddle=False)):
+# paddle's adapter applies it if the model turns out to be paddle's. Unset elsewhere, so
+# building an adapter in a process that never called configure_cpu changes nothing.
+_deferred_paddle_threads: int | None = None
+
+
 def configure_cpu(threads: int | None = None, *, paddle: bool = True) -> int:
     """Select MKL's AVX2 path on AMD and this process's share of the cores; returns the count.
 
     ``paddle``: the process computes with paddle (the ABNet and ELECTRA roles), so paddle's
     math threads are set now, where paddle is installed (a torch-only machine, such as a GPU
     host, has none). A split or replicas worker's model may be PyTorch: it passes ``False``,
-    and the paddle adapter sets them when a paddle model turns up (``PaddleFramework()``), so
-    a torch worker never loads paddle (1.1 s and ~340 MB a process here) beside torch, which
-    reads its share from ``OMP_NUM_THREADS`` (:func:`thread_share_env`) at import."""
+    and the paddle adapter applies the share if a paddle model turns up
+    (:func:`apply_deferred_paddle_threads`), so a torch worker never loads paddle (1.1 s and
+    ~340 MB a process here) beside torch, which reads its share from ``OMP_NUM_THREADS``
+    (:func:`thread_share_env`) at import."""
+    global _deferred_paddle_threads
     select_mkl_code_path()
     # paddle warns at import that ccache is missing, which matters only to compiling custom
     # C++ operators: left alone, it opened every worker's log as a warning at every start.
     warnings.filterwarnings("ignore", message="No ccache found", category=UserWarning)
     n = threads if threads is not None else threads_from_env()
+    _deferred_paddle_threads = None if paddle else n
     if paddle and importlib.util.find_spec("paddle") is not None:
         use_paddle_threads(n)
     return n
+
+
+def apply_deferred_paddle_threads() -> None:
+    """paddle's math threads as this process's ``configure_cpu(paddle=False)`` chose them, once;
+    nothing where it was not called."""
+    global _deferred_paddle_threads
+    if _deferred_paddle_threads is not None:
+        n, _deferred_paddle_threads = _deferred_paddle_threads, None
+        use_paddle_threads(n)
 
 
 def use_paddle_threads(n: int) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 
 from nebula_mq.errors import DataError
-from nebula_mq.models.cpu import threads_from_env, use_paddle_threads
+from nebula_mq.models.cpu import apply_deferred_paddle_threads
 from nebula_mq.models.data_parallel import DataParallelGroup, init_group
 from nebula_mq.models.device import use_device
 from nebula_mq.models.group_address import GroupAddress
@@ -28,9 +28,9 @@ class PaddleFramework:
     name = "paddle"
 
     def __init__(self) -> None:
-        # A split or replicas worker learns its model's framework only here (configure_cpu
-        # left paddle unloaded in case it was torch): this process's share of the cores.
-        use_paddle_threads(threads_from_env())
+        # A split or replicas worker learns its model's framework only here (configure_cpu left
+        # paddle's threads unset in case it was torch): the share it chose, now.
+        apply_deferred_paddle_threads()
 
     def place(self, spec: str, local_rank: int, where: str) -> str:
         return use_device(spec, local_rank, where)

@@ -52,9 +52,10 @@ def test_a_worker_start_logs_no_ccache_warning_from_paddle() -> None:
     assert "ccache" not in out.stderr and "still shown" in out.stderr, out.stderr
 
 
-# What `nebula-mq worker` runs up to its role's loop (workers.plans.run_role), the loop replaced by
-# building the side's model and its framework adapter; prints the frameworks loaded and each
-# setting of paddle's math threads.
+# ``workers.plans.run_role`` as ``nebula-mq worker`` calls it, the real role lookup (which imports
+# the scenario's role modules) wrapped to note paddle's threads as they load, and the role's loop
+# replaced by building the side's model and its framework adapter. Prints whether torch and paddle
+# were loaded, the thread settings made before the role modules loaded, and all of them.
 _WORKER = """
     import os, sys
     os.environ["NEBULA_THREADS"] = "3"
@@ -71,9 +72,15 @@ _WORKER = """
             framework_of(load_spec(settings, "head").model, "split.head")
         return 0
 
-    plans.role_main = lambda settings, role: main
+    real, before = plans.role_main, []
+    def role_main(settings, role):
+        before.append(list(threads))
+        real(settings, role)
+        return main
+
+    plans.role_main = role_main
     plans.run_role("{role}", load_job_settings("{job}"))
-    print("torch" in sys.modules, "paddle" in sys.modules, threads)
+    print("torch" in sys.modules, "paddle" in sys.modules, before, threads)
 """
 
 
@@ -82,16 +89,34 @@ def test_a_torch_split_worker_never_loads_paddle() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("paddle")
     got = _run(_WORKER.format(role="split-head", job="examples/split_mlp/job-torch.toml"))
-    assert got == "True False []"
+    assert got == "True False [[]] []"
 
 
-def test_a_paddle_split_worker_gets_its_thread_share_from_the_adapter() -> None:
+def test_a_paddle_split_worker_gets_its_share_once_its_model_is_known() -> None:
     pytest.importorskip("paddle")
     got = _run(_WORKER.format(role="split-head", job="examples/split_mlp/job.toml"))
-    assert got.split(" ", 1)[1] == "True [3]"
+    assert got.split(" ", 1)[1] == "True [[]] [3]"
 
 
 def test_a_paddle_scenario_worker_sets_its_threads_before_its_role_loads() -> None:
     pytest.importorskip("paddle")
-    got = _run(_WORKER.format(role="encoder", job="config/demo.toml"))
-    assert got.endswith(" [3]"), got  # set by configure_cpu, before the role's module loads
+    got = _run(_WORKER.format(role="abnet-encoder", job="config/demo.toml"))
+    assert got.split(" ", 1)[1] == "True [[3]] [3]"
+
+
+def test_a_paddle_adapter_leaves_the_threads_of_a_process_that_chose_none() -> None:
+    """A user's own process (a notebook calling ``predict``, a test) keeps paddle's threads as
+    it set them: only a worker's deferred share is applied."""
+    pytest.importorskip("paddle")
+    got = _run("""
+        import nebula_mq.models.cpu as cpu
+        threads = []
+        cpu.use_paddle_threads = threads.append
+        from nebula_mq.models.frameworks import framework_named
+        framework_named("paddle")
+        cpu.configure_cpu(2, paddle=False)
+        framework_named("paddle")
+        framework_named("paddle")
+        print(threads)
+    """)
+    assert got == "[2]"
