@@ -134,11 +134,14 @@ base_image() {
 
 wheelhouse() {
     # The host's pip (and its cache) fetches every wheel the image installs; the build itself
-    # then installs offline from them (--no-index). Fetched again only when pyproject.toml
-    # changes (resolving them all takes ~15 s at every `up`); `rm -r .wheels` forces it.
+    # then installs offline from them (--no-index). Fetched again only when what decides them
+    # changes: pyproject.toml, this list, the venv's Python (resolving them all took ~15 s at
+    # every `up`); `rm -r .wheels` forces it.
     [ -x "$VENV/bin/python" ] || (cd "$ROOT" && ./dev.sh setup)
     local wheels=$ROOT/.wheels stamp
-    stamp=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+    stamp=$({ cat "$ROOT/pyproject.toml"; declare -f wheelhouse
+              "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version_info[:2], sysconfig.get_platform())'
+            } | sha256sum | cut -d' ' -f1)
     [ "$(cat "$wheels/.pyproject.sha256" 2>/dev/null)" = "$stamp" ] && return 0
     mkdir -p "$wheels"
     {
