@@ -4,7 +4,7 @@ A *flow* is a one-way stream of envelopes from a role on one cluster to a role
 on the same or another cluster. Every queue, exchange, policy and vhost name is
 derived here from the job id, so no other module builds names by hand.
 
-How a cross-cluster flow is laid out (RabbitMQ 3.10, see docs/RABBITMQ.md):
+How a cross-cluster flow is laid out (RabbitMQ 3.10, see docs/rabbitmq.md):
 
 * The sender's cluster holds the **upstream copy** of the flow's queue: a classic
   durable queue, bounded with ``max-length-bytes`` and ``overflow:
@@ -19,7 +19,7 @@ How a cross-cluster flow is laid out (RabbitMQ 3.10, see docs/RABBITMQ.md):
   WAN while the downstream queue has consumers with spare prefetch, so a stalled
   consumer stops the pull, the upstream copy fills, and the producer is nacked:
   backpressure crosses the WAN without a cap downstream (capping downstream makes
-  the link loop, see docs/RABBITMQ.md).
+  the link loop, see docs/rabbitmq.md).
 * Classic durable queues, not quorum queues: on 3.10 a federated quorum queue's
   link is not recreated after a node restart. Not streams: a stream's retention
   drops old segments instead of refusing publishes, which would lose data.

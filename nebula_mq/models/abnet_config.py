@@ -88,7 +88,7 @@ def tiny() -> ABNetConfig:
 def small(encoder_layers: int = 6, decoder_layers: int = 6) -> ABNetConfig:
     """Pretrained e5-small (first `encoder_layers` of 12) + MiniLM, sized for CPUs.
 
-    Measured on the real es-en corpus (docs/QUALITY.md): feed-forward adapters in
+    Measured on the real es-en corpus (docs/quality.md): feed-forward adapters in
     the encoder's top 2 layers only, and one cross-attention adapter per decoder
     layer (after its FFN), learn as well per sample as adapters after every
     sub-layer of every layer (gettext BLEU 21.2 vs 22.0 after 120k samples), at

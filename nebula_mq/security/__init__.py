@@ -1,4 +1,4 @@
-"""Security of a deployment (docs/SECURITY.md).
+"""Security of a deployment (docs/security.md).
 
 ``certs`` (per-cluster CAs), ``revocation`` (CRLs the brokers check), ``lifecycle``
 (issue/rotate/revoke/list), ``roles`` (least-privilege broker permissions),

@@ -15,7 +15,7 @@ Why HMAC with a per-job key rather than Ed25519 per worker identity:
 * **What is given up:** non-repudiation between workers of the same job (any
   worker of the job could forge another's ``producer``). The TLS client
   certificate and per-role broker permissions still limit what each worker can
-  publish where. Documented in docs/SECURITY.md.
+  publish where. Documented in docs/security.md.
 
 Tag layout (50 bytes, in the envelope's ``auth_tag``)::
 

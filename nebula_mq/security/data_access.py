@@ -19,7 +19,7 @@ grants nothing.
 
 What this does not do: stop a process that ignores the API from reading the
 files. Deployments run each tenant's workers as their own Unix user (or
-container) with the datasets directory mode 0700 per owner; see docs/SECURITY.md.
+container) with the datasets directory mode 0700 per owner; see docs/security.md.
 """
 
 from __future__ import annotations

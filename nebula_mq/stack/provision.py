@@ -57,7 +57,7 @@ from nebula_mq.transport import declare
 from nebula_mq.transport.job_presence import incarnation_exchange, new_incarnation
 from nebula_mq.topology import Flow
 
-# Federation link tuning (docs/RABBITMQ.md): on-confirm loses nothing; never clean up the
+# Federation link tuning (docs/rabbitmq.md): on-confirm loses nothing; never clean up the
 # upstream buffer on a downstream stop; small prefetch for MB-sized tensors.
 ACK_MODE = "on-confirm"
 PREFETCH = 16
@@ -251,7 +251,7 @@ def definitions(
             "definition": {"federation-upstream-set": "all"},
         })
     # The backpressure point: the sending-side copy of each cross-cluster flow published here
-    # (never a queue downstream of a federation link: docs/RABBITMQ.md, "Backpressure").
+    # (never a queue downstream of a federation link: docs/rabbitmq.md, "Backpressure").
     outbound = [topology.queue_name(job_id, f.name) for f in flows if f.crosses_clusters and f.src_cluster == cluster]
     if outbound:
         defs["policies"].append({

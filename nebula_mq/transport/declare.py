@@ -6,7 +6,7 @@ local flow and every restart call these functions, never build dicts by hand.
 
 ``x-queue-mode: lazy`` everywhere: a bounded queue may hold hundreds of MiB of
 tensors while the WAN is down, and the federated downstream copy is fed by a
-link that ignores memory alarms on 3.10 (docs/RABBITMQ.md). Lazy classic queues
+link that ignores memory alarms on 3.10 (docs/rabbitmq.md). Lazy classic queues
 page message bodies to disk at once instead of holding them in RAM until a
 memory alarm; our messages are persistent anyway, so the extra disk write is
 one the broker does regardless, and it keeps the broker's RAM flat.

@@ -4,7 +4,7 @@ Each cluster's stream holds the status messages of its own workers and, through 
 status exchange, of every other cluster's (``stack.provision`` ``status_feed``). A stream is not
 drained by reading it: any number of readers on any host replay it from an offset, here the
 messages of the last ``since_s`` seconds, with a per-consumer prefetch and manual acks, as
-streams require (docs/RABBITMQ.md). ``latest`` turns the messages into one row per worker: what
+streams require (docs/rabbitmq.md). ``latest`` turns the messages into one row per worker: what
 ``nebula-mq status --feed`` prints and ``nebula-mq report --serve --feed`` shows.
 """
 

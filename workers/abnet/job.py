@@ -114,7 +114,7 @@ class AbnetJob(Placement):
     # Each side clips its adapters' gradients to this global norm before its step (0 = off).
     # Each side clips its own: the two halves have separate optimizers, as in the paper.
     grad_clip: float = 1.0
-    # What the encoder does when every token gets the same vector (see docs/QUALITY.md):
+    # What the encoder does when every token gets the same vector (see docs/quality.md):
     # "stop" fails the job before it overwrites good checkpoints; "warn" logs and goes on.
     on_collapse: Literal["stop", "warn"] = "stop"
 
@@ -159,7 +159,7 @@ def adapter_optimizer(job: AbnetJob, parameters: list[paddle.Tensor]) -> paddle.
 
 
 # The learning-rate schedule each preset trains at where the job file sets none (measured:
-# docs/QUALITY.md, "The collapse guard"). The tiny model learns at the split job's lr 1e-3
+# docs/quality.md, "The collapse guard"). The tiny model learns at the split job's lr 1e-3
 # straight away (and at 3e-3; 1e-2 collapses its encoder). The pretrained models' adapters
 # collapse at 1e-3 without warm-up within ~120 steps; warmed up over 400 and decayed (the
 # 60-minute run's schedule) they learn without collapse.
