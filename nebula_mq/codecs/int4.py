@@ -5,7 +5,7 @@ to one of the 15 levels -7..7 of its block's scale max|block| / 7 and packs two 
 (the first value of a pair in the low nibble). 5 bits per value at block 32 (4, and the float32
 scale shared by 32 values): a payload ratio of 0.156 against float32, 6.4x smaller. The error per element is at most scale/2 = max|block| / 14 (plus float32
 rounding of the scale), and at most 5e-31 in blocks below the scale floor. On real activations it
-sits between int8 and low rank: see the README's codec table.
+sits between int8 and low rank: see the codec rows of docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ DOWN_GRACE_S = 3.0
 PROBE_EVERY_S = 2.0
 # Refusals in a row that make a loss (one refusal could be a broker still starting its vhosts).
 CONFIRMATIONS = 2
-# Where the README says how to recover.
-RECOVERY = "see README: Recovering a broker that lost its data"
+# Where the docs say how to recover.
+RECOVERY = "see docs/faults.md: Recovering a broker that lost its data"
 
 # Beside a worker's checkpoints: the broker incarnation they were made with.
 INCARNATION_FILE = "broker-incarnation.json"

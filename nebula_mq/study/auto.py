@@ -25,7 +25,7 @@ from nebula_mq.study.rows import StudyRow
 
 # Most accurate first: lossless, casts, delta int8 with feedback, int4 blocks, then decreasing SVD
 # ranks. On real activations block-wise int4 is both more accurate and smaller than fp16(svd(0.6))
-# (README, "Compression study on real data"), so it comes before every low-rank row.
+# (docs/quality.md, "Compression study on real data"), so it comes before every low-rank row.
 DEFAULT_CANDIDATES: tuple[StudyRow, ...] = (
     StudyRow("none", "none", origin="auto"),
     StudyRow("fp16", "fp16", origin="auto"),

@@ -135,7 +135,7 @@ def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> 
 @pytest.mark.timeout(240)
 def test_a_drop_in_the_kernel_resets_nothing_and_loses_nothing() -> None:
     """``bench transport --recovery --netns``: the kernel link between two namespaced brokers set
-    down for 2 s (TCP's retransmission timeout capped, as the README advises for a WAN), beside
+    down for 2 s (TCP's retransmission timeout capped, as docs/deployment.md advises for a WAN), beside
     the relay's resetting cut on the same hosts. Both lose nothing and repeat nothing; the drop
     resets no federation link, the cut resets them. Behaviour, not speed."""
     import os

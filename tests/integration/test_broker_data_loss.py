@@ -91,7 +91,7 @@ def test_a_wiped_broker_stops_the_waiting_side_with_the_missing_range(tmp_path: 
                 rf"{B}'s broker lost the job's data \(vhost nebula-wipe is gone: .*\): tail-0 needs "
                 r"micro-batches (\d+)\.\. of flow 'activations' \(applied up to (\d+)\) "
                 r"\(its last checkpoint is step (\d+)\); they are on no broker any more, and the producers' "
-                r"checkpoints count them as sent: re-provision the job and start it over \(see README: "
+                r"checkpoints count them as sent: re-provision the job and start it over \(see docs/faults.md: "
                 r"Recovering a broker that lost its data\)", message)
             assert m is not None, message
             first, applied, checkpoint = (int(g) for g in m.groups())

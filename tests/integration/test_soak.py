@@ -1,7 +1,7 @@
 """``nebula-mq chaos --soak``, CI-sized: a split job for two minutes under a random
 fault of every kind (WAN cut, SIGKILL, broker restart, memory alarm), on the real TLS stack.
 Nothing may grow without bound, no worker may exit on its own and nothing may be dead-lettered.
-Whether the step rate decays is judged by the 60-minute soak that ``README.md`` quotes: in two
+Whether the step rate decays is judged by the 60-minute soak that ``docs/benchmarks.md`` quotes: in two
 minutes with a fault every 10 s, where the faults fall decides it (see below)."""
 
 from __future__ import annotations

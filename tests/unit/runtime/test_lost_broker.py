@@ -90,7 +90,7 @@ def test_the_error_names_cluster_worker_range_and_checkpoint(pair: tuple[Worker,
     assert text.startswith(f"{receiver.cluster}'s broker lost the job's data (vhost nebula-x is gone): "
                            f"{receiver.worker_id} needs micro-batches 2.. of flow '{FLOW.name}' (applied up to 1) "
                            "(its last checkpoint is step 2)"), text
-    assert text.endswith("(see README: Recovering a broker that lost its data)")
+    assert text.endswith("(see docs/faults.md: Recovering a broker that lost its data)")
     assert caught.value.reason == "broker_data_lost"
     inbox.close()
     outbox.close()
