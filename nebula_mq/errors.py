@@ -8,6 +8,12 @@ which library sits underneath (the dramatiq ``errors.py`` pattern).
 Errors that condemn a *message* (rather than a process) carry a short, stable
 ``reason`` slug. The consumer runtime puts that slug into the ``x-nebula-reason``
 header when it dead-letters the message, and metrics count by it.
+
+Errors that stop a *process* say whether starting it again can help
+(``restart_helps``): a broker outage or a lost peer can pass, a mistake in the job
+file, the data, the user's model or the placement cannot, so the supervisor of
+``run`` and ``up`` does not restart a worker that stopped with one of those. What a
+user reads of any error is :func:`one_line`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,22 @@ class NebulaError(Exception):
 
     #: Stable machine-readable slug, used for dead-letter headers and metrics.
     reason: str = "error"
+    #: Whether a process this stopped may get past it when started again (False: the job's
+    #: own config, data, model or placement is wrong, and would stop it again).
+    restart_helps: bool = True
+
+
+def one_line(exc: BaseException) -> str:
+    """What a user reads of ``exc``. Our own errors: their message, a tool's multi-line output
+    it quotes joined into one line. Anything else (a framework's, a library's): its type and
+    its own first line (``RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x10 and
+    12x3)``); what follows it (a hint, a C++ trace) stays in the log."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if isinstance(exc, NebulaError):
+        return " ".join(lines) or type(exc).__name__
+    first = next((line for line in lines if any(c.isalnum() for c in line)
+                  and not line.startswith(("C++ Traceback", "Error Message Summary"))), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 # --------------------------------------------------------------------------- config
@@ -32,6 +54,7 @@ class ConfigError(NebulaError):
     """
 
     reason = "bad_config"
+    restart_helps = False
 
     def __init__(self, source: str, key: str, expected: str, got: object = None) -> None:
         self.source = source
@@ -183,6 +206,7 @@ class SecurityError(NebulaError):
 
 class CertificateError(SecurityError):
     reason = "certificate"
+    restart_helps = False
 
 
 class AuditError(SecurityError):
@@ -195,16 +219,36 @@ class DataAccessDenied(SecurityError):
     """A job asked for a dataset its tenant does not own and no valid grant covers."""
 
     reason = "data_access_denied"
+    restart_helps = False
 
 
 class DataError(NebulaError):
     """A dataset or input file is missing, corrupt or empty."""
 
     reason = "data"
+    restart_helps = False
 
 
 class WorkerError(NebulaError):
     reason = "worker"
+
+
+class ModelError(WorkerError):
+    """The user's own model, loss, optimizer or data function raised, or returned what a side
+    cannot train with: named by side and micro-batch, the framework's own first line kept
+    (the whole trace is in the worker's log)."""
+
+    reason = "model"
+    restart_helps = False
+
+
+class PlacementError(WorkerError):
+    """A rank started where it cannot run: on a host that is not its own, or while the same
+    rank of the same job already runs. Refused before it touches the job's group, store,
+    log or status, so the rank that is running goes on undisturbed."""
+
+    reason = "placement"
+    restart_helps = False
 
 
 class DuplicateRegistration(WorkerError, ValueError):
@@ -212,6 +256,7 @@ class DuplicateRegistration(WorkerError, ValueError):
     (``workers.registry``); raised at import."""
 
     reason = "duplicate_registration"
+    restart_helps = False
 
 
 class CheckpointError(WorkerError):
@@ -230,3 +275,4 @@ class BrokerDataLost(TransportError):
     worker that waits for it stops and names what it needed; waiting would never end."""
 
     reason = "broker_data_lost"
+    restart_helps = False

@@ -97,19 +97,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # Not one of ours: a bug, or a library's error nobody translated. A worker the
+        # launcher started still ends with its error record (the traceback above it, in its
+        # log) so that `run` and `up` can say why it stopped; anywhere else, the traceback.
+        if not _launched():
+            raise
+        import traceback
+
+        traceback.print_exc()
+        return _error(exc)
 
 
-def _error(exc: NebulaError) -> int:
-    # One line: messages quoting a tool's multi-line output are joined. A worker the launcher
-    # started writes into a JSON-lines log: there the line is a JSON object with the error's type.
-    from nebula_mq.runtime.logs import JSON_ERRORS_ENV, error_record
+def _error(exc: BaseException) -> int:
+    """One line on stderr: ``nebula-mq: error: ...`` (a message quoting a tool's multi-line
+    output joined), or, for a worker the launcher started, a JSON record with the error's
+    type in its JSON-lines log (``runtime.logs.error_record``)."""
+    from nebula_mq.errors import one_line
+    from nebula_mq.runtime.logs import error_record
 
-    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-    if os.environ.get(JSON_ERRORS_ENV) == "1":
-        print(error_record(type(exc).__name__, text), file=sys.stderr)
+    if _launched():
+        print(error_record(exc), file=sys.stderr)
     else:
-        print(f"nebula-mq: error: {text}", file=sys.stderr)
+        print(f"nebula-mq: error: {one_line(exc)}", file=sys.stderr)
     return 1
+
+
+def _launched() -> bool:
+    """Whether the launcher started this process (its stderr goes into a JSON-lines log)."""
+    from nebula_mq.runtime.logs import JSON_ERRORS_ENV
+
+    return os.environ.get(JSON_ERRORS_ENV) == "1"
 
 
 def _silence_stdout() -> None:

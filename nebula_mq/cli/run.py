@@ -109,7 +109,10 @@ def supervise_job(job: JobProcesses, timeout: float | None, restarts: int = DEFA
     for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
     if outcome.failed:
-        print(f"failed: {sorted(set(outcome.failed))}; logs in {job.logs}", file=sys.stderr)
+        for line in outcome.why:
+            print(f"failed: {line}", file=sys.stderr)
+        if not outcome.why:
+            print(f"failed: {', '.join(outcome.failed)}; logs in {job.logs}", file=sys.stderr)
     elif outcome.interrupted:
         print(f"stopped at step {job.slowest_step()} of {job.settings.job.steps}; "
               f"run the same command to resume", file=sys.stderr)

@@ -89,6 +89,7 @@ def worker_rows(run_dir: Path, now: float | None = None) -> list[dict[str, Any]]
             "broker_alarm": st.get("broker_alarm"), "broker_alarm_reason": st.get("broker_alarm_reason"),
             # The end of its client certificate, and near it a warning (runtime.cert_expiry).
             "cert_expires_in_days": st.get("cert_expires_in_days"), "cert_warning": st.get("cert_warning"),
+            "reason": st.get("reason"),  # why a failed worker stopped (runtime.reporter)
         })
     return rows
 
@@ -124,7 +125,7 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for name, d in sorted(qs.items()):
                 print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
-        for line in [*broker_alarms(rows), *certificate_warnings(rows),
+        for line in [*stop_reasons(rows), *broker_alarms(rows), *certificate_warnings(rows),
                      *dead_letter_alarms(queues, settings.transport.dead_letter_alarm)]:
             print(line)
     if not rows:
@@ -144,7 +145,7 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
         print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps, "
               f"as {args.feed}'s broker hears it")
         print(feed_table(rows))
-        for line in broker_alarms(rows) + certificate_warnings(rows):
+        for line in stop_reasons(rows) + broker_alarms(rows) + certificate_warnings(rows):
             print(line)
         lost = [r["worker"] for r in rows if r["state"] == "LOST"]
         if lost:
@@ -155,6 +156,15 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def stop_reasons(rows: list[dict[str, Any]]) -> list[str]:
+    """A FAILED line per failed worker, with the one line that says why it stopped."""
+    from nebula_mq.launch.exit_reason import after_name
+
+    return [f"FAILED {r['worker']} ({r.get('cluster') or '?'}): "
+            f"{after_name(r['worker'], r.get('reason') or 'no reason recorded')}"
+            for r in rows if r.get("state") == "failed"]
 
 
 def broker_alarms(rows: list[dict[str, Any]]) -> list[str]:

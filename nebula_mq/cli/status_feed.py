@@ -86,10 +86,10 @@ def feed_rows(settings: Settings, cluster: str, stack_dir: str, since_s: float, 
 
 
 # What a row takes from its worker's newest message besides ``latest``'s columns: the broker's
-# alarm (set while the worker's local broker blocks its publishers) and the client certificate's
-# end (``runtime.cert_expiry``), so the feed raises the ALARM and CERTIFICATE lines the status
-# files do.
-ALARM_FIELDS = ("broker_alarm", "broker_alarm_reason", "cert_expires_in_days", "cert_warning")
+# alarm (set while the worker's local broker blocks its publishers), the client certificate's
+# end (``runtime.cert_expiry``) and why a failed worker stopped, so the feed raises the ALARM,
+# CERTIFICATE and FAILED lines the status files do.
+ALARM_FIELDS = ("broker_alarm", "broker_alarm_reason", "cert_expires_in_days", "cert_warning", "reason")
 
 
 def with_alarms(messages: list[dict[str, Any]], now: float, lost_after: float) -> list[dict[str, Any]]:

@@ -109,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
     from nebula_mq.runtime.signals import hold_stop_signals
 
     hold_stop_signals()  # until the role's driver handles them: a stop during start-up is a clean stop
+    from nebula_mq.errors import PlacementError, one_line
+    from nebula_mq.runtime.reporter import record_stop
     from workers.plans import run_role
     from workers.registry import load_job_settings
 
@@ -132,6 +134,12 @@ def _run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, job=dataclasses.replace(settings.job, metrics_port=args.metrics_port))
     try:
         return run_role(args.role, settings, args.index)
+    except Exception as exc:
+        # A worker that stopped while it started (its model, device or data refused) has
+        # no reporter yet: its status still says why. A refused placement touches nothing.
+        if not isinstance(exc, PlacementError):
+            record_stop(settings, proc.worker_id, one_line(exc), role=proc.role, cluster=proc.cluster)
+        raise
     finally:
         # The role has checkpointed and returned. Python resets its signal handlers to
         # the defaults while it shuts down (paddle's teardown takes a while), so the

@@ -8,6 +8,7 @@ local stack), logging to ``<run_dir>/logs/<worker>.log``. ``env`` carries
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nebula_mq.launch.exit_reason import ExitReason, after_name, exit_reason
 from nebula_mq.launch.group_epochs import GroupEpochs
 from nebula_mq.runtime.logs import JSON_ERRORS_ENV
 from nebula_mq.runtime.signals import stop_signals_held
@@ -66,6 +68,8 @@ class JobProcesses:
         # Each worker's log pipe (``launch.logpipe``), the process that writes its log file.
         self.log_pipes: dict[str, subprocess.Popen[bytes]] = {}
         self.logs = self.settings.run_dir / "logs"
+        # Where each worker's log ended when it last started: what it wrote since is its own.
+        self.log_starts: dict[str, int] = {}
         self.metrics_port_base = metrics_port_base
         self.broker_host = broker_host
         self.epochs = GroupEpochs(self.run_dir, {p.restart_group for p in self.processes if p.restart_group})
@@ -130,7 +134,8 @@ class JobProcesses:
             # The worker starts with SIGINT/SIGTERM held until its own handlers are in
             # (runtime.signals): a stop while it imports paddle is a clean stop, not a fatal error.
             # The log pipe ignores them: it ends when the worker's end of the pipes closes.
-            with open(self.logs / f"{worker_id}.log", "ab") as log, stop_signals_held():
+            with open(self.log_of(worker_id), "ab") as log, stop_signals_held():
+                self.log_starts[worker_id] = log.seek(0, os.SEEK_END)
                 pipe = subprocess.Popen(
                     [sys.executable, "-m", "nebula_mq.launch.logpipe", str(log.name), worker_id, str(out_r),
                      str(err_r)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(out_r, err_r))
@@ -168,6 +173,22 @@ class JobProcesses:
                 continue
             if self.log_pipes.get(worker) is pipe:
                 del self.log_pipes[worker]
+
+    def log_of(self, worker_id: str) -> Path:
+        return self.logs / f"{worker_id}.log"
+
+    def named(self, worker_id: str) -> str:
+        """``worker_id`` as a user finds it: with its cluster, ``tail-0 (cluster-b)``."""
+        proc = next(p for p in self.processes if p.worker_id == worker_id)
+        return f"{worker_id} ({proc.cluster})"
+
+    def exit_reason(self, worker_id: str) -> ExitReason:
+        """Why ``worker_id`` stopped, from what its log says since it last started, once its
+        log pipe has written the rest (``launch.exit_reason``)."""
+        code = self.children[worker_id].poll()
+        self.drain_logs(worker_id, timeout=2.0)
+        reason = exit_reason(self.log_of(worker_id), self.log_starts.get(worker_id, 0), code)
+        return dataclasses.replace(reason, text=after_name(worker_id, reason.text))  # shown after ``named``
 
     def start_all(self) -> None:
         for proc in self.processes:

@@ -10,9 +10,13 @@ came after them (nothing lost, nothing applied twice). The policy:
 * a pause before each restart that doubles each time the same group fails
   again (1, 2, 4 ... s, at most :data:`MAX_PAUSE_S`), so a broker that is down
   for a while is not hammered;
+* a worker that stopped with an error of the job's own (its config, data, model
+  or placement: ``NebulaError.restart_helps`` is false) is not restarted at all;
 * a group that fails again without having made a step since its last restart
-  is not restarted: the failure repeats (bad data, a mistake in the job file),
-  and restarting would only hide it.
+  is not restarted: the failure repeats, and restarting would only hide it.
+
+Whatever happens to a failed worker, the console gets its one-line reason, read
+back from its log (``launch.exit_reason``), and the log's path.
 
 Every restart is written to the job's ``faults.jsonl`` (kind ``restart``, the
 worker, and how long after the restart its group made its next step), where
@@ -34,6 +38,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from nebula_mq.launch.exit_reason import ExitReason
 
 if TYPE_CHECKING:
     from nebula_mq.launch.processes import JobProcesses
@@ -81,7 +87,7 @@ class RestartPolicy:
             return False
         if key in self.restarted_at and step <= self.restarted_at[key]:
             self.say(f"worker {worker} exited {code} again without a step since its restart (step {step}): "
-                     "not restarting it; see its log")
+                     "not restarting it")
             return False
         self.failures[key] = self.failures.get(key, 0) + 1 if key in self.restarted_at else 1
         pause = min(MAX_PAUSE_S, 2.0 ** (self.failures[key] - 1))
@@ -120,11 +126,14 @@ class RestartPolicy:
 @dataclass(frozen=True)
 class Outcome:
     """How a supervised run ended: whether a signal stopped it, the signals received, in
-    order, and what failed (workers, and reasons such as ``timeout`` or ``stop grace exceeded``)."""
+    order, what failed (workers, and reasons such as ``timeout`` or ``stop grace exceeded``),
+    and why each failed worker stopped."""
 
     interrupted: bool
     signals: tuple[int, ...]
     failed: tuple[str, ...]
+    # One line per failed worker: who (and its cluster), why, and its log.
+    why: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -159,6 +168,7 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     reasons: list[str] = []  # why the job was stopped, besides failed workers
+    why: dict[str, ExitReason] = {}  # each worker that failed: why, as its log says
     stopping = killed = False
     stop_since = 0.0
     policy = RestartPolicy(max(0, restarts), say=say, faults_log=job.run_dir / "faults.jsonl")
@@ -202,7 +212,7 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
                     code = job.children[worker].poll()
                     if code is None:
                         continue  # restarted already, with another member of its group
-                    if code in ASKED_TO_STOP or not policy.restart(job, worker, code):
+                    if code in ASKED_TO_STOP or not restarted_after_failure(job, worker, code, policy, why, say):
                         stopping = True
                         job.signal_all(signal.SIGTERM)
                         break
@@ -217,5 +227,21 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
             signal.signal(s, handler)
         job.drain_logs()  # the workers' last lines are in their logs when the run reports
     interrupted = received.is_set()
-    failed = reasons + [w for w in job.failed() if not (interrupted and job.children[w].returncode in FORCED)]
-    return Outcome(interrupted, tuple(received.signals), tuple(failed))
+    failed = [w for w in job.failed() if not (interrupted and job.children[w].returncode in FORCED)]
+    lines = tuple(f"{job.named(w)}: {(why.get(w) or job.exit_reason(w)).text}; log: {job.log_of(w)}"
+                  for w in failed)
+    return Outcome(interrupted, tuple(received.signals), tuple(reasons + failed), lines)
+
+
+def restarted_after_failure(job: JobProcesses, worker: str, code: int, policy: RestartPolicy,
+                            why: dict[str, ExitReason], say: Callable[[str], None]) -> bool:
+    """Say why ``worker`` stopped (its one line, its log), and restart its group when a restart
+    can help and the policy allows; False: the job stops."""
+    reason = why[worker] = job.exit_reason(worker)
+    say(f"{job.named(worker)}: {reason.text}")
+    say(f"  log: {job.log_of(worker)}")
+    if not reason.restart_helps:
+        say(f"not restarting {worker}: it would stop the same way (the job's config, data, model or "
+            "placement needs fixing first); stopping the job")
+        return False
+    return policy.restart(job, worker, code)

@@ -120,9 +120,14 @@ def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
 
 
-def error_record(error: str, message: str) -> str:
-    """The command line's error as one JSON line, with the fields bound so far (job, role...):
-    ``{"event": "error", "error": "ConfigError", "message": ..., "level": "error", ...}``."""
-    record = {**structlog.contextvars.get_contextvars(), "event": "error", "error": error, "message": message,
+def error_record(exc: BaseException) -> str:
+    """The error that stops a process as one JSON line, with the fields bound so far (job,
+    role...): ``{"event": "error", "error": "ConfigError", "message": ..., "restart_helps":
+    false, "level": "error", ...}``; what the supervisor of ``run`` and ``up`` reads back
+    (``launch.exit_reason``) to say why a worker stopped and whether to start it again."""
+    from nebula_mq.errors import NebulaError, one_line
+
+    record = {**structlog.contextvars.get_contextvars(), "event": "error", "error": type(exc).__name__,
+              "message": one_line(exc), "restart_helps": exc.restart_helps if isinstance(exc, NebulaError) else True,
               "level": "error", "timestamp": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")}
     return json.dumps(record, sort_keys=True, default=str)

@@ -39,6 +39,25 @@ def status_dir(settings: Settings) -> Path:
     return settings.run_dir / "status"
 
 
+def record_stop(settings: Settings, worker_id: str, reason: str, **identity: str) -> None:
+    """``worker_id`` stopped with ``reason`` before its reporter existed (a model, device or
+    data function refused at start-up): its status file says ``failed`` and why, keeping what
+    an earlier run of it wrote (step, checkpoint). A status already ``failed`` is kept: the
+    worker wrote it itself, closer to the failure."""
+    path = status_dir(settings) / f"{worker_id}.json"
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        body = {}
+    if body.get("state") == "failed":
+        return
+    body.update(worker=worker_id, job=settings.job.id, pid=os.getpid(), host=socket.gethostname(), **identity,
+                state="failed", reason=reason, updated=time.time())
+    body.setdefault("step", 0)
+    body.setdefault("total", settings.job.steps)
+    write_json_atomic(path, body, sort_keys=True)
+
+
 @final
 class Reporter:
     """One worker's reports: ``status`` and the step's values go to files and metrics."""

@@ -41,7 +41,7 @@ import numpy as np
 
 from nebula_mq import topology
 from nebula_mq.atomic import SkipWhenFull, disk_full
-from nebula_mq.errors import ConfigError, StopDuringAlarm
+from nebula_mq.errors import ConfigError, StopDuringAlarm, one_line
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
@@ -153,8 +153,9 @@ class Worker:
                 self.sampler.stop(final=True)
                 if self.stop_requested.is_set():
                     log.info("stop_requested", signals=self.stop_requested.signal_names(), step=self.step)
-            except BaseException:
-                self.status("failed")  # skipped on a full disk: the error raised is what counts
+            except BaseException as exc:
+                # Skipped on a full disk: the error raised is what counts.
+                self.status("failed", reason=one_line(exc))
                 self.sampler.stop(final=True, timeout=2.0)  # tell the feed, if the broker still answers
                 raise
             finally:

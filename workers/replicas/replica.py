@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from nebula_mq.errors import WorkerError
-from nebula_mq.models.frameworks import Framework, framework_of
+from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
@@ -68,7 +68,7 @@ class Replica:
         self.settings, self.index, self.spec, self.rank = settings, index, spec, rank
         self.worker = role_worker(settings, job.clusters[index], replica_id(index, rank), ROLE, transport,
                                   checkpoint_every=job.checkpoint_every)
-        self.fw = framework or framework_of(spec.model, "replicas.model", job.framework)
+        self.fw = framework or framework_of(spec.model, "replicas.model", job.framework, settings.source)
         self.fw.place(settings.job.device, rank, "job.device")
         self.ranks = ClusterRanks(job, index, rank, self.fw)
         self.model = self.fw.to_device(spec.model)
@@ -105,12 +105,17 @@ class Replica:
     def backward(self, step: int) -> float:
         """Forward and backward of inner step ``step`` (counted over the whole job) on this
         replica's shard; its loss. The gradients wait on the parameters."""
-        inputs, targets = (self.ranks.piece(arrays) for arrays in self.spec.batch(self.index, step))
-        seed = micro_batch_seed(self.settings.job.seed, self.worker.worker_id, step)
+        me = self.worker.worker_id
+        with user_code(f"{me}: batch({self.index}, {step})"):
+            inputs, targets = (self.ranks.piece(arrays) for arrays in self.spec.batch(self.index, step))
+        seed = micro_batch_seed(self.settings.job.seed, me, step)
         with self.fw.seeded(seed):
-            out = self.model(*(self.fw.tensor(a) for a in inputs))
-            loss = self.spec.loss(out, *(self.fw.tensor(t) for t in targets))
-        value = self.fw.loss_backward(loss, self.worker.worker_id)
+            with user_code(f"{me}: the model's forward on step {step}"):
+                out = self.model(*(self.fw.tensor(a) for a in inputs))
+            with user_code(f"{me}: the loss on step {step}"):
+                loss = self.spec.loss(out, *(self.fw.tensor(t) for t in targets))
+        with user_code(f"{me}: the backward of step {step}"):
+            value = self.fw.loss_backward(loss, me)
         return self.ranks.reduce(self.model, value, self.worker.agreement)  # the cluster's mean
 
     def inner_step(self, step: int) -> float:

@@ -28,7 +28,7 @@ import numpy as np
 from nebula_mq import topology
 from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
-from nebula_mq.errors import DataError, MalformedMessage, ShapeMismatch
+from nebula_mq.errors import MalformedMessage, ModelError, ShapeMismatch
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.checkpoint import Checkpoint
@@ -36,7 +36,7 @@ from nebula_mq.runtime.driver import StopCheck, StepInputs, drive
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from nebula_mq.models.frameworks import Framework, framework_of
+from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
 from workers.split.job import HeadSpec, Placement, SplitJob, load_spec, load_split_job
 
@@ -196,23 +196,29 @@ class SpecHead(SplitHead):
                  rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
         super().__init__(settings, self.job, rank, transport,
-                         framework_of(spec.model, "split.head", self.job.head_framework))
+                         framework_of(spec.model, "split.head", self.job.head_framework, settings.source))
         self.spec = spec
         self.take_model(spec.model, spec.optimizer_fn)
 
     def forward(self, mb: int) -> Forward:
-        parts = tuple(self.spec.inputs(mb))
+        me = self.worker_id
+        with user_code(f"{me}: inputs({mb})"):
+            parts = tuple(self.spec.inputs(mb))
         if len(parts) < 2:
-            raise DataError(f"inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
+            raise ModelError(f"{me}: inputs({mb}) must return (sample_ids, tensor, ...), got {len(parts)} item(s)")
         rows = self.shard_rows(len(parts[0]))
         sample_ids = np.asarray(parts[0], dtype=np.int64)[rows]
-        with self.fw.seeded(self.seed("head", mb)):
+        with self.fw.seeded(self.seed("head", mb)), user_code(f"{me}: the model's forward on micro-batch {mb}"):
             out = self.model(*(self.fw.tensor(np.asarray(p)[rows]) for p in parts[1:]))
         if not self.fw.is_float_tensor(out):
             got = getattr(out, "dtype", type(out).__name__)
-            raise DataError(f"{self.worker_id}: the head model must return one floating-point "
-                            f"{self.fw.name} tensor, got {got}")
+            raise ModelError(f"{me}: the head model must return one floating-point "
+                             f"{self.fw.name} tensor, got {got}")
         return Forward(sample_ids, out)
+
+    def backward(self, activation: Any, grad: np.ndarray) -> None:
+        with user_code(f"{self.worker_id}: the model's backward on micro-batch {self.worker.step}"):
+            super().backward(activation, grad)
 
 
 @role("split-head")

@@ -31,7 +31,7 @@ from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import role
-from nebula_mq.models.frameworks import Framework, framework_of
+from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
 from workers.split.job import Placement, SplitJob, TailSpec, load_spec, load_split_job
 
@@ -151,19 +151,26 @@ class SpecTail(SplitTail):
                  rank: int = 0) -> None:
         self.job: SplitJob = load_split_job(settings)
         super().__init__(settings, self.job, rank, transport,
-                         framework_of(spec.model, "split.tail", self.job.tail_framework))
+                         framework_of(spec.model, "split.tail", self.job.tail_framework, settings.source))
         self.spec = spec
         self.take_model(spec.model, spec.optimizer_fn)
 
     def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
                       ) -> tuple[float, np.ndarray]:
-        targets = self.spec.targets(tensors["sample_ids"])
-        parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
+        me = self.worker_id
+        with user_code(f"{me}: targets() of micro-batch {mb}"):
+            targets = self.spec.targets(tensors["sample_ids"])
+            parts = (targets,) if isinstance(targets, np.ndarray) else tuple(targets)
+            y = [self.fw.tensor(np.asarray(t)) for t in parts]
         x = self.fw.tensor(np.asarray(activation, dtype=np.float32), grad=True)
         with self.fw.seeded(self.seed("tail", mb)):
-            loss = self.spec.loss(self.model(x), *(self.fw.tensor(np.asarray(t)) for t in parts))
-        value = self.fw.loss_backward(loss, self.worker_id)
-        return value, self.fw.grad(x)
+            with user_code(f"{me}: the model's forward on micro-batch {mb}"):
+                out = self.model(x)
+            with user_code(f"{me}: the loss on micro-batch {mb}"):
+                loss = self.spec.loss(out, *y)
+        with user_code(f"{me}: the backward of micro-batch {mb}"):
+            value = self.fw.loss_backward(loss, me)
+        return value, self.fw.grad(x, me)
 
 
 @role("split-tail")

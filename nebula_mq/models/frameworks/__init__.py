@@ -16,18 +16,36 @@ this package imports neither framework.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, ModelError, NebulaError, one_line
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.runtime.agreement import Collective
+from nebula_mq.runtime.logs import get_logger
 
 FRAMEWORKS = ("paddle", "torch")
+
+log = get_logger(__name__)
+
+
+@contextmanager
+def user_code(what: str) -> Iterator[None]:
+    """A call into the user's own model, loss or data function (``what``: ``tail-0: the
+    model's forward on micro-batch 12``). Whatever it raises becomes one :class:`ModelError`
+    that says so, with the framework's own first line; the whole trace goes to the log. Our
+    own typed errors pass unchanged."""
+    try:
+        yield
+    except NebulaError:
+        raise
+    except Exception as exc:
+        log.error("user_code_raised", what=what, exc_info=True)
+        raise ModelError(f"{what} raised {one_line(exc)}") from None
 
 
 class Group(Collective, Protocol):
@@ -83,10 +101,11 @@ class Framework(Protocol):
 
     def loss_backward(self, loss: object, where: str) -> float:
         """Back-propagate a scalar loss; its value. A loss that is not a scalar tensor of this
-        framework is a ``DataError`` naming ``where``."""
+        framework is a :class:`ModelError` naming ``where``."""
 
-    def grad(self, tensor: Any) -> np.ndarray:
-        """The gradient accumulated on ``tensor`` (made with ``grad=True``)."""
+    def grad(self, tensor: Any, where: str) -> np.ndarray:
+        """The gradient accumulated on ``tensor`` (made with ``grad=True``); none there (the
+        model detached it) is a :class:`ModelError` naming ``where``."""
 
     def trainable(self, model: Any) -> list[Any]:
         """The parameters the optimizer updates."""
@@ -140,8 +159,9 @@ def _owner(model: object) -> str | None:
     return None
 
 
-def framework_named(name: str, where: str = "framework") -> Framework:
-    """The implementation of framework ``name`` (``paddle`` or ``torch``)."""
+def framework_named(name: str, where: str = "framework", source: str = "<settings>") -> Framework:
+    """The implementation of framework ``name`` (``paddle`` or ``torch``); ``where`` and
+    ``source`` (the job file) name the key that chose it."""
     if name == "paddle":
         from nebula_mq.models.frameworks.paddle_backend import PaddleFramework
 
@@ -150,20 +170,20 @@ def framework_named(name: str, where: str = "framework") -> Framework:
         try:
             from nebula_mq.models.frameworks.torch_backend import TorchFramework
         except ImportError:
-            raise ConfigError("<settings>", where, "torch installed (pip install 'nebula-mq[torch]')",
+            raise ConfigError(source, where, "torch installed (pip install 'nebula-mq[torch]')",
                               name) from None
         return TorchFramework()
-    raise ConfigError("<settings>", where, f"one of {list(FRAMEWORKS)}", name)
+    raise ConfigError(source, where, f"one of {list(FRAMEWORKS)}", name)
 
 
-def framework_of(model: object, where: str, declared: str = "") -> Framework:
+def framework_of(model: object, where: str, declared: str = "", source: str = "<settings>") -> Framework:
     """The framework of ``model`` (a ``paddle.nn.Layer`` or a ``torch.nn.Module``). ``declared``
     (``[split] head_framework``, ...) must agree with it when set. Anything else is a one-line
-    ``ConfigError`` naming ``where`` and the model's type."""
+    ``ConfigError`` naming the job file (``source``), ``where`` and the model's type."""
     owner = _owner(model)
     if owner is None:
-        raise ConfigError("<settings>", where, "a paddle.nn.Layer or a torch.nn.Module",
+        raise ConfigError(source, where, "a paddle.nn.Layer or a torch.nn.Module",
                           f"{type(model).__module__}.{type(model).__qualname__}")
     if declared and declared != owner:
-        raise ConfigError("<settings>", f"{where}_framework", f"the model's framework ({owner})", declared)
-    return framework_named(owner, where)
+        raise ConfigError(source, f"{where}_framework", f"the model's framework ({owner})", declared)
+    return framework_named(owner, where, source)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import paddle
 
-from nebula_mq.errors import DataError
+from nebula_mq.errors import ModelError
 from nebula_mq.models.cpu import apply_deferred_paddle_threads
 from nebula_mq.models.data_parallel import DataParallelGroup, init_group
 from nebula_mq.models.device import use_device
@@ -65,12 +65,14 @@ class PaddleFramework:
     def loss_backward(self, loss: object, where: str) -> float:
         if not isinstance(loss, paddle.Tensor) or loss.size != 1:
             shape = list(loss.shape) if isinstance(loss, paddle.Tensor) else type(loss).__name__
-            raise DataError(f"{where}: the loss must be a scalar paddle tensor, got {shape}")
+            raise ModelError(f"{where}: the loss must be a scalar paddle tensor, got {shape}")
         loss.backward()
         return float(loss)
 
-    def grad(self, tensor: Any) -> np.ndarray:
-        assert tensor.grad is not None  # made with grad=True, and the loss depends on it
+    def grad(self, tensor: Any, where: str) -> np.ndarray:
+        if tensor.grad is None:  # made with grad=True: the model cut it from the loss
+            raise ModelError(f"{where}: no gradient reached the model's input: the loss must depend on it "
+                             "without a detach (or a numpy round trip) in between")
         return np.asarray(tensor.grad.numpy())
 
     def trainable(self, model: Any) -> list[Any]:

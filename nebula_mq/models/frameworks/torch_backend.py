@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nebula_mq.errors import CheckpointError, DataError, WorkerError
+from nebula_mq.errors import CheckpointError, ModelError, WorkerError
 from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
 from nebula_mq.models.device_spec import pick_device
 from nebula_mq.models.group_address import GroupAddress
@@ -155,12 +155,14 @@ class TorchFramework:
     def loss_backward(self, loss: object, where: str) -> float:
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise DataError(f"{where}: the loss must be a scalar torch tensor, got {shape}")
+            raise ModelError(f"{where}: the loss must be a scalar torch tensor, got {shape}")
         loss.backward()
         return float(loss.detach())
 
-    def grad(self, tensor: Any) -> np.ndarray:
-        assert tensor.grad is not None  # made with grad=True, and the loss depends on it
+    def grad(self, tensor: Any, where: str) -> np.ndarray:
+        if tensor.grad is None:  # made with grad=True: the model cut it from the loss
+            raise ModelError(f"{where}: no gradient reached the model's input: the loss must depend on it "
+                             "without a detach (or a numpy round trip) in between")
         return self.numpy(tensor.grad)
 
     def trainable(self, model: Any) -> list[Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nebula_mq.errors import ConfigError, DataError, NonFiniteTensor
+from nebula_mq.errors import ConfigError, ModelError, NonFiniteTensor
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -134,7 +134,7 @@ class _NaNHead(torch.nn.Module):  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("model,error,match", [
-    (_IntHead(), DataError, r"head-0: the head model must return one floating-point torch tensor, got torch\.int64"),
+    (_IntHead(), ModelError, r"head-0: the head model must return one floating-point torch tensor, got torch\.int64"),
     (_NaNHead(), NonFiniteTensor, r"^head-0: the activation of micro-batch 0: .*NaN or Inf"),
 ])
 def test_a_head_that_returns_no_float_or_a_nan_activation_fails_before_sending(
@@ -150,12 +150,40 @@ def test_a_head_that_returns_no_float_or_a_nan_activation_fails_before_sending(
     assert head.worker.transport.queue_depth(head.worker.transport.declare_flow(head.act_flows[0], "producer")) == 0
 
 
-def test_a_tail_loss_that_is_not_a_scalar_is_a_data_error_naming_the_worker(tmp_path: Path) -> None:
+def _tail(tmp_path: Path, model: Any, loss: Any) -> Any:
     from workers.split.job import TailSpec
     from workers.split.tail import SpecTail
 
     settings = settings_for(tmp_path, steps=4)
-    spec = TailSpec(model=torch_mlp.top(), loss=lambda out, y: (out - y) ** 2, targets=lambda ids: np.zeros((len(ids), 1), np.float32))
-    tail = SpecTail(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t"))
-    with pytest.raises(DataError, match=r"tail-0: the loss must be a scalar torch tensor, got \[4, 1\]"):
+    spec = TailSpec(model=model, loss=loss, targets=lambda ids: np.zeros((len(ids), 1), np.float32))
+    return SpecTail(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t"))
+
+
+def test_a_tail_loss_that_is_not_a_scalar_is_a_model_error_naming_the_worker(tmp_path: Path) -> None:
+    tail = _tail(tmp_path, torch_mlp.top(), lambda out, y: (out - y) ** 2)
+    with pytest.raises(ModelError, match=r"tail-0: the loss must be a scalar torch tensor, got \[4, 1\]") as caught:
         tail.loss_and_grad(0, np.ones((4, 32), np.float32), {"sample_ids": np.arange(4)})
+    assert not caught.value.restart_helps
+
+
+class _DetachingTail(torch.nn.Module):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Linear(32, 1)
+
+    def forward(self, x: Any) -> Any:
+        return self.w(x.detach())
+
+
+def test_a_tail_that_detaches_its_input_says_no_gradient_reached_it(tmp_path: Path) -> None:
+    tail = _tail(tmp_path, _DetachingTail(), torch.nn.functional.mse_loss)
+    with pytest.raises(ModelError, match=r"^tail-0: no gradient reached the model's input"):
+        tail.loss_and_grad(0, np.ones((4, 32), np.float32), {"sample_ids": np.arange(4)})
+
+
+def test_a_shape_mismatch_in_the_tail_is_one_line_naming_the_micro_batch_and_torchs_words(tmp_path: Path) -> None:
+    tail = _tail(tmp_path, torch.nn.Linear(12, 1), torch.nn.functional.mse_loss)
+    with pytest.raises(ModelError) as caught:
+        tail.loss_and_grad(3, np.ones((4, 32), np.float32), {"sample_ids": np.arange(4)})
+    assert str(caught.value) == ("tail-0: the model's forward on micro-batch 3 raised RuntimeError: "
+                                 "mat1 and mat2 shapes cannot be multiplied (4x32 and 12x1)")

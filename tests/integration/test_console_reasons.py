@@ -1,0 +1,92 @@
+"""What the console of ``nebula-mq run`` says when a worker stops, and what ``status`` says after:
+the worker's one-line reason and its log, never a traceback; a mistake of the job's own is not
+restarted; nothing is lost (the same command, once the mistake is fixed, finishes the job with
+every step applied once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.jobs import copy_split_example, split_job
+from tests.fixtures.stack import StackHandle
+from tests.fixtures.threads import history
+
+pytestmark = pytest.mark.broker
+
+# A user's tail with a bug: while the file ``broken`` sits beside it, its forward cuts the
+# activation to 7 of its 32 features.
+FAULTY_TAIL = '''
+from pathlib import Path
+
+from torch import nn
+
+from mlp_data import dataset
+from mlp_torch import top
+
+BROKEN = Path(__file__).with_name("broken")
+
+
+class Tail(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = top()
+
+    def forward(self, x):
+        return self.net(x[:, :7] if BROKEN.exists() else x)
+
+
+def build_tail(settings):
+    from workers.split import TailSpec
+
+    _, y = dataset()
+    return TailSpec(model=Tail(), loss=nn.functional.mse_loss, targets=lambda ids: y[ids])
+'''
+
+
+def nebula(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """A ``nebula-mq`` command as a user types it (no ``NEBULA__`` override from the test's environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA__")}
+    return subprocess.run([sys.executable, "-m", "nebula_mq", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_a_model_that_raises_is_one_line_on_the_console_not_restarted_and_loses_nothing(
+        stack: StackHandle, tmp_path: Path) -> None:
+    copy_split_example(tmp_path)
+    (tmp_path / "faulty.py").write_text(FAULTY_TAIL)
+    (tmp_path / "broken").touch()
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(split_job(f"reason-{os.getpid()}", run_dir, steps=30, head="mlp_torch", tail="faulty"))
+
+    run = nebula("run", str(job), "--stack", stack.run_dir)
+    console = run.stdout + run.stderr
+    assert run.returncode == 1, console[-3000:]
+    line = ("tail-0 (cluster-b): the model's forward on micro-batch 0 raised RuntimeError: "
+            "mat1 and mat2 shapes cannot be multiplied (32x7 and 32x32)")
+    assert line in console, console[-3000:]
+    assert f"log: {run_dir / 'logs' / 'tail-0.log'}" in console
+    assert "not restarting tail-0" in console and "restarting tail-0 in" not in console, console[-3000:]
+    assert "Traceback" not in console
+    # The whole trace is in the worker's log, where the console's line points.
+    records = [json.loads(r) for r in (run_dir / "logs" / "tail-0.log").read_text().splitlines()]
+    raised = [r for r in records if r.get("event") == "user_code_raised"]
+    assert raised and "Traceback" in raised[0]["exception"] and "faulty.py" in raised[0]["exception"]
+
+    status = nebula("status", str(job), "--stack", stack.run_dir)
+    assert f"FAILED {line}" in status.stdout, status.stdout + status.stderr
+
+    # Fixed, the same command resumes and finishes: every step applied once, on both sides.
+    (tmp_path / "broken").unlink()
+    again = nebula("run", str(job), "--stack", stack.run_dir)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    for worker in ("head-0", "tail-0"):
+        assert len(history(run_dir, worker)) == 30
+        rows = [json.loads(r)["step"] for r in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
+        assert sorted(set(rows)) == list(range(1, 31)), rows
+    assert "FAILED" not in nebula("status", str(job), "--stack", stack.run_dir).stdout
