@@ -47,7 +47,7 @@ HELPERS = {
 
 def readme_round_trip() -> set[str]:
     """The files (or folders) the README names, in its paragraph on one micro-batch's way."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "architecture.md").read_text()
     start = text.index("Following one micro-batch")
     paragraph = text[start:text.index("\n\n", start)]
     named = set(re.findall(r"`((?:nebula_mq|workers)/[\w/]+(?:\.py|/))", paragraph))
