@@ -205,6 +205,11 @@ def upstream_name(cluster: str) -> str:
     return f"{PREFIX}-upstream-{_check(cluster, 'cluster name')}"
 
 
+def upstream_cluster(upstream: str) -> str:
+    """The cluster an upstream named by :func:`upstream_name` points at (another name as is)."""
+    return upstream.removeprefix(f"{PREFIX}-upstream-")
+
+
 def message_id(job_id: str, flow: str, producer: str, seq: int) -> str:
     """Identity of a message: its place in its producer's stream on the flow. Consumers
     discard redeliveries that repeat one; a recomputed message has the same id. (Two

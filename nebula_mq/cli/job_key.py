@@ -13,6 +13,7 @@ A peer that has a ring already refuses one that differs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from nebula_mq import topology
@@ -23,10 +24,16 @@ from nebula_mq.security.sealing import seal, unseal
 
 # How long a peer's `up` waits for the sealed key before it says whose `up` to start.
 KEY_WAIT_S = 300.0
+# How often a waiting `up` says what it waits for, and how the links to the peer stand.
+TELL_EVERY_S = 30.0
 
 
-def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: float = KEY_WAIT_S) -> str:
-    """Send (from the key's cluster) or receive (elsewhere) the job key; a line saying which."""
+def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: float = KEY_WAIT_S,
+                  say: Callable[[str], None] = print) -> str:
+    """Send (from the key's cluster) or receive (elsewhere) the job key; a line saying which.
+    While it waits for the key, every :data:`TELL_EVERY_S` seconds ``say`` gets a line and the
+    state of the links from the key's cluster (a link that cannot come up is named, not waited
+    out in silence)."""
     from nebula_mq.transport.rabbit import RabbitTransport
 
     job_id = settings.job.id
@@ -51,12 +58,27 @@ def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: fl
                     publisher.publish(queue, blob, f"{job_id}.job-key.{flow.dst_cluster}.{time.time_ns()}")
             return f"job key {path}: sent sealed to {', '.join(f.dst_cluster for f in keys)}"
         flow = next(f for f in keys if f.dst_cluster == cluster)
-        received = _receive(transport, flow, ca, origin, f"{job_id}/{origin}/{cluster}", wait_s if not path.exists() else 2.0)
+
+        def links_down() -> list[str]:
+            return [link.line() for link in stack.federation_links(cluster, topology.vhost(job_id))
+                    if link.peer == origin and not link.up]
+
+        def tell(waited: float) -> None:
+            say(f"waiting for the job key from {origin} ({waited:.0f} s of {wait_s:g}): is `nebula-mq up` "
+                f"running there?")
+            for line in links_down():
+                say(f"  {line}")
+
+        received = _receive(transport, flow, ca, origin, f"{job_id}/{origin}/{cluster}",
+                            wait_s if not path.exists() else 2.0, tell)
     if received is None:
         if path.exists():
             return f"job key {path} (kept)"
-        raise SecurityError(f"no job key from {origin} within {wait_s:g} s: start `nebula-mq up` for {origin} "
-                            f"(it holds the key and sends it sealed to {cluster})")
+        down = links_down()
+        if down:
+            raise SecurityError(f"no job key from {origin} within {wait_s:g} s: {down[0]}")
+        raise SecurityError(f"no job key from {origin} within {wait_s:g} s, though the link from it is up: "
+                            f"start `nebula-mq up` for {origin} (it holds the key and sends it sealed to {cluster})")
     if path.exists() and path.read_bytes() != received:
         raise SecurityError(f"{path} differs from the job key {origin} sent: remove it to take {origin}'s, "
                             f"or check that both hosts run the same job")
@@ -65,23 +87,29 @@ def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: fl
     return f"job key {path}: received sealed from {origin}"
 
 
-def _receive(transport: Any, flow: topology.Flow, ca: Any, origin: str, context: str, wait_s: float) -> bytes | None:
+def _receive(transport: Any, flow: topology.Flow, ca: Any, origin: str, context: str, wait_s: float,
+             tell: Callable[[float], None]) -> bytes | None:
     """The newest sealed key on ``flow`` (every copy there is acked), opened; None if none came.
     A copy that does not open (not signed by ``origin``'s CA, another job's) is dropped, and its
-    error raised if no good copy follows."""
+    error raised if no good copy follows. ``tell`` hears how long it has waited, every
+    :data:`TELL_EVERY_S` seconds of waiting."""
     queue = transport.declare_flow(flow, "consumer")
     consumer = transport.consume(queue, prefetch=16)
     _cert, own_key = ca.keypair()
     signer = ca.peer_ca(origin).public_key()
     newest: bytes | None = None
     refused: SecurityError | None = None
-    deadline = time.monotonic() + wait_s
+    started = told = time.monotonic()
     try:
         while True:
             delivery = consumer.get(timeout=1.0 if newest is None else 0.3)
             if delivery is None:
-                if newest is not None or time.monotonic() > deadline:
+                now = time.monotonic()
+                if newest is not None or now - started > wait_s:
                     break
+                if now - told >= TELL_EVERY_S:
+                    told = now
+                    tell(now - started)
                 continue
             try:
                 newest = unseal(bytes(delivery.body), own_key, signer, context)

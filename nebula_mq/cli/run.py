@@ -62,22 +62,29 @@ def register(sub: Any) -> None:
 def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts: int = DEFAULT_RESTARTS,
             metrics_port: int = 0) -> int:
     from nebula_mq.launch import JobProcesses
-    from nebula_mq.runtime.logs import configure_logging, get_logger
+    from nebula_mq.runtime.logs import configure_logging
 
     configure_logging("info")
-    log = get_logger("nebula_mq.run")
     job = JobProcesses(config, stack_dir, metrics_port_base=metrics_port)
     job.provision()
     started = time.time()
-    job.start_all()
-    ports = job.metrics_ports()
-    for worker, child in job.children.items():
-        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"),
-                 **({"metrics": f"http://localhost:{ports[worker]}/metrics"} if worker in ports else {}))
+    start_workers(job)
     code = supervise_job(job, timeout, restarts)
     if code == 0:
         print_evaluation(job.settings, since=started)
     return code
+
+
+def start_workers(job: JobProcesses) -> None:
+    """Start this host's workers of ``job``; say where each one logs (and serves its metrics)."""
+    from nebula_mq.runtime.logs import get_logger
+
+    log = get_logger("nebula_mq.run")
+    job.start_all()
+    ports = job.metrics_ports()
+    for worker, child in job.children.items():
+        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.log_of(worker)),
+                 **({"metrics": f"http://localhost:{ports[worker]}/metrics"} if worker in ports else {}))
 
 
 def print_evaluation(settings: Any, since: float) -> None:

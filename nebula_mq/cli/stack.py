@@ -97,4 +97,24 @@ def _print(stack: Any) -> int:
         mgmt = f"  management https://localhost:{s.mgmt_port}/" if s.mgmt_port else ""
         print(f"{s.cluster:12} {s.node:32} {state:8} amqps://localhost:{s.tls_port}  "
               f"wan :{s.relay_port} ({relay}; {link}){mgmt}")
+    for line in link_lines(stack):
+        print(line)
     return 0
+
+
+def link_lines(stack: Any, vhost: str = "") -> list[str]:
+    """One line per federation link of the stack's running nodes (``vhost``'s only when given):
+    up, or down for how long and in RabbitMQ's words; a node that cannot say, why."""
+    from nebula_mq.errors import NebulaError
+
+    lines = []
+    for cluster, s in stack.status().items():
+        if not s.running:
+            continue
+        try:
+            links = stack.federation_links(cluster, vhost)
+        except NebulaError as exc:
+            lines.append(f"links of {cluster}: cannot read them ({exc})")
+            continue
+        lines += [f"{link.line()}" + ("" if vhost else f" [{link.vhost}]") for link in links]
+    return lines

@@ -114,8 +114,9 @@ def _status(args: argparse.Namespace) -> int:
                                for name, d in depths.items()}
     except NebulaError as exc:
         queues = {"unavailable": str(exc)}
+    links = local_links(args.stack, settings.job.id)
     if args.json:
-        print(json.dumps({"job": settings.job.id, "workers": rows, "queues": queues}, indent=1))
+        print(json.dumps({"job": settings.job.id, "workers": rows, "queues": queues, "links": links}, indent=1))
     elif rows:
         print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps")
         print(table(rows))
@@ -125,10 +126,12 @@ def _status(args: argparse.Namespace) -> int:
                 continue
             for name, d in sorted(qs.items()):
                 print(f"queue {cluster}/{name}: {d['messages']} messages, {d['bytes']} bytes")
-        for line in [*stop_reasons(rows), *broker_alarms(rows), *certificate_warnings(rows),
+        for line in [*links, *stop_reasons(rows), *broker_alarms(rows), *certificate_warnings(rows),
                      *dead_letter_alarms(queues, settings.transport.dead_letter_alarm)]:
             print(line)
     if not rows:
+        for line in links:  # a link that cannot come up, whatever the workers do
+            print(line)
         print(f"nebula-mq: no worker of job {settings.job.id!r} has started: no status files in "
               f"{settings.run_dir / 'status'} (start it with `nebula-mq run {args.job}`)", file=sys.stderr)
         return 1
@@ -139,23 +142,40 @@ def _feed(settings: Any, args: argparse.Namespace) -> int:
     from nebula_mq.cli.status_feed import feed_rows, table as feed_table
 
     rows = feed_rows(settings, args.feed, args.stack, args.since, args.lost_after)
+    links = local_links(args.stack, settings.job.id)
     if args.json:
-        print(json.dumps({"job": settings.job.id, "feed": args.feed, "workers": rows}, indent=1))
+        print(json.dumps({"job": settings.job.id, "feed": args.feed, "workers": rows, "links": links}, indent=1))
     elif rows:
         print(f"job {settings.job.id} ({settings.job.scenario}), target {settings.job.steps} steps, "
               f"as {args.feed}'s broker hears it")
         print(feed_table(rows))
-        for line in stop_reasons(rows) + broker_alarms(rows) + certificate_warnings(rows):
+        for line in links + stop_reasons(rows) + broker_alarms(rows) + certificate_warnings(rows):
             print(line)
         lost = [r["worker"] for r in rows if r["state"] == "LOST"]
         if lost:
             print(f"LOST: {', '.join(lost)}: silent for more than {args.lost_after:g} s", file=sys.stderr)
     if not rows:
+        for line in links:
+            print(line)
         print(f"nebula-mq: no status of job {settings.job.id!r} on {args.feed}'s feed in the last "
               f"{args.since:g} s (has it started? `nebula-mq status {args.job}` reads this host's files)",
               file=sys.stderr)
         return 1
     return 0
+
+
+def local_links(stack_dir: str, job_id: str) -> list[str]:
+    """The job's federation links on this host's stack, one line each (none without a stack:
+    a rank host reads no broker's administration)."""
+    from nebula_mq import topology
+    from nebula_mq.cli.stack import link_lines
+    from nebula_mq.errors import NebulaError
+    from nebula_mq.stack import Stack
+
+    try:
+        return link_lines(Stack.open(stack_dir), topology.vhost(job_id))
+    except NebulaError:
+        return []
 
 
 def stop_reasons(rows: list[dict[str, Any]]) -> list[str]:

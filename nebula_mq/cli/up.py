@@ -64,17 +64,16 @@ def ranks_list(text: str) -> frozenset[int]:
 
 def _up(args: argparse.Namespace) -> int:
     from nebula_mq.cli.provision import provision_cluster
-    from nebula_mq.cli.run import supervise_job
+    from nebula_mq.cli.run import start_workers, supervise_job
     from nebula_mq.errors import ConfigError
     from nebula_mq.launch import JobProcesses
-    from nebula_mq.runtime.logs import configure_logging, get_logger
+    from nebula_mq.runtime.logs import configure_logging
     from nebula_mq.stack import Stack
     from nebula_mq.stack.layout import did_you_mean
     from workers.plans import plan_for
     from workers.registry import load_job_settings
 
     configure_logging("info")
-    log = get_logger("nebula_mq.up")
 
     def mine(p: Any) -> bool:
         return bool(p.cluster == args.cluster and (args.ranks is None or p.cluster_rank in args.ranks))
@@ -91,6 +90,8 @@ def _up(args: argparse.Namespace) -> int:
     job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)
     stack = Stack.open(args.stack)
     if args.broker_host:  # the broker host's `up` provisions the job and holds its key
+        from nebula_mq.cli.job_key import KEY_WAIT_S
+
         print(wait_for_job_key(job.settings, args.broker_host, KEY_WAIT_S), file=sys.stderr)
     elif set(clusters) <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
         JobProcesses(args.config, args.stack).provision()
@@ -100,14 +101,13 @@ def _up(args: argparse.Namespace) -> int:
 
         _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack, make_key=False)
         print(summary, file=sys.stderr)
-        print(share_job_key(job.settings, job.plan, args.cluster, stack), file=sys.stderr)
-    job.start_all()
-    for worker, child in job.children.items():
-        log.info("worker_started", worker=worker, pid=child.pid, log=str(job.logs / f"{worker}.log"))
+        print(share_job_key(job.settings, job.plan, args.cluster, stack, say=_say), file=sys.stderr)
+    start_workers(job)
     return supervise_job(job, args.timeout, args.restarts)
 
 
-KEY_WAIT_S = 300.0
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def wait_for_job_key(settings: Any, broker_host: str, wait_s: float) -> str:
@@ -115,15 +115,21 @@ def wait_for_job_key(settings: Any, broker_host: str, wait_s: float) -> str:
     there (it makes or receives the key before it starts a worker)."""
     import time
 
+    from nebula_mq.cli.job_key import TELL_EVERY_S
     from nebula_mq.errors import SecurityError
     from nebula_mq.security.keys import KeyRing, job_key_file
 
     path = job_key_file(settings.run_dir)
-    deadline = time.monotonic() + wait_s
+    started = told = time.monotonic()
     while not path.exists():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now - started > wait_s:
             raise SecurityError(f"no job key at {path} after {wait_s:g} s: start `nebula-mq up` on {broker_host} "
                                 f"first (it provisions the job), with the same run_dir on a filesystem both hosts share")
+        if now - told >= TELL_EVERY_S:
+            told = now
+            _say(f"waiting for the job key that `nebula-mq up` on {broker_host} writes to {path} "
+                 f"({now - started:.0f} s of {wait_s:g}): is it running there, with this run_dir?")
         time.sleep(0.5)
     ring = KeyRing.load(path)
     if ring.job_id != settings.job.id:

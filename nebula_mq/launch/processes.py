@@ -294,6 +294,25 @@ class JobProcesses:
                     return float(values[key])
         return None
 
+    def stall_lines(self, statuses: dict[str, dict[str, Any]] | None = None) -> list[str]:
+        """Why no step is being made, as far as this host can tell: whom each worker says it
+        waits for, and each federation link of the job on this host's brokers that is down."""
+        from nebula_mq import topology
+        from nebula_mq.errors import NebulaError
+
+        lines = [f"{self.named(w)} waits for {body['waiting_for']}"
+                 for w, body in (statuses or self.statuses()).items() if body.get("waiting_for")]
+        for cluster, node in self.stack.status().items():
+            if not node.running:
+                continue  # another host's broker (a rank host's view of a shared stack directory)
+            try:
+                links = self.stack.federation_links(cluster, topology.vhost(self.settings.job.id))
+            except NebulaError as exc:
+                lines.append(f"links of {cluster}: cannot read them ({exc})")
+                continue
+            lines += [link.line() for link in links if not link.up]
+        return lines
+
     def slowest_step(self, statuses: dict[str, dict[str, Any]] | None = None) -> int:
         return min(self.steps(statuses).values(), default=0)
 

@@ -51,6 +51,8 @@ ASKED_TO_STOP = (130, 143, -signal.SIGINT, -signal.SIGTERM)
 FORCED = (130, -signal.SIGINT, -signal.SIGKILL)
 # How long workers get to finish their micro-batch and checkpoint after a stop request.
 STOP_GRACE_S = 120.0
+# How long the job may make no step before the console says so, and why (then as often).
+STALL_S = 30.0
 
 
 class Restartable(Protocol):
@@ -123,6 +125,30 @@ class RestartPolicy:
                                  "recovered_after_s": recovered_after_s}, sort_keys=True) + "\n")
 
 
+@dataclass
+class StallWatch:
+    """No wait is silent for long: when no worker has made a step for :data:`STALL_S` seconds,
+    and as often while it lasts, say so with why (``JobProcesses.stall_lines``)."""
+
+    say: Callable[[str], None]
+    steps: dict[str, int] = field(default_factory=dict)
+    moved_at: float = field(default_factory=time.monotonic)
+    told_at: float = 0.0
+
+    def watch(self, steps: dict[str, int], why: Callable[[], list[str]]) -> None:
+        now = time.monotonic()
+        if steps != self.steps:
+            self.steps, self.moved_at = dict(steps), now
+            return
+        if now - self.moved_at < STALL_S or now - self.told_at < STALL_S:
+            return
+        self.told_at = now
+        lines = why()
+        self.say(f"no step for {now - self.moved_at:.0f} s" + (":" if lines else " (no worker says it waits)"))
+        for line in lines:
+            self.say(f"  {line}")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a supervised run ended: whether a signal stopped it, the signals received, in
@@ -172,6 +198,7 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
     stopping = killed = False
     stop_since = 0.0
     policy = RestartPolicy(max(0, restarts), say=say, faults_log=job.run_dir / "faults.jsonl")
+    stall = StallWatch(say)
     try:
         with progress(job.settings.job.steps, "training (slowest worker)") as bar:
             done = 0
@@ -200,6 +227,8 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
                 statuses = job.statuses()  # one read of the status files per tick
                 policy.poll(job.steps(statuses))
                 slowest = job.slowest_step(statuses)
+                if not stopping:
+                    stall.watch(job.steps(statuses), lambda: job.stall_lines(statuses))
                 loss = job.loss(statuses)
                 if loss is not None:
                     bar.set_postfix(loss=loss)

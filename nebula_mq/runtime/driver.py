@@ -24,6 +24,7 @@ The :class:`Driver` does the rest, here and nowhere else, in this order:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import final
 
@@ -42,6 +43,11 @@ log = get_logger(__name__)
 
 # How long one wait for the next message lasts before the loop looks at the stop flag.
 POLL_S = 0.5
+# How long a worker waits for its peers without a word: then, and as often while it waits, it
+# says whom it waits for and how long since it last heard from them (log and status), in time
+# for the console of `run` and `up`, which says why no step is made after 30 s.
+WAIT_NOTICE_S = 15.0
+
 
 @final
 class Driver:
@@ -51,6 +57,9 @@ class Driver:
         self.worker, self.role = worker, role
         self.extras = Extras.of(role, worker)
         self.idle_polls = 0  # polls in a row that brought nothing to apply
+        # When the last message came (or the wait began), whether one came at all, and when
+        # the worker last said it waits (0: it has not said so since the last message).
+        self.heard_at, self.heard_any, self.told_at = time.monotonic(), False, 0.0
         self.waiting: list[list[Received]] = []
         self.hold = StepHold.from_environment()
 
@@ -132,6 +141,7 @@ class Driver:
         window = self.window()
         self.waiting = [[] for _ in range(inputs.streams)]
         self.idle_polls = 0
+        self.heard_at, self.told_at = time.monotonic(), 0.0
         first = self.worker.step * inputs.per_step
         return OrderedInbox(self.worker, flows, inputs.streams, first, window,
                               held=window.held * inputs.streams)
@@ -156,10 +166,29 @@ class Driver:
         received = inbox.next(timeout=POLL_S)
         if received is None:
             self.idle_polls += 1
+            self.tell_wait()
         else:
             self.idle_polls = 0
+            self.heard_at, self.heard_any = time.monotonic(), True
+            if self.told_at:  # it had said it waits: no longer
+                self.told_at = 0.0
+                self.worker.waiting(None)
             self.take(inbox, received)
         self.apply_ready(inbox)
+
+    def tell_wait(self) -> None:
+        """After :data:`WAIT_NOTICE_S` without a message, and as often while it lasts: whom this
+        worker waits for and since when, in its log and its status (``run``, ``up`` and
+        ``status`` show it)."""
+        now = time.monotonic()
+        if now - self.heard_at < WAIT_NOTICE_S or now - self.told_at < WAIT_NOTICE_S:
+            return
+        self.told_at = now
+        silent = round(now - self.heard_at)
+        text = (f"{self.role.inputs().awaited()}: nothing for {silent} s" if self.heard_any
+                else f"{self.role.inputs().awaited()}: nothing yet ({silent} s)")
+        log.warning("waiting", waiting_for=text, step=self.worker.step)
+        self.worker.waiting(text)
 
     def take(self, inbox: OrderedInbox, received: Received) -> None:
         """Order ``received`` into its stream (or let the role handle it, or reject it)."""

@@ -155,6 +155,14 @@ class Reporter:
             self.metrics.of(self.metrics.certificate_expiry).set(self.certificate.not_after.timestamp())
         return fields
 
+    def waiting(self, text: str | None) -> None:
+        """The status, in the state it had, says whom the worker waits for (``waiting_for``),
+        or no longer (None); the next step's status clears it too."""
+        with self._status_lock:
+            state, extra = self._status_call or ("starting", {})
+        extra = {k: v for k, v in extra.items() if k != "waiting_for"}
+        self.status(state, **extra, **({"waiting_for": text} if text else {}))
+
     def broker_alarm(self, cluster: str, reason: str | None) -> None:
         """``cluster``'s broker blocks our publishers for ``reason`` now, or no longer (None): the
         status says so at once, in the state it had (``transport.alarm.BrokerAlarm`` calls it, from

@@ -34,6 +34,13 @@ class StepInputs:
     def streams(self) -> int:
         return max(1, len(self.sources))
 
+    def awaited(self) -> str:
+        """What a step waits for, as a person says it: ``reply-head-0 from cluster-b``, or
+        ``gen-results from gen-0, gen-1 on cluster-a``."""
+        names = ", ".join(dict.fromkeys(f.name for f in self.flows))
+        clusters = ", ".join(sorted({f.src_cluster for f in self.flows}))
+        return f"{names} from {', '.join(self.sources)} on {clusters}" if self.sources else f"{names} from {clusters}"
+
 
 class StepRole(Protocol):
     """What the driver asks of every role. ``total``: the steps to train; ``in_flight``: messages

@@ -167,6 +167,11 @@ class Worker:
         """Write the status file (``Reporter.status``); skipped on a full disk."""
         self.status_file(lambda: self.report.status(state, **extra))
 
+    def waiting(self, text: str | None) -> None:
+        """The worker waits for its peers (``text``: whom, since when) or no longer (None): its
+        status says so, in the state it had (``Reporter.waiting``)."""
+        self.status_file(lambda: self.report.waiting(text))
+
     def write_history(self) -> None:
         """Append the history rows since the last call (``Reporter.write_history``). On a full
         disk the file is cut back to its length before (a torn row would swallow the next one

@@ -58,6 +58,11 @@ class BrokerAdmin(abc.ABC):
     @abc.abstractmethod
     def delete_user(self, user: str) -> None: ...
 
+    @abc.abstractmethod
+    def federation_links(self) -> list[dict[str, Any]]:
+        """The broker's federation links, every vhost: each one's upstream, vhost, uri, status
+        and error, as the federation plugin reports them (``transport.links``)."""
+
 
 class CtlAdmin(BrokerAdmin):
     """A node of the local stack, through ``rabbitmqctl -n NODE``."""
@@ -79,6 +84,9 @@ class CtlAdmin(BrokerAdmin):
             return False
         self.ctl("delete_vhost", vhost)
         return True
+
+    def federation_links(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.ctl("federation_status", "--formatter", "json", "--quiet") or "[]"))
 
     def users_of(self) -> dict[str, list[str]]:
         users = json.loads(self.ctl("list_users", "--formatter", "json", "--quiet") or "[]")
@@ -135,6 +143,9 @@ class HttpAdmin(BrokerAdmin):
 
     def delete_user(self, user: str) -> None:
         self._call("DELETE", f"users/{quote(user, safe='')}")
+
+    def federation_links(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "federation-links") or [])
 
 
 # The client certificate the stack's administrator presents to a node's management API.

@@ -34,6 +34,7 @@ from nebula_mq.stack.layout import (
 )
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
+from nebula_mq.transport.links import FederationLink, LinkWatch, links_from
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,12 @@ class Stack:
         with ThreadPoolExecutor(len(self.clusters)) as pool:
             list(pool.map(apply, self.clusters))
         return vhost
+
+    def federation_links(self, cluster: str, vhost: str = "") -> list[FederationLink]:
+        """``cluster``'s node's federation links from its peers (``vhost``'s only when given),
+        each with how long it has been down (remembered in the stack directory across commands)."""
+        rows = self.admin(cluster).federation_links()
+        return LinkWatch(self.layout.path / "links.json").seen(links_from(cluster, rows, vhost))
 
     def queue_depths(self, cluster: str, vhost: str) -> dict[str, QueueDepth]:
         out = self.rabbitmqctl(cluster, "list_queues", "-p", vhost, "name", "messages", "message_bytes",

@@ -90,3 +90,40 @@ def test_a_model_that_raises_is_one_line_on_the_console_not_restarted_and_loses_
         rows = [json.loads(r)["step"] for r in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
         assert sorted(set(rows)) == list(range(1, 31)), rows
     assert "FAILED" not in nebula("status", str(job), "--stack", stack.run_dir).stdout
+
+
+def test_a_federation_link_that_cannot_come_up_is_named_with_rabbitmqs_words_and_since_when(
+        stack: StackHandle) -> None:
+    """A link the broker keeps retrying is shown by ``stack status``, then ``up`` again once healed."""
+    import time
+
+    job = stack.new_job(prefix="link")
+    link = f"link from cluster-a to cluster-b (127.0.0.1:{stack.stack.layout.node('cluster-a').relay_port})"
+
+    def stack_status() -> str:
+        out = nebula("stack", "status", "--stack", stack.run_dir, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    deadline = time.monotonic() + 60
+    while f"{link}: up [{job.vhost}]" not in (text := stack_status()):
+        assert time.monotonic() < deadline, text
+        time.sleep(1)
+    try:
+        stack.stack.cut("cluster-a")  # every connection to cluster-a's broker reset, new ones refused
+        deadline = time.monotonic() + 60
+        while f"{link}: down for" not in (text := stack_status()):
+            assert time.monotonic() < deadline, text
+            time.sleep(1)
+        line = next(line for line in text.splitlines() if line.startswith(link))
+        assert "the connection was closed" in line or "nothing listens there" in line, line
+        time.sleep(2.5)
+        later = next(line for line in stack_status().splitlines() if line.startswith(link))
+        first_s, later_s = (int(x.split("down for ")[1].split(" s")[0]) for x in (line, later))
+        assert later_s >= first_s + 2, (line, later)  # the same outage, remembered across commands
+    finally:
+        stack.clean_wan()
+    deadline = time.monotonic() + 60
+    while f"{link}: up [{job.vhost}]" not in (text := stack_status()):
+        assert time.monotonic() < deadline, text
+        time.sleep(1)

@@ -71,3 +71,32 @@ def test_every_restart_is_recorded_in_the_faults_log_with_its_recovery_time(tmp_
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["kind"], r["target"]) for r in rows] == [("restart", "dec-0"), ("restart", "enc-0")]
     assert rows[0]["recovered_after_s"] >= 0 and rows[1]["recovered_after_s"] is None
+
+
+def test_a_job_that_makes_no_step_says_so_with_why_at_a_bounded_interval(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from nebula_mq.launch import supervisor
+    from nebula_mq.launch.supervisor import StallWatch
+
+    clock = [1000.0]
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    said: list[str] = []
+    watch = StallWatch(said.append)
+    why = ["head-0 (cluster-a) waits for reply-head-0 from cluster-b: nothing for 31 s"]
+    for t, steps in ((0, {"head-0": 0}), (20, {"head-0": 0}), (29, {"head-0": 0})):
+        clock[0] = 1000.0 + t
+        watch.watch(steps, lambda: why)
+    assert said == []  # 29 s without a step: not yet
+    clock[0] = 1031.0
+    watch.watch({"head-0": 0}, lambda: why)
+    assert said == ["no step for 31 s:", f"  {why[0]}"]
+    clock[0] = 1040.0
+    watch.watch({"head-0": 0}, lambda: why)
+    assert len(said) == 2  # said at most every STALL_S
+    clock[0] = 1062.0
+    watch.watch({"head-0": 0}, lambda: [])
+    assert said[-1] == "no step for 62 s (no worker says it waits)"
+    clock[0] = 1063.0
+    watch.watch({"head-0": 1}, lambda: why)  # a step: the count starts again
+    clock[0] = 1090.0
+    watch.watch({"head-0": 1}, lambda: why)
+    assert len(said) == 3

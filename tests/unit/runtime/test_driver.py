@@ -5,6 +5,7 @@ are the driver's."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,38 @@ def test_what_a_role_sends_depends_on_its_step_not_on_how_many_steps_one_arrival
     assert role.run() == 0
     assert role.applied == list(range(STEPS))
     assert role.sent_at == {mb: max(0, mb - role.in_flight + 1) for mb in range(STEPS)}
+
+
+def test_a_worker_whose_peer_is_silent_says_whom_it_waits_for_and_stops_saying_once_it_hears(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No wait is silent: past WAIT_NOTICE_S without a message the worker's status names what it
+    waits for and since when (what ``run``, ``up`` and ``status`` show); the next message clears it."""
+    import threading
+
+    from nebula_mq.runtime import driver
+
+    monkeypatch.setattr(driver, "WAIT_NOTICE_S", 0.6)
+    sender, broker = setup(tmp_path)
+    role = Summing(tmp_path, broker, sources=("enc-0", "enc-1"))
+    status = tmp_path / "status" / "dec-0.json"
+
+    def waiting_for() -> str:
+        return str(json.loads(status.read_text()).get("waiting_for", "")) if status.exists() else ""
+
+    done = threading.Event()
+    runner = threading.Thread(target=lambda: (role.run(), done.set()), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while not waiting_for():
+        assert time.monotonic() < deadline and not done.is_set()
+        time.sleep(0.05)
+    assert waiting_for().startswith("activations from enc-0, enc-1 on s: nothing yet (")
+    send(sender, list(range(STEPS)), producer="enc-0")  # one of the two sources: no step yet
+    deadline = time.monotonic() + 30
+    while "nothing for" not in waiting_for():  # heard enc-0, and enc-1 still silent
+        assert time.monotonic() < deadline, waiting_for()
+        time.sleep(0.05)
+    send(sender, list(range(STEPS)), producer="enc-1")
+    runner.join(30)
+    assert done.is_set() and role.applied == list(range(STEPS))
+    assert waiting_for() == ""  # the steps' statuses carry no wait
