@@ -42,6 +42,12 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
+def after_name(worker_id: str, text: str) -> str:
+    """``text`` to be shown after the worker's own name (``tail-0 (cluster-b): ...``): a
+    message that begins with the name (as a worker started by hand says it) says it once."""
+    return text.removeprefix(f"{worker_id}: ")
+
+
 # --------------------------------------------------------------------------- config
 
 

@@ -26,6 +26,9 @@ class Process:
     # Its rank among its cluster's processes of its role, where that is not ``index`` (a
     # replicas job indexes every cluster's ranks in one sequence): what ``up --ranks`` names.
     rank_in_cluster: int | None = None
+    # The host the job file places it on (a name or address; "" = wherever it is started):
+    # started elsewhere, it is refused before it touches the job (``workers.claim``).
+    host: str = ""
 
     @property
     def cluster_rank(self) -> int:

@@ -66,6 +66,7 @@ def run_job(config: str, stack_dir: str, timeout: float | None = None, restarts:
 
     configure_logging("info")
     job = JobProcesses(config, stack_dir, metrics_port_base=metrics_port)
+    job.claim_all()  # a rank running already, or placed on another host: refused before anything
     job.provision()
     started = time.time()
     start_workers(job)

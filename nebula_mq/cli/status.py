@@ -180,7 +180,7 @@ def local_links(stack_dir: str, job_id: str) -> list[str]:
 
 def stop_reasons(rows: list[dict[str, Any]]) -> list[str]:
     """A FAILED line per failed worker, with the one line that says why it stopped."""
-    from nebula_mq.launch.exit_reason import after_name
+    from nebula_mq.errors import after_name
 
     return [f"FAILED {r['worker']} ({r.get('cluster') or '?'}): "
             f"{after_name(r['worker'], r.get('reason') or 'no reason recorded')}"

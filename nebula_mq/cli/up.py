@@ -87,7 +87,8 @@ def _up(args: argparse.Namespace) -> int:
         indices = sorted({p.cluster_rank for p in plan.processes if p.cluster == args.cluster})
         raise ConfigError("<command line>", "--ranks", f"ranks of {args.cluster}'s roles ({indices})",
                           ",".join(map(str, sorted(args.ranks or ()))))
-    job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host)
+    job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host, command_name="up")
+    job.claim_all()  # a rank running already, or placed on another host: refused before anything
     stack = Stack.open(args.stack)
     if args.broker_host:  # the broker host's `up` provisions the job and holds its key
         from nebula_mq.cli.job_key import KEY_WAIT_S

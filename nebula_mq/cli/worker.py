@@ -111,12 +111,16 @@ def _run(args: argparse.Namespace) -> int:
     hold_stop_signals()  # until the role's driver handles them: a stop during start-up is a clean stop
     from nebula_mq.errors import PlacementError, one_line
     from nebula_mq.runtime.reporter import record_stop
+    from workers.claim import claim_rank
     from workers.plans import run_role
     from workers.registry import load_job_settings
 
     configure_logging(args.log_level)
     settings = load_job_settings(job_file(args))
     proc = find_process(settings, args.role, args.index)
+    # Held until the process exits: a second copy of this rank is refused, as is this one on a
+    # host the job file does not place it on, before either touches the job.
+    claim = claim_rank(settings, proc, "nebula-mq worker")
     if args.metrics_port:
         check_metrics_port(args.metrics_port)
     if args.stack:
@@ -141,6 +145,7 @@ def _run(args: argparse.Namespace) -> int:
             record_stop(settings, proc.worker_id, one_line(exc), role=proc.role, cluster=proc.cluster)
         raise
     finally:
+        claim.release()
         # The role has checkpointed and returned. Python resets its signal handlers to
         # the defaults while it shuts down (paddle's teardown takes a while), so the
         # SIGTERM `nebula-mq run` forwards after a Ctrl-C would kill a worker that has

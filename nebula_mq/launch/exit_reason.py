@@ -48,12 +48,6 @@ def exit_reason(log: Path, since: int, code: int | None) -> ExitReason:
     return ExitReason(describe_exit(code))
 
 
-def after_name(worker_id: str, text: str) -> str:
-    """``text`` to be shown after the worker's own name (``tail-0 (cluster-b): ...``): a
-    message that begins with the name (as a worker started by hand says it) says it once."""
-    return text.removeprefix(f"{worker_id}: ")
-
-
 def describe_exit(code: int | None) -> str:
     """An exit status as words: ``killed by SIGKILL``, ``exited 3``."""
     if code is None:

@@ -20,11 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.launch.exit_reason import ExitReason, after_name, exit_reason
+from nebula_mq.errors import after_name
+from nebula_mq.launch.exit_reason import ExitReason, exit_reason
 from nebula_mq.launch.group_epochs import GroupEpochs
 from nebula_mq.runtime.logs import JSON_ERRORS_ENV
 from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
+from workers.claim import CLAIM_FD_ENV, Claim, claim_rank
 
 if TYPE_CHECKING:
     from nebula_mq.config import EnvOverride
@@ -37,12 +39,13 @@ LOG_DRAIN_S = 10.0
 class JobProcesses:
     def __init__(self, config: str, stack_dir: str, env: Mapping[str, str] | None = None,
                  metrics_port_base: int = 0, select: Callable[[Process], bool] | None = None,
-                 broker_host: str = "") -> None:
+                 broker_host: str = "", command_name: str = "run") -> None:
         """``metrics_port_base``: serve worker ``i``'s metrics on that port + ``i`` (0: none);
         ``select``: the processes of the plan this machine runs (default: all of them, on a
         stack that holds every cluster the job uses); ``broker_host``: the workers reach the
         stack's broker by this name from its certificate (another host of the cluster), not on
-        loopback."""
+        loopback; ``command_name``: the command this launcher runs for (``run``, ``up``), as
+        the claim of each rank names its holder."""
         from nebula_mq.errors import StackError
         from nebula_mq.stack import DEFAULT_CLUSTERS, Stack
         from workers.plans import plan_for
@@ -72,6 +75,8 @@ class JobProcesses:
         self.log_starts: dict[str, int] = {}
         self.metrics_port_base = metrics_port_base
         self.broker_host = broker_host
+        self.claims: dict[str, Claim] = {}
+        self.command_name = command_name
         self.epochs = GroupEpochs(self.run_dir, {p.restart_group for p in self.processes if p.restart_group})
 
     def _unknown_clusters(self, missing: list[str], needed: tuple[str, ...]) -> str:
@@ -123,9 +128,20 @@ class JobProcesses:
         port = self.metrics_ports().get(worker_id)
         return cmd + ["--metrics-port", str(port)] if port else cmd
 
+    def claim(self, worker_id: str) -> Claim:
+        """This launcher's hold on ``worker_id``'s rank (``workers.claim``), taken once and kept
+        across the worker's restarts: a rank placed on another host, or running already, is a
+        one-line ``PlacementError`` before anything of it is touched."""
+        if worker_id not in self.claims:
+            proc = next(p for p in self.processes if p.worker_id == worker_id)
+            self.claims[worker_id] = claim_rank(self.settings, proc, f"nebula-mq {self.command_name}")
+        return self.claims[worker_id]
+
     def start(self, worker_id: str) -> subprocess.Popen[bytes]:
         """Start ``worker_id``; its stdout and stderr go through a log pipe (``launch.logpipe``)
-        into ``<run_dir>/logs/<worker>.log``, so every line of that file is a JSON object."""
+        into ``<run_dir>/logs/<worker>.log``, so every line of that file is a JSON object. The
+        worker inherits its rank's claim (:meth:`claim`)."""
+        claim = self.claim(worker_id)
         self.logs.mkdir(parents=True, exist_ok=True)
         cmd = self.command(worker_id)
         out_r, out_w = os.pipe()
@@ -141,7 +157,8 @@ class JobProcesses:
                      str(err_r)], stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(out_r, err_r))
                 self.log_pipes[worker_id] = pipe
                 child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                                         env=self.worker_env())
+                                         env={**self.worker_env(), CLAIM_FD_ENV: str(claim.fd)},
+                                         pass_fds=(claim.fd,))
                 # Recorded before the held signals are let through: a stop that lands as they
                 # are (SystemExit, KeyboardInterrupt) still finds this worker to kill.
                 self.children[worker_id] = child
@@ -190,7 +207,13 @@ class JobProcesses:
         reason = exit_reason(self.log_of(worker_id), self.log_starts.get(worker_id, 0), code)
         return dataclasses.replace(reason, text=after_name(worker_id, reason.text))  # shown after ``named``
 
+    def claim_all(self) -> None:
+        """Claim every rank this host runs (:meth:`claim`): one refused, none is started."""
+        for proc in self.processes:
+            self.claim(proc.worker_id)
+
     def start_all(self) -> None:
+        self.claim_all()
         for proc in self.processes:
             self.start(proc.worker_id)
 

@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, final
 
@@ -79,6 +79,9 @@ class Reporter:
         self.checkpoint: int | None = None  # the step of the last checkpoint this process wrote
         self._recent: deque[tuple[float, int]] = deque(maxlen=RATE_WINDOW)  # (time, step) of recent steps
         self.last: dict[str, Any] = {}  # the status last written: what the status feed publishes
+        # Told each new state (starting, resuming, running, failed...): the worker's sampler
+        # publishes it to the feed at once, not at its next sample.
+        self.on_state_change: Callable[[str], None] = lambda _state: None
         # The cluster whose broker blocks our publishers now (a memory or disk alarm), and why.
         self.alarm: tuple[str, str] | None = None
         self._status_call: tuple[str, dict[str, Any]] | None = None  # the last status(state, extra)
@@ -146,7 +149,10 @@ class Reporter:
                 "steps_per_s": self.steps_per_s(), "checkpoint": self.checkpoint, **alarm, **cert, **extra,
             }
             write_json_atomic(path, body, sort_keys=True)
+            changed = self.last.get("state") != state
             self.last = body  # one assignment: the sampler thread reads whole bodies only
+        if changed:
+            self.on_state_change(state)
 
     def _certificate(self) -> dict[str, Any]:
         """The certificate's status fields, its gauge set to the same ``notAfter``."""

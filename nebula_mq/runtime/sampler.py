@@ -1,7 +1,7 @@
 """A worker's queue sampler: the depth of the queues it reads, taken on a thread of its own.
 
-At the worker's first step (its inboxes are open by then), and every :data:`QUEUE_SAMPLE_S`
-seconds after, the sampler thread reads from the local broker the ready messages of each queue
+When the worker's state changes (:meth:`QueueSampler.nudge`: starting, resuming, its first
+step), and every :data:`QUEUE_SAMPLE_S` seconds after, the sampler thread reads from the local broker the ready messages of each queue
 the worker reads and of the job's dead-letter queue, and their size in bytes where the broker
 has a management API. It reads through the transport's queue probe (``Transport.queue_probe``;
 for RabbitMQ: one long-lived connection of the sampler thread's own for the passive declares,
@@ -79,7 +79,7 @@ class QueueSampler:
         self.name = name
         self._status, self.status_exchange = status, status_exchange
         self.thread: threading.Thread | None = None
-        self._wake = threading.Event()  # set by the first tick and by stop
+        self._wake = threading.Event()  # set by start, a nudge, the first tick and stop
         self._stepped = False  # tick was called
         self._stopping = False  # stop was called; the thread leaves its loop
         self._final = False  # stop asked for a last sample
@@ -91,12 +91,13 @@ class QueueSampler:
         return self.thread is not None and self.thread.is_alive()
 
     def start(self) -> None:
-        """Sample on a daemon thread from the first :meth:`tick` on, every
+        """Sample on a daemon thread, at once and then every
         :data:`QUEUE_SAMPLE_S` seconds, until :meth:`stop`. Once per sampler."""
         if self.thread is not None or self._stopped:
             return
         context = contextvars.copy_context()  # the worker's log fields (job, role, worker)
         self.thread = threading.Thread(target=context.run, args=(self._run,), name=self.name, daemon=True)
+        self._wake.set()  # the first sample at once: the feed hears a worker that is starting
         self.thread.start()
 
     def tick(self) -> None:
@@ -116,6 +117,12 @@ class QueueSampler:
             return
         self._ticked = now
         self.sample()
+
+    def nudge(self) -> None:
+        """Sample (and publish the worker's status) now rather than at the next interval: the
+        worker's state changed (starting, resuming, running), and the feed should say so."""
+        if self.thread is not None and not self._stopped:
+            self._wake.set()
 
     def stop(self, final: bool = False, timeout: float | None = None) -> bool:
         """Stop sampling, after one last sample when ``final``, and close the probe (on the
@@ -197,7 +204,7 @@ class QueueSampler:
 
     def _run(self) -> None:
         try:
-            self._wake.wait()  # the first step, or stop
+            self._wake.wait()  # set by start
             while not self._stopping:
                 self.sample()
                 self._wake.clear()

@@ -120,6 +120,7 @@ class Worker:
             self.hooks, run_dir / "queues" / f"{worker_id}.jsonl",
             lambda depth: self.report.dead_letters(dead_letter_queue, depth), name=f"queue-sampler-{worker_id}",
             status=lambda: dict(self.report.last), status_exchange=topology.status_exchange(settings.job.id))
+        self.report.on_state_change = lambda _state: self.sampler.nudge()
         # A broker alarm shows in the status; a stop requested during one ends the publishers' waits.
         self.transport.alarm.subscribe(
             lambda reason: self.status_file(lambda: self.report.broker_alarm(self.transport.alarm.where, reason)))

@@ -127,3 +127,48 @@ def test_a_federation_link_that_cannot_come_up_is_named_with_rabbitmqs_words_and
     while f"{link}: up [{job.vhost}]" not in (text := stack_status()):
         assert time.monotonic() < deadline, text
         time.sleep(1)
+
+
+def test_a_rank_started_twice_is_refused_in_one_line_and_the_running_job_goes_on_undisturbed(
+        stack: StackHandle, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    from tests.fixtures.jobs import step_of, worker_status
+
+    copy_split_example(tmp_path)
+    run_dir, job = tmp_path / "run", tmp_path / "job.toml"
+    job.write_text(split_job(f"twice-{os.getpid()}", run_dir, steps=100000, head="mlp_torch", tail="mlp_torch"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEBULA__")}
+    first = subprocess.Popen([sys.executable, "-m", "nebula_mq", "run", str(job), "--stack", stack.run_dir],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+    def reaches(step: int) -> None:
+        deadline = time.monotonic() + 120
+        while step_of(run_dir, "tail-0") < step:
+            assert first.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+
+    try:
+        reaches(2)
+        logs = {w: (run_dir / "logs" / f"{w}.log").stat().st_size for w in ("head-0", "tail-0")}
+        again = nebula("run", str(job), "--stack", stack.run_dir)
+        by_hand = nebula("worker", str(job), "--role", "split-tail", "--stack", stack.run_dir)
+        for refused in (again, by_hand):
+            assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            assert "tail-0 (cluster-b) of job twice-" in refused.stderr and "is already running (nebula-mq run" \
+                in refused.stderr and "refused, nothing touched" in refused.stderr, refused.stderr
+        assert "Traceback" not in again.stdout + again.stderr + by_hand.stderr
+        reaches(step_of(run_dir, "tail-0") + 20)  # the running job goes on
+        first.send_signal(signal.SIGINT)
+        out, _ = first.communicate(timeout=180)
+        assert first.returncode == 130 and "failed" not in out, out[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+    for worker, size in logs.items():  # the refused ones wrote nothing into the running ranks' logs
+        assert "already running" not in (run_dir / "logs" / f"{worker}.log").read_text()[size:]
+        assert worker_status(run_dir, worker)["state"] == "stopped"
+    steps = [json.loads(r)["step"] for r in (run_dir / "history" / "tail-0.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # each step once, in order: nothing disturbed

@@ -106,10 +106,12 @@ def processes(settings: Settings) -> Plan:
     subs = tuple(sub_discriminator_flow(r) for r in range(1, job.n))
     # Each process may touch exactly its flows (least-privilege broker permissions).
     group = "discriminators" if job.n > 1 else ""  # one gloo group: restarted as a whole
+    hosts = job.disc_hosts or ("",) * job.n
     procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
-                     publishes=(*sync_flows(job), *subs), consumes=results_flows(job), restart_group=group)]
+                     publishes=(*sync_flows(job), *subs), consumes=results_flows(job), restart_group=group,
+                     host=hosts[0])]
     procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
-                      consumes=(sub_discriminator_flow(r),), restart_group=group)
+                      consumes=(sub_discriminator_flow(r),), restart_group=group, host=hosts[r])
               for r in range(1, job.n)]
     procs += [Process("electra-generator", job.cluster_of(g or 0), "gen" if g is None else generator_id(g),
                       g or 0, publishes=(electra_results_flow(g),),

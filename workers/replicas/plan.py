@@ -18,7 +18,8 @@ def plan(settings: Settings) -> Plan:
     procs = tuple(Process(ROLE, cluster, replica_id(c, r), c * job.ranks + r,
                           publishes=tuple(f.name for f in job.outgoing(c, r)),
                           consumes=tuple(f.name for f in job.incoming(c, r)),
-                          restart_group=f"replica-{c}" if job.ranks > 1 else "", rank_in_cluster=r)
+                          restart_group=f"replica-{c}" if job.ranks > 1 else "", rank_in_cluster=r,
+                          host=job.hosts[cluster][r] if cluster in job.hosts else "")
                   for c, cluster in enumerate(job.clusters) for r in range(job.ranks))
     return Plan(procs, job.flows())
 

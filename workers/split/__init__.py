@@ -15,7 +15,9 @@ for activations, ``backward`` for gradients) and the ``[split]`` section
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nebula_mq.settings import Settings
@@ -46,27 +48,53 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
 
     ``inputs(micro_batch) -> (sample_ids, *arrays)`` must be deterministic in the index and
     return the whole micro-batch: rank ``rank`` of ``[split] head_ranks`` takes its share.
-    ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``."""
-    from workers.split.head import SpecHead
+    ``transport`` defaults to the RabbitMQ broker of ``[split] head_cluster``. A mistake (in
+    the job file, the model, the data, the placement) is one line on stderr and exit code 1."""
+    def side(settings: Settings) -> SplitSide:
+        from workers.split.head import SpecHead
 
-    return _run(SpecHead(_settings(job), HeadSpec(model, inputs, optimizer_fn), transport, rank=rank))
+        return SpecHead(settings, HeadSpec(model, inputs, optimizer_fn), transport, rank=rank)
+
+    return _run(job, "split-head", rank, side)
 
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
              optimizer_fn: OptimizerFn | None = None, transport: Transport | None = None,
              rank: int = 0) -> int:
     """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code.
-    ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model."""
-    from workers.split.tail import SpecTail
+    ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model. A mistake is
+    one line on stderr and exit code 1, as for :func:`run_head`."""
+    def side(settings: Settings) -> SplitSide:
+        from workers.split.tail import SpecTail
 
-    return _run(SpecTail(_settings(job), TailSpec(model, loss, targets, optimizer_fn), transport, rank=rank))
+        return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn), transport, rank=rank)
+
+    return _run(job, "split-tail", rank, side)
 
 
-def _run(side: SplitSide) -> int:
-    """Drive ``side`` to its end; on the main thread SIGTERM finishes, checkpoints and exits 0."""
+def _run(job: str | os.PathLike[str] | Settings, role: str, rank: int,
+         make: Callable[[Settings], SplitSide]) -> int:
+    """Claim the rank (``workers.claim``), build its side and drive it to its end; on the main
+    thread SIGTERM finishes, checkpoints and exits 0. Our typed errors end as one line."""
+    from nebula_mq.errors import NebulaError, after_name, one_line
     from nebula_mq.runtime.driver import Driver
+    from workers.claim import claim_rank
+    from workers.plans import plan_for
 
-    driver = Driver(side.worker, side)
-    if threading.current_thread() is threading.main_thread():
-        driver.install_signal_handlers()
-    return driver.main()
+    who, worker_id = f"{role} rank {rank}", ""
+    try:
+        settings = _settings(job)
+        proc = plan_for(settings).find(role, rank)
+        who, worker_id = f"{proc.worker_id} ({proc.cluster})", proc.worker_id
+        claim = claim_rank(settings, proc, "a script (run_head/run_tail)")
+        try:
+            side = make(settings)
+            driver = Driver(side.worker, side)
+            if threading.current_thread() is threading.main_thread():
+                driver.install_signal_handlers()
+            return driver.main()
+        finally:
+            claim.release()
+    except NebulaError as exc:
+        print(f"nebula-mq: error: {who}: {after_name(worker_id, one_line(exc))}", file=sys.stderr)
+        return 1

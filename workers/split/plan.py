@@ -20,10 +20,12 @@ def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
         return tuple(f.name for f in topology.physical_flows(flows))
 
     tails = tuple(Process(tail_role, job.tail_cluster, wid, j, publishes=names(*replies), consumes=names(acts[j]),
-                          restart_group="tail" if job.tail_ranks > 1 else "")
+                          restart_group="tail" if job.tail_ranks > 1 else "",
+                          host=job.tail_hosts[j] if job.tail_hosts else "")
                   for j, wid in enumerate(job.tail_ids()))
     heads = tuple(Process(head_role, job.head_cluster, wid, i, publishes=names(*acts), consumes=names(replies[i]),
-                          restart_group="head" if job.head_ranks > 1 else "")
+                          restart_group="head" if job.head_ranks > 1 else "",
+                          host=job.head_hosts[i] if job.head_hosts else "")
                   for i, wid in enumerate(job.head_ids()))
     return Plan(tails + heads, topology.physical_flows(job.flows()))
 
