@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from nebula_mq.config import InvalidField
+from nebula_mq.config import PATH, InvalidField
 
 
 @dataclass(frozen=True)
@@ -22,11 +22,11 @@ class BrokerSettings:
     # TLS with client certificates (EXTERNAL auth); false only for a plaintext development broker.
     tls: bool = True
     # The CA bundle the broker's certificate must chain to; required when tls is true.
-    ca_file: str = ""
+    ca_file: str = field(default="", metadata=PATH)
     # The worker's own client certificate (its identity at the broker); required when tls is true.
-    cert_file: str = ""
+    cert_file: str = field(default="", metadata=PATH)
     # The private key of cert_file; required when tls is true.
-    key_file: str = ""
+    key_file: str = field(default="", metadata=PATH)
     # Name checked against the broker certificate (SNI + hostname check).
     server_name: str = "localhost"
     # The AMQP user, only for plaintext development brokers (tls = false); TLS uses EXTERNAL
@@ -43,7 +43,7 @@ class BrokerSettings:
     # The job's read-only monitoring user on that API (required when management_port is set).
     management_user: str = ""
     # A file holding that user's password (never the password itself in the job file).
-    management_password_file: str = ""
+    management_password_file: str = field(default="", metadata=PATH)
 
     def validate(self) -> None:
         if not 0 < self.port < 65536:
@@ -73,7 +73,7 @@ class FederationSettings:
     server_name: str = ""
     # On this broker's own host: the directory holding its federation client identity (trust.pem,
     # cert.pem, key.pem, issued for CN federation-<cluster>), readable by the broker.
-    cert_dir: str = "/etc/rabbitmq/certs/federation"
+    cert_dir: str = field(default="/etc/rabbitmq/certs/federation", metadata=PATH)
 
     @property
     def sni(self) -> str:

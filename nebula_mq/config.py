@@ -6,6 +6,11 @@ scenario's own section) is checked the same way. A bad value fails with a
 :class:`~nebula_mq.errors.ConfigError` that names the file, the dotted key and
 what was expected.
 
+**Paths.** A field marked :data:`PATH` names a file or folder. A relative path written in a
+job file is relative to the folder of that job file (:func:`resolve_paths`), wherever the
+command runs from; a path given by an environment variable, or a field's default, is relative
+to the current directory.
+
 Environment variables override file values: ``NEBULA__JOB__STEPS=200`` sets
 ``[job] steps``. Double underscores separate levels; the value is parsed as a
 TOML value when it can be (``true``, ``12``, ``"x"``, ``[1, 2]``) and taken as a
@@ -30,6 +35,8 @@ from nebula_mq.errors import ConfigError
 T = TypeVar("T")
 
 ENV_PREFIX = "NEBULA__"
+# The metadata of a field that names a file or folder: ``field(default="", metadata=PATH)``.
+PATH: Mapping[str, bool] = types.MappingProxyType({"path": True})
 
 
 def load_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -138,6 +145,29 @@ def _deep_copy(data: Any) -> Any:
     if isinstance(data, list):
         return [_deep_copy(v) for v in data]
     return data
+
+
+def resolve_paths(cls: type, data: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``data`` (a table read from a job file in folder ``base``) with each :data:`PATH` field of
+    the schema ``cls`` that holds a relative path made relative to ``base``, in nested tables and
+    tables of tables too (``[clusters.<name>.broker]``). What the schema does not know is left
+    for :func:`build` to refuse."""
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for f in dataclasses.fields(cls):
+        value = out.get(f.name)
+        if f.metadata.get("path") and isinstance(value, str) and value and not os.path.isabs(value):
+            out[f.name] = os.path.normpath(base / value)
+        elif isinstance(value, Mapping):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+                out[f.name] = resolve_paths(tp, value, base)
+            elif typing.get_origin(tp) in (dict, Mapping):
+                inner = typing.get_args(tp)[1] if len(typing.get_args(tp)) == 2 else None
+                if dataclasses.is_dataclass(inner) and isinstance(inner, type):
+                    out[f.name] = {k: resolve_paths(inner, v, base) if isinstance(v, Mapping) else v
+                                   for k, v in value.items()}
+    return out
 
 
 def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") -> T:

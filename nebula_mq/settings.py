@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -137,8 +137,9 @@ class JobSettings:
     seed: int = 0
     # Optimisation steps to train.
     steps: int = 100
-    # Where checkpoints, metrics, logs and reports of this job go.
-    run_dir: str = ""  # "" = run/jobs/<id>: jobs never share a directory by default
+    # Where checkpoints, metrics, logs and reports of this job go (relative to the job file;
+    # "" = run/jobs/<id> under the current directory: jobs never share a directory by default).
+    run_dir: str = field(default="", metadata=config.PATH)
     # Also serve this worker's metrics over HTTP at /metrics on this port (0 = only the
     # textfile). Per process: `nebula-mq worker --metrics-port` sets it for the one it starts.
     metrics_port: int = 0
@@ -199,17 +200,34 @@ class Settings:
 CORE_KEYS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in ("sections", "source"))
 
 
+def _relative_to(folder: Path, data: dict[str, Any], sections: Callable[[str], type | None] | None,
+                 ) -> dict[str, Any]:
+    """A job file's tables with the relative paths written there made relative to ``folder``,
+    the file's own: the core tables by :class:`Settings`' schema, a scenario section by the
+    schema ``sections`` gives for it (none: kept as written)."""
+    out = config.resolve_paths(Settings, data, folder)
+    for name, table in data.items():
+        schema = sections(name) if sections is not None and name not in CORE_KEYS else None
+        if schema is not None and isinstance(table, dict):
+            out[name] = config.resolve_paths(schema, table, folder)
+    return out
+
+
 def load_settings(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *,
-                  scenarios: Collection[str] | None = None) -> Settings:
+                  scenarios: Collection[str] | None = None,
+                  sections: Callable[[str], type | None] | None = None) -> Settings:
     """Load a job file; ``NEBULA__SECTION__KEY`` environment variables override it.
 
     The :data:`CORE_KEYS` tables are validated here; any other top-level table is a scenario
     section, kept as written. With the declared ``scenarios`` (``workers.registry.load_job_settings``
     passes them: load job files there) the file is checked against them too: ``[job] scenario``
     names one, every other top-level key is one's section, and only the scenario in force's.
+    Relative paths written in the file are made relative to its folder (``config.resolve_paths``),
+    in the core tables and in each scenario section whose schema ``sections`` gives.
     """
     overrides = config.env_overrides(environ)
-    data = config.apply_env_overrides(config.load_toml(path), environ)
+    data = config.apply_env_overrides(_relative_to(Path(path).resolve().parent, config.load_toml(path), sections),
+                                      environ)
     try:
         extra = sorted(set(data) - set(CORE_KEYS))
         if scenarios is not None:

@@ -109,7 +109,9 @@ def load_job_settings(path: str | os.PathLike[str], environ: Mapping[str, str] |
     an unknown scenario or an unknown top-level key is a one-line :class:`ConfigError`, blamed
     on the variable that set it. Every command that runs or reports on a job reads its file here
     (``cli.defaults`` only peeks at ``[job] run_dir``, and leaves the errors to the command)."""
-    return load_settings(path, environ, scenarios=scenarios())
+    names = scenarios()
+    return load_settings(path, environ, scenarios=names,
+                         sections=lambda name: scenario_named(name).section if name in names else None)
 
 
 def all_scenarios() -> list[Scenario]:

@@ -19,14 +19,14 @@ def visible_gpus() -> int:
     return int(paddle.device.cuda.device_count())
 
 
-def resolve_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:
+def resolve_device(spec: str, local_rank: int = 0, where: str = "job.device", source: str = "<settings>") -> str:
     """The paddle device string for ``spec`` on rank ``local_rank`` of this host."""
-    index = pick_device(spec, visible_gpus(), local_rank, where, "paddle")
+    index = pick_device(spec, visible_gpus(), local_rank, where, "paddle", source)
     return "cpu" if index is None else f"gpu:{index}"
 
 
-def use_device(spec: str, local_rank: int = 0, where: str = "job.device") -> str:
+def use_device(spec: str, local_rank: int = 0, where: str = "job.device", source: str = "<settings>") -> str:
     """Set paddle's device for this process (before any model is built); returns it."""
-    device = resolve_device(spec, local_rank, where)
+    device = resolve_device(spec, local_rank, where, source)
     paddle.set_device(device)
     return device

@@ -141,7 +141,7 @@ def test_run_with_a_misspelt_cluster_says_it_is_unknown_and_suggests_one(
     job = tmp_path / "job.toml"
     job.write_text((ROOT / "config" / "abnet-delta.toml").read_text()
                    .replace('tail_cluster = "cluster-b"', 'tail_cluster = "clustr-b"')
-                   .replace('run_dir = "run/jobs/abnet-delta"', f'run_dir = "{tmp_path / "run"}"'))
+                   .replace('run_dir = "../run/jobs/abnet-delta"', f'run_dir = "{tmp_path / "run"}"'))
     for name in [n for n in os.environ if n.startswith("NEBULA__")]:
         monkeypatch.delenv(name)
     assert main(["run", str(job), "--stack", stack.run_dir]) == 1

@@ -251,3 +251,38 @@ def test_sections_built_in_code_are_named_by_keyword() -> None:
 def test_every_shipped_job_file_loads(path: str) -> None:
     settings = load_job_settings(ROOT / path, environ={})
     assert settings.scenario_section(), f"{path} has no [{settings.job.scenario}] section"
+
+
+def test_a_relative_path_in_a_job_file_is_relative_to_that_file_and_an_overrides_to_the_current_dir(
+        tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from workers.registry import load_job_settings
+
+    folder = tmp_path / "jobs" / "mine"
+    folder.mkdir(parents=True)
+    job = folder / "job.toml"
+    job.write_text('[job]\nid = "paths"\nscenario = "abnet"\nrun_dir = "../out/paths"\n\n'
+                   '[abnet]\ndata_dir = "data"\nencoder_init = "/abs/disc"\n\n'
+                   '[clusters.cluster-a.broker]\nca_file = "certs/ca.pem"\ncert_file = "certs/c.pem"\n'
+                   'key_file = "/etc/k.pem"\n')
+    monkeypatch.chdir(tmp_path)  # wherever the command runs from
+    settings = load_job_settings(job, environ={})
+    assert settings.run_dir == tmp_path / "jobs" / "out" / "paths"
+    assert settings.section("abnet")["data_dir"] == str(folder / "data")
+    assert settings.section("abnet")["encoder_init"] == "/abs/disc"  # absolute: as written
+    broker = settings.clusters["cluster-a"].broker
+    assert (broker.ca_file, broker.cert_file, broker.key_file) == (
+        str(folder / "certs" / "ca.pem"), str(folder / "certs" / "c.pem"), "/etc/k.pem")
+    # A variable's path is the current directory's, as any path typed at a shell.
+    overridden = load_job_settings(job, environ={"NEBULA__JOB__RUN_DIR": "here/runs"})
+    assert str(overridden.run_dir) == "here/runs"
+
+
+def test_the_demo_and_the_examples_run_where_they_did_from_the_top_of_the_checkout() -> None:
+    from pathlib import Path
+
+    from workers.registry import load_job_settings
+
+    root = Path(__file__).resolve().parents[2]
+    assert load_job_settings(root / "config" / "demo.toml", environ={}).run_dir == root / "run" / "jobs" / "demo"
+    job = load_job_settings(root / "examples" / "split_mlp" / "job.toml", environ={})
+    assert job.run_dir == root / "run" / "jobs" / "split-mlp"

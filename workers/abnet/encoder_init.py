@@ -41,12 +41,11 @@ POSITIONS = "embeddings.position.weight"
 def discriminator_state(init: str, source: str) -> tuple[dict[str, np.ndarray], np.ndarray | None, int]:
     """(the encoder arrays of the latest root discriminator checkpoint named by ``init``, the
     kept XLM-R ids of its vocabulary or None, its step)."""
-    path = Path(init)
-    if not path.is_absolute() and source:
-        path = Path(source).resolve().parent / path  # relative to the job file, like builders
+    path = Path(init)  # written in the job file: relative to it already (nebula_mq.config)
     kept: np.ndarray | None = None
     if path.is_file():
-        settings = load_job_settings(path)
+        # The Scenario I job as its own file says, whatever overrides this job was given.
+        settings = load_job_settings(path, environ={})
         if settings.job.scenario != "electra":
             raise ConfigError(source, "abnet.encoder_init", "a Scenario I (electra) job file or checkpoint folder",
                               f"{init} (scenario {settings.job.scenario})")

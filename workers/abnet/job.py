@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from nebula_mq import config
 from nebula_mq.data.translation import TranslationData, only_domains, synthetic_pairs
+from nebula_mq.config import PATH
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import Settings
 from workers.split.job import Placement
@@ -61,11 +62,11 @@ class AbnetJob(Placement):
     # A Scenario I job file (or a disc-root checkpoint folder) whose trained discriminator
     # encoder replaces the encoder's frozen stack, as the paper fine-tunes ABNet from the
     # ERNIE-M Extra encoder ("" = the preset's own weights; workers.abnet.encoder_init).
-    encoder_init: str = ""
+    encoder_init: str = field(default="", metadata=PATH)
     # "synthetic": a seeded toy translation task (tests, tiny); "corpus": `data build` output.
     data: Literal["synthetic", "corpus"] = "synthetic"
     # Where `nebula-mq data build` wrote the corpus (data = "corpus").
-    data_dir: str = "run/data"
+    data_dir: str = field(default="run/data", metadata=PATH)
     # The corpus split training reads.
     split: str = "train"
     # Sentence pairs per micro-batch (the global batch, cut among the ranks).

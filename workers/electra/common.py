@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from nebula_mq.config import PATH
 from nebula_mq.errors import ConfigError, DataError, WorkerError
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
@@ -71,7 +72,7 @@ class ElectraJob:
     # "synthetic": seeded toy languages (tests, tiny); "corpus": `nebula-mq data build` output.
     data: Literal["synthetic", "corpus"] = "synthetic"
     # Where `nebula-mq data build` wrote the corpus (data = "corpus").
-    data_dir: str = "run/data"
+    data_dir: str = field(default="run/data", metadata=PATH)
     # Corpus only: sentences loaded per generator (the rest of the file is not read).
     max_sentences: int = 20000
     # Corpus only: XLM-R pieces kept, most frequent first (plus the specials); 0 = the

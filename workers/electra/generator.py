@@ -76,7 +76,7 @@ class ElectraGenerator:
             raise WorkerError(f"generator {index} outside 0..{len(self.job.generator_clusters) - 1}")
         self.worker = role_worker(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
                                   ROLE, transport, checkpoint_every=self.job.checkpoint_every)
-        use_device(settings.job.device, slot or 0)
+        use_device(settings.job.device, slot or 0, "job.device", settings.source or "<settings>")
         self.cfg, self.streams = load_streams(settings, self.job)
         # The generators this process hosts (indices into cfg.generators).
         self.hosted = tuple(range(len(self.cfg.generators))) if slot is None else (slot,)

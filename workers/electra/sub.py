@@ -82,7 +82,7 @@ class DiscriminatorRank:
         self.rank, self.world = rank, self.job.n
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
             self.job.group_address(self.world).bind_env(rank)
-        use_device(settings.job.device, rank)  # the trainer, its optimizer and the group follow it
+        use_device(settings.job.device, rank, "job.device", settings.source or "<settings>")  # the trainer, its optimizer and the group follow it
         data = load_data(settings, self.job)  # the shared pruned vocabulary
         self.cfg = data.cfg
         self.k_gen = len(self.cfg.generators)

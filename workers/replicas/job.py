@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from nebula_mq import config, topology
-from nebula_mq.config import InvalidField
+from nebula_mq.config import PATH, InvalidField
 from nebula_mq.errors import ConfigError
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
@@ -79,7 +79,7 @@ class ReplicasJob:
     # "module:function" returning a ReplicaSpec from (settings, cluster index).
     model: str = ""
     # Where model's module is, relative to the job file ("" = next to the job file).
-    model_dir: str = ""
+    model_dir: str = field(default="", metadata=PATH)
     # The model's framework, "paddle" or "torch"; "" = whichever the model is.
     framework: str = ""
     # What the clusters exchange: "weights" (DiLoCo: every inner_steps, each replica's change of

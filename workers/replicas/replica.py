@@ -69,7 +69,7 @@ class Replica:
         self.worker = role_worker(settings, job.clusters[index], replica_id(index, rank), ROLE, transport,
                                   checkpoint_every=job.checkpoint_every)
         self.fw = framework or framework_of(spec.model, "replicas.model", job.framework, settings.source)
-        self.fw.place(settings.job.device, rank, "job.device")
+        self.fw.place(settings.job.device, rank, "job.device", settings.source or "<settings>")
         self.ranks = ClusterRanks(job, index, rank, self.fw)
         self.model = self.fw.to_device(spec.model)
         self.optimizer = (spec.optimizer_fn or self.fw.default_optimizer)(self.fw.trainable(self.model), job.inner_lr)

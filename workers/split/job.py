@@ -27,7 +27,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from nebula_mq import config, topology
-from nebula_mq.errors import ConfigError
+from nebula_mq.errors import ConfigError, ModelError
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import DEVICE_PATTERN, Settings
@@ -195,6 +195,9 @@ class HeadSpec:
     inputs: InputsFn
     optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
 
+    def __post_init__(self) -> None:
+        _functions("head", inputs=self.inputs, optimizer_fn=self.optimizer_fn)
+
 
 @dataclass(frozen=True)
 class TailSpec:
@@ -204,6 +207,17 @@ class TailSpec:
     loss: LossFn
     targets: TargetsFn
     optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
+
+    def __post_init__(self) -> None:
+        _functions("tail", loss=self.loss, targets=self.targets, optimizer_fn=self.optimizer_fn)
+
+
+def _functions(side: str, **given: object) -> None:
+    """A spec's functions are functions, checked when it is made: before its side consumes
+    anything (``optimizer_fn`` may be None)."""
+    for name, value in given.items():
+        if not callable(value) and not (name == "optimizer_fn" and value is None):
+            raise ModelError(f"the {side}'s {name} must be a function, got {type(value).__name__}")
 
 
 @overload

@@ -94,7 +94,8 @@ class SplitSide(ABC):
         self.fw: Framework = framework if framework is not None else framework_named("paddle")
         override = job.head_device if head else job.tail_device
         self.device = self.fw.place(override or settings.job.device, rank,
-                                    f"{settings.job.scenario}.{self.side}_device" if override else "job.device")
+                                    f"{settings.job.scenario}.{self.side}_device" if override else "job.device",
+                                    settings.source or "<settings>")
         self.group: Group | None = None
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
             job.group_address(self.side).bind_env(rank)

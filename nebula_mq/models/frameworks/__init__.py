@@ -67,9 +67,10 @@ class Framework(Protocol):
 
     name: str
 
-    def place(self, spec: str, local_rank: int, where: str) -> str:
+    def place(self, spec: str, local_rank: int, where: str, source: str = "<settings>") -> str:
         """Resolve ``spec`` (cpu, gpu, gpu:N, auto) to a device of this host and compute on it;
-        a device the host lacks is a one-line ``ConfigError`` naming ``where``."""
+        a device the host lacks is a one-line ``ConfigError`` naming the job file (``source``)
+        and the key (``where``)."""
 
     def to_device(self, model: Any) -> Any:
         """``model`` on the placed device (before its optimizer is built)."""

@@ -32,8 +32,8 @@ class PaddleFramework:
         # paddle's threads unset in case it was torch): the share it chose, now.
         apply_deferred_paddle_threads()
 
-    def place(self, spec: str, local_rank: int, where: str) -> str:
-        return use_device(spec, local_rank, where)
+    def place(self, spec: str, local_rank: int, where: str, source: str = "<settings>") -> str:
+        return use_device(spec, local_rank, where, source)
 
     def to_device(self, model: Any) -> Any:
         return model  # paddle builds on the device set by place(); a built layer stays where it is

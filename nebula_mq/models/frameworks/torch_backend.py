@@ -33,10 +33,10 @@ from nebula_mq.models.device_spec import pick_device
 from nebula_mq.models.group_address import GroupAddress
 
 
-def resolve_device(spec: str, local_rank: int, where: str) -> str:
+def resolve_device(spec: str, local_rank: int, where: str, source: str = "<settings>") -> str:
     """The torch device for ``spec`` on rank ``local_rank`` of this host."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = pick_device(spec, gpus, local_rank, where, "torch")
+    index = pick_device(spec, gpus, local_rank, where, "torch", source)
     return "cpu" if index is None else f"cuda:{index}"
 
 
@@ -113,8 +113,8 @@ class TorchFramework:
     def __init__(self) -> None:
         self.device = torch.device("cpu")
 
-    def place(self, spec: str, local_rank: int, where: str) -> str:
-        device = resolve_device(spec, local_rank, where)
+    def place(self, spec: str, local_rank: int, where: str, source: str = "<settings>") -> str:
+        device = resolve_device(spec, local_rank, where, source)
         if device.startswith("cuda"):
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
             torch.cuda.set_device(device)

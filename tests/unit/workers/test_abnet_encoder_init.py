@@ -101,3 +101,15 @@ def test_an_encoder_init_that_names_no_discriminator_is_a_config_error(tmp_path:
     settings = with_init(abnet_settings(tmp_path / "abnet", steps=4), str(init))
     with pytest.raises(ConfigError, match="abnet.encoder_init"):
         AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+
+
+def test_an_override_given_for_the_abnet_job_does_not_reach_the_scenario_i_file_it_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.abnet.encoder_init import discriminator_state
+
+    job = tmp_path / "electra.toml"
+    job.write_text(ELECTRA_JOB.format(run_dir=tmp_path / "never-run"))
+    monkeypatch.setenv("NEBULA__ABNET__ENCODER_INIT", str(job))  # for the ABNet job, not for this file
+    monkeypatch.setenv("NEBULA__JOB__RUN_DIR", str(tmp_path / "abnet-run"))
+    with pytest.raises(ConfigError, match=r"a Scenario I job with a discriminator checkpoint.*never-run"):
+        discriminator_state(str(job), "abnet.toml")
