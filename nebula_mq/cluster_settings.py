@@ -69,7 +69,7 @@ class FederationSettings:
     host: str = ""
     # The broker's AMQPS port as peer brokers see it.
     port: int = 5671
-    # The name its server certificate carries (`nebula-mq certs issue-server --hostname`); "" = host.
+    # The name its server certificate carries (`nebula-mq stack up --hostname`); "" = host.
     server_name: str = ""
     # On this broker's own host: the directory holding its federation client identity (trust.pem,
     # cert.pem, key.pem, issued for CN federation-<cluster>), readable by the broker.

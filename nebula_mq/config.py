@@ -158,16 +158,32 @@ def resolve_paths(cls: type, data: Mapping[str, Any], base: Path) -> dict[str, A
         value = out.get(f.name)
         if f.metadata.get("path") and isinstance(value, str) and value and not os.path.isabs(value):
             out[f.name] = os.path.normpath(base / value)
-        elif isinstance(value, Mapping):
-            tp = hints[f.name]
-            if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-                out[f.name] = resolve_paths(tp, value, base)
-            elif typing.get_origin(tp) in (dict, Mapping):
-                inner = typing.get_args(tp)[1] if len(typing.get_args(tp)) == 2 else None
-                if dataclasses.is_dataclass(inner) and isinstance(inner, type):
-                    out[f.name] = {k: resolve_paths(inner, v, base) if isinstance(v, Mapping) else v
-                                   for k, v in value.items()}
+        elif isinstance(value, Mapping) and (nested := _table_schema(hints[f.name])) is not None:
+            schema, many = nested
+            out[f.name] = ({k: resolve_paths(schema, v, base) if isinstance(v, Mapping) else v for k, v in value.items()}
+                           if many else resolve_paths(schema, value, base))
     return out
+
+
+def path_fields(cls: type) -> set[str]:
+    """The names of the :data:`PATH` fields of ``cls`` and of the schemas nested in it."""
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("path"):
+            out.add(f.name)
+        if (nested := _table_schema(hints[f.name])) is not None:
+            out |= path_fields(nested[0])
+    return out
+
+
+def _table_schema(tp: Any) -> tuple[type, bool] | None:
+    """The schema of a field that is a table (a dataclass: (it, False)) or a table of tables
+    (``Mapping[str, <dataclass>]``: (it, True)); None for anything else."""
+    args = typing.get_args(tp)
+    many = typing.get_origin(tp) in (dict, Mapping) and len(args) == 2
+    schema = args[1] if many else tp
+    return (schema, many) if dataclasses.is_dataclass(schema) and isinstance(schema, type) else None
 
 
 def build(cls: type[T], data: Mapping[str, Any], source: str, prefix: str = "") -> T:

@@ -145,7 +145,7 @@ class JobSettings:
     metrics_port: int = 0
     # Where every worker computes, unless its role overrides it (``[abnet]``/``[split]``
     # head_device / tail_device): cpu, gpu (each rank its own), gpu:N, or auto (a GPU when
-    # paddle sees one, else the CPU).
+    # the side's framework sees one, else the CPU).
     device: str = "auto"
     # Also write each worker's per-step values as TensorBoard event files under
     # <run_dir>/tensorboard/<worker> (tensorboardX).

@@ -12,12 +12,16 @@ A peer that has a ring already refuses one that differs.
 
 from __future__ import annotations
 
+import json
+import re
 import time
-from collections.abc import Callable
+from base64 import b64decode, b64encode
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.errors import SecurityError
+from nebula_mq.errors import ConfigError, SecurityError
 from nebula_mq.security.keys import ensure_job_key, job_key_file
 from nebula_mq.security.pem import write_private
 from nebula_mq.security.sealing import seal, unseal
@@ -48,12 +52,13 @@ def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: fl
     with RabbitTransport(broker, settings.transport, job_id, cluster) as transport:
         if cluster == origin:
             ensure_job_key(path, job_id)
-            ring = path.read_bytes()
+            payload = json.dumps({"key": b64encode(path.read_bytes()).decode(),
+                                  "job": Path(settings.source).read_text(encoding="utf-8")}).encode()
             _cert, signer = ca.keypair()
             with transport.publisher() as publisher:
                 for flow in keys:
                     queue = transport.declare_flow(flow, "producer")
-                    blob = seal(ring, ca.peer_ca(flow.dst_cluster).public_key(), signer,
+                    blob = seal(payload, ca.peer_ca(flow.dst_cluster).public_key(), signer,
                                 f"{job_id}/{origin}/{flow.dst_cluster}")
                     publisher.publish(queue, blob, f"{job_id}.job-key.{flow.dst_cluster}.{time.time_ns()}")
             return f"job key {path}: sent sealed to {', '.join(f.dst_cluster for f in keys)}"
@@ -79,12 +84,72 @@ def share_job_key(settings: Any, plan: Any, cluster: str, stack: Any, wait_s: fl
             raise SecurityError(f"no job key from {origin} within {wait_s:g} s: {down[0]}")
         raise SecurityError(f"no job key from {origin} within {wait_s:g} s, though the link from it is up: "
                             f"start `nebula-mq up` for {origin} (it holds the key and sends it sealed to {cluster})")
-    if path.exists() and path.read_bytes() != received:
+    ring, their_job = _opened(received)
+    same_job(settings, their_job, origin)
+    if path.exists() and path.read_bytes() != ring:
         raise SecurityError(f"{path} differs from the job key {origin} sent: remove it to take {origin}'s, "
                             f"or check that both hosts run the same job")
     if not path.exists():
-        write_private(path, received)
-    return f"job key {path}: received sealed from {origin}"
+        write_private(path, ring)
+    return f"job key {path}: received sealed from {origin}, with its job file (the same as {settings.source})"
+
+
+def _opened(payload: bytes) -> tuple[bytes, str]:
+    """The key ring and the job file's text the key's cluster sealed together."""
+    try:
+        body = json.loads(payload)
+        return b64decode(body["key"]), str(body["job"])
+    except (ValueError, KeyError, TypeError):
+        raise SecurityError("the sealed job key holds no key ring and job file: are both sides the same "
+                            "nebula-mq version?") from None
+
+
+# What each side keeps in its own place: broker access and where files lie on its hosts.
+LOCAL_KEYS = re.compile(r"^clusters\.[^.]+\.broker(\.|$)")
+
+
+def same_job(settings: Any, their_text: str, origin: str) -> None:
+    """This side's job file says what ``origin``'s says (``their_text``, sent with the key), but
+    for what each side keeps in its own place (its broker table, its paths); else a one-line
+    ConfigError naming the first keys that differ, with ``origin``'s copy written beside the
+    run dir to read or take."""
+    import tomllib
+
+    from nebula_mq.config import path_fields
+    from workers.registry import scenario_named
+
+    own = tomllib.loads(Path(settings.source).read_text(encoding="utf-8"))
+    try:
+        theirs = tomllib.loads(their_text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}'s job file", "<syntax>", "valid TOML", str(exc)) from None
+    paths = path_fields(type(settings)) | path_fields(scenario_named(settings.job.scenario).section)
+    ours_flat, theirs_flat = _flat(own), _flat(theirs)
+    differ = [k for k in sorted(set(ours_flat) | set(theirs_flat))
+              if ours_flat.get(k) != theirs_flat.get(k) and not LOCAL_KEYS.match(k) and k.rsplit(".", 1)[-1] not in paths]
+    if not differ:
+        return
+    copy = settings.run_dir.parent / f"{settings.run_dir.name}.{origin}.toml"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(their_text, encoding="utf-8")
+    shown = "; ".join(f"{k} = {_value(ours_flat.get(k))} here, {_value(theirs_flat.get(k))} on {origin}"
+                      for k in differ[:3]) + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "")
+    raise ConfigError(settings.source, differ[0], f"the job {origin} runs, as both data centres must run one job "
+                      f"({shown}); {origin}'s copy is in {copy}: take it, or change it there", "another job")
+
+
+def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _value(value: Any) -> str:
+    return "(none)" if value is None else json.dumps(value)
 
 
 def _receive(transport: Any, flow: topology.Flow, ca: Any, origin: str, context: str, wait_s: float,

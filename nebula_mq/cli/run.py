@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from nebula_mq.cli.options import add_stack_option, default_stack
 
 if TYPE_CHECKING:
     from nebula_mq.launch import JobProcesses
+    from nebula_mq.launch.supervisor import Periodic
 
 DEFAULT_RESTARTS = 5
 
@@ -108,12 +110,13 @@ def print_evaluation(settings: Any, since: float) -> None:
     print(summary_text(body, sources))
 
 
-def supervise_job(job: JobProcesses, timeout: float | None, restarts: int = DEFAULT_RESTARTS) -> int:
-    """Supervise the started job (``nebula_mq.launch.supervisor.supervise``), then print each
-    worker's exit and how the run ended; returns the run's exit code."""
+def supervise_job(job: JobProcesses, timeout: float | None, restarts: int = DEFAULT_RESTARTS,
+                  tasks: Sequence[Periodic] = ()) -> int:
+    """Supervise the started job (``nebula_mq.launch.supervisor.supervise``, with ``tasks``),
+    then print each worker's exit and how the run ended; returns the run's exit code."""
     from nebula_mq.launch.supervisor import supervise
 
-    outcome = supervise(job, timeout, restarts, say=lambda line: print(line, file=sys.stderr))
+    outcome = supervise(job, timeout, restarts, say=lambda line: print(line, file=sys.stderr), tasks=tasks)
     for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
     if outcome.failed:

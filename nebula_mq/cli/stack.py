@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -26,7 +27,8 @@ def register(subparsers: Any) -> None:
     up.add_argument("--prefix", default=None, help="Erlang node name prefix (default: the saved stack's, else nebula)")
     up.add_argument("--listen", default=None, metavar="ADDR",
                     help="also accept AMQPS on this address of this host, for peers and workers on other hosts "
-                         "(default: the saved stack's, else loopback only)")
+                         "(default: the address --hostname resolves to, if it is this host's; else the saved "
+                         "stack's, else loopback only)")
     up.add_argument("--hostname", action="append", default=None, metavar="H",
                     help="a name other hosts reach the node by, put in its certificate (repeatable; default: "
                          "the saved stack's)")
@@ -42,6 +44,17 @@ def register(subparsers: Any) -> None:
         p = sub.add_parser(name, help=text)
         _add_common(p)
         p.set_defaults(func=func)
+    trust = sub.add_parser("trust", help="trust a peer cluster, read from its broker and checked against the "
+                                         "fingerprint its `stack up` printed (its CA and CRL; no file to carry)")
+    trust.add_argument("peer", metavar="PEER", help="the peer cluster's name, e.g. cluster-b")
+    trust.add_argument("address", metavar="HOST:PORT", type=host_port,
+                       help="where the peer's broker answers (the name in its certificate, its AMQPS port)")
+    trust.add_argument("--fingerprint", required=True, metavar="sha256:HEX",
+                       help="the peer CA's fingerprint, as the peer's `stack up` printed it")
+    trust.add_argument("--cluster", default=None, metavar="NAME",
+                       help="the cluster of this stack that trusts the peer (default: the stack's only one)")
+    _add_common(trust)
+    trust.set_defaults(func=_trust)
     restart = sub.add_parser("restart", help="stop and start one cluster's broker node (workers reconnect and "
                                              "federation links come back; queued messages survive)")
     restart.add_argument("cluster", metavar="CLUSTER", help="the cluster whose node to restart (see `stack status`)")
@@ -53,14 +66,110 @@ def _up(args: argparse.Namespace) -> int:
     from nebula_mq.stack import Stack
 
     clusters = None if args.clusters is None else tuple(c.strip() for c in args.clusters.split(",") if c.strip())
-    stack = Stack(args.stack, clusters, args.base_port, args.prefix, args.listen, args.hostname,
+    listen = args.listen or listen_for(args.hostname)
+    stack = Stack(args.stack, clusters, args.base_port, args.prefix, listen, args.hostname,
                   args.management_listen)
+    refuse_changed_layout(stack, args, clusters, listen)
     if args.foreground:
         stack.serve()
     t0 = time.monotonic()
     stack.up()
     print(f"stack up in {time.monotonic() - t0:.1f} s ({stack.layout.run_dir})")
-    return _print(stack)
+    code = _print(stack)
+    lines = trust_lines(stack)
+    if lines:
+        print("for a peer cluster to trust this one, run this on its broker host:")
+        for line in lines:
+            print(f"  {line}")
+    return code
+
+
+def listen_for(hostnames: list[str] | None) -> str | None:
+    """The address to listen on for a node other hosts reach by the first of ``hostnames``: the
+    one that name resolves to, when it is an address of this host (None: no name given, or it
+    resolves elsewhere, said on stderr; the saved stack's or loopback then)."""
+    import ipaddress
+
+    from nebula_mq.errors import NebulaError
+    from nebula_mq.models.group_address import interface_with, resolve
+
+    if not hostnames:
+        return None
+    try:
+        address = resolve(hostnames[0])
+    except NebulaError as exc:
+        print(f"nebula-mq: {exc}: peers cannot reach this node by that name yet", file=sys.stderr)
+        return None
+    if ipaddress.ip_address(address).is_loopback:
+        return None
+    if interface_with(address) is None:
+        print(f"nebula-mq: {hostnames[0]} resolves to {address}, which is not an address of this host: peers "
+              f"cannot reach this node until --listen names one", file=sys.stderr)
+        return None
+    return address
+
+
+def refuse_changed_layout(stack: Any, args: argparse.Namespace, clusters: tuple[str, ...] | None,
+                          listen: str | None) -> None:
+    """A running stack keeps its layout: asked for another, say what runs and how to change it
+    (nothing is started or changed) rather than keep it in silence."""
+    from nebula_mq.errors import StackError
+
+    layout = stack.layout
+    asked = {"--clusters": (clusters, layout.clusters), "--base-port": (args.base_port, layout.base_port),
+             "--prefix": (args.prefix, layout.prefix), "--listen": (listen, layout.listen),
+             "--hostname": (tuple(args.hostname) if args.hostname else None, layout.hostnames),
+             "--management-listen": (args.management_listen, layout.management_listen)}
+    changed = [f"{flag} {_shown(running)} (not {_shown(wanted)})" for flag, (wanted, running) in asked.items()
+               if wanted is not None and wanted != running]
+    if changed:
+        raise StackError(f"the stack in {layout.run_dir} is running with {', '.join(changed)} and keeps its layout "
+                         f"while it runs: `nebula-mq stack down --stack {layout.run_dir}` first, then `stack up` again")
+
+
+def _shown(value: Any) -> str:
+    return ",".join(value) if isinstance(value, tuple) else str(value)
+
+
+def trust_lines(stack: Any) -> list[str]:
+    """For each node other hosts reach (``--listen``/``--hostname``), the command a peer's broker
+    host runs to trust its cluster (``security.trust``)."""
+    from nebula_mq.security.trust import trust_line
+
+    layout = stack.layout
+    reached = layout.hostnames[0] if layout.hostnames else layout.listen
+    if reached in ("127.0.0.1", "0.0.0.0", "::"):
+        return []
+    return [trust_line(stack.ca(n.cluster), reached, n.tls_port) for n in layout.nodes]
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """argparse type of ``HOST:PORT``, echoing a bad value."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT like b1.example.org:5671, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def _trust(args: argparse.Namespace) -> int:
+    from nebula_mq.errors import StackError
+    from nebula_mq.security.trust import fingerprint
+    from nebula_mq.stack import Stack
+    from nebula_mq.stack.layout import did_you_mean
+
+    stack = Stack.open(args.stack)
+    own = args.cluster or (stack.clusters[0] if len(stack.clusters) == 1 else None)
+    if own is None or own not in stack.clusters:
+        raise StackError(f"--cluster: one of this stack's clusters ({', '.join(stack.clusters)})"
+                         f"{did_you_mean(args.cluster or '', stack.clusters) if args.cluster else ''}")
+    if args.peer in stack.clusters:
+        raise StackError(f"{args.peer} is a cluster of this stack already: it trusts its own CA")
+    host, port = args.address
+    chain = stack.trust_peer(own, args.peer, host, port, args.fingerprint)
+    print(f"{own} trusts {args.peer} now: CA {fingerprint(chain.ca)}, CRL of "
+          f"{chain.crl.last_update_utc:%Y-%m-%d %H:%M} UTC ({len(list(chain.crl))} revoked); "
+          f"its links from {args.peer} come up within seconds")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from nebula_mq.cli.options import add_stack_option, default_stack
@@ -65,6 +66,7 @@ def ranks_list(text: str) -> frozenset[int]:
 def _up(args: argparse.Namespace) -> int:
     from nebula_mq.cli.provision import provision_cluster
     from nebula_mq.cli.run import start_workers, supervise_job
+    from nebula_mq.launch.supervisor import Periodic
     from nebula_mq.errors import ConfigError
     from nebula_mq.launch import JobProcesses
     from nebula_mq.runtime.logs import configure_logging
@@ -90,6 +92,7 @@ def _up(args: argparse.Namespace) -> int:
     job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host, command_name="up")
     job.claim_all()  # a rank running already, or placed on another host: refused before anything
     stack = Stack.open(args.stack)
+    tasks: tuple[Periodic, ...] = ()
     if args.broker_host:  # the broker host's `up` provisions the job and holds its key
         from nebula_mq.cli.job_key import KEY_WAIT_S
 
@@ -100,11 +103,47 @@ def _up(args: argparse.Namespace) -> int:
     else:
         from nebula_mq.cli.job_key import share_job_key
 
+        refresh = trusted_peers(job.settings, job.plan, args.cluster, stack)
         _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack, make_key=False)
         print(summary, file=sys.stderr)
         print(share_job_key(job.settings, job.plan, args.cluster, stack, say=_say), file=sys.stderr)
+        tasks = (Periodic(CRL_REFRESH_S, refresh),)
     start_workers(job)
-    return supervise_job(job, args.timeout, args.restarts)
+    return supervise_job(job, args.timeout, args.restarts, tasks)
+
+
+# How often a broker host's `up` reads its peers' CRLs again from their brokers' handshakes.
+CRL_REFRESH_S = 3600.0
+
+
+def trusted_peers(settings: Any, plan: Any, cluster: str, stack: Any) -> Callable[[], None]:
+    """Check that ``cluster`` trusts every peer cluster of the job (else one line saying which
+    command makes it), refresh each one's CRL from its broker (``security.trust``), and return
+    the refresh, for the supervisor to repeat while the job runs."""
+    from nebula_mq.errors import CertificateError, NebulaError
+
+    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
+    where = {p: settings.clusters[p].federation for p in peers if p in settings.clusters}
+    for peer in peers:
+        try:
+            stack.ca(cluster).peer_ca(peer)
+        except CertificateError:
+            fed = where.get(peer)
+            address = f"{fed.host}:{fed.port}" if fed is not None and fed.host else "HOST:PORT"
+            raise CertificateError(f"{cluster} does not trust {peer} yet: run `nebula-mq stack trust {peer} {address} "
+                                   f"--fingerprint ...` on this host, as {peer}'s `stack up` printed it") from None
+
+    def refresh() -> None:
+        for peer, fed in where.items():
+            if not fed.host:
+                continue
+            try:
+                stack.trust_peer(cluster, peer, fed.host, fed.port, None)
+            except NebulaError as exc:  # the link's own state says the rest (`status`)
+                _say(f"could not read {peer}'s CRL from {fed.host}:{fed.port} (the one held stays): {exc}")
+
+    refresh()
+    return refresh
 
 
 def _say(line: str) -> None:

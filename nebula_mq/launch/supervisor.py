@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -175,10 +175,26 @@ def interrupted_exit_code(signals: list[int]) -> int:
     return 128 + int(signals[0] if signals else signal.SIGINT)
 
 
-def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Callable[[str], None]) -> Outcome:
+@dataclass
+class Periodic:
+    """Something the supervisor does every ``every_s`` seconds while the job runs (the first
+    time ``every_s`` after it starts): a broker host's ``up`` reads its peers' CRLs again."""
+
+    every_s: float
+    run: Callable[[], None]
+    last: float = field(default_factory=time.monotonic)
+
+    def due(self) -> None:
+        if time.monotonic() - self.last >= self.every_s:
+            self.last = time.monotonic()
+            self.run()
+
+
+def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Callable[[str], None],
+              tasks: Sequence[Periodic] = ()) -> Outcome:
     """Watch ``job``'s started workers until none runs (see the module docstring); ``say``
-    gets each line about stopping and restarting. SIGINT and SIGTERM handlers are this
-    loop's while it runs."""
+    gets each line about stopping and restarting; ``tasks`` run when due. SIGINT and SIGTERM
+    handlers are this loop's while it runs."""
     from nebula_mq.runtime.progress import progress
     from nebula_mq.runtime.signals import StopFlag
 
@@ -229,6 +245,8 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
                 slowest = job.slowest_step(statuses)
                 if not stopping:
                     stall.watch(job.steps(statuses), lambda: job.stall_lines(statuses))
+                    for task in tasks:
+                        task.due()
                 loss = job.loss(statuses)
                 if loss is not None:
                     bar.set_postfix(loss=loss)

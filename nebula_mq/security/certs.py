@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.issuing import (NAME, ca_certificate, check_name, leaf_certificate, now, sans,
-                                        split_names)
+                                        split_names, stapled_crl)
 from nebula_mq.security.pem import (key_matches, key_pem, load_cert, load_key, new_key, signed_by, write_private,
                                    write_public)
 
@@ -178,9 +178,30 @@ class ClusterCA:
     def sign(self, cn: str, public_key: ec.EllipticCurvePublicKey, *, server: bool, dns: Sequence[str] = (),
              ips: Sequence[str] = ()) -> x509.Certificate:
         """A leaf certificate for ``cn`` and ``public_key``, signed by this CA (issue, rotate, and
-        ``certs sign`` of a request whose key never left its host)."""
+        ``certs sign`` of a request whose key never left its host); a broker's carries the
+        CA's current CRL (``issuing.STAPLED_CRL``)."""
         ca_cert, ca_key = self._ca()
-        return leaf_certificate(ca_cert, ca_key, self.cluster, cn, public_key, server=server, dns=dns, ips=ips)
+        return leaf_certificate(ca_cert, ca_key, self.cluster, cn, public_key, server=server, dns=dns, ips=ips,
+                                crl=self.crl_der() if server else None)
+
+    def crl_der(self) -> bytes | None:
+        """This CA's current CRL, DER (None before ``revocation.write_crl`` made one)."""
+        try:
+            return x509.load_pem_x509_crl((self.dir / "crl.pem").read_bytes()).public_bytes(serialization.Encoding.DER)
+        except (OSError, ValueError):
+            return None
+
+    def restaple(self) -> None:
+        """The broker's certificate signed again (its key and names kept) when the CRL it carries
+        is not this CA's current one: a revocation reaches the peers with the next handshake."""
+        ident = self.server()
+        cert, key = load_cert(ident.cert_file), load_key(ident.key_file)
+        crl = self.crl_der()
+        if cert is None or key is None or crl is None or stapled_crl(cert) == crl:
+            return
+        dns, ips = split_names(sorted(sans(cert)))
+        renewed = self.sign(ident.cn, key.public_key(), server=True, dns=dns, ips=ips)
+        write_public(ident.cert_file, renewed.public_bytes(serialization.Encoding.PEM))
 
     def write_trust(self, peers: Iterable[ClusterCA]) -> Path:
         """Trust bundle: this cluster's CA first, then each peer's CA, then imported peer CAs."""

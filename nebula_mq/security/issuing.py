@@ -1,6 +1,11 @@
 """What nebula-mq's certificates contain: a cluster CA's own certificate, the leaves it signs,
 and the names they carry.
 
+A broker's (server) certificate also carries its CA's current CRL (:data:`STAPLED_CRL`, an
+extension no TLS stack acts on: a non-critical one it ignores), so the CRL travels in every
+TLS handshake with the broker, signed by the CA, and a peer that trusts the CA can read it from
+the handshake (``security.trust``): the trust between two clusters needs no file carried.
+
 A CA certificate is self-signed, valid ``CA_DAYS``, a CA of path length 0 that signs
 certificates and CRLs. A leaf is valid ``LEAF_DAYS`` (never past its CA), for server or
 client authentication, with its CN and, for a server, the DNS names and IP addresses it
@@ -24,6 +29,8 @@ from nebula_mq.errors import CertificateError
 
 CA_DAYS = 3650
 LEAF_DAYS = 825
+#: The extension of a broker certificate that holds its CA's CRL (DER); a UUID OID (X.667).
+STAPLED_CRL = x509.ObjectIdentifier("2.25.323460692032263884951902349600893135982")
 
 #: A cluster name or a certificate CN (which is also a directory name and a RabbitMQ user name).
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -73,8 +80,9 @@ def ca_certificate(cluster: str, key: ec.EllipticCurvePrivateKey) -> x509.Certif
 
 def leaf_certificate(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, cluster: str, cn: str,
                      public_key: ec.EllipticCurvePublicKey, *, server: bool, dns: Sequence[str] = (),
-                     ips: Sequence[str] = ()) -> x509.Certificate:
-    """A certificate for ``cn`` (of ``cluster``) and ``public_key``, signed by the CA ``ca_cert``."""
+                     ips: Sequence[str] = (), crl: bytes | None = None) -> x509.Certificate:
+    """A certificate for ``cn`` (of ``cluster``) and ``public_key``, signed by the CA ``ca_cert``;
+    ``crl``: the CA's CRL (DER) a broker's certificate carries (:data:`STAPLED_CRL`)."""
     start = now()
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
@@ -95,7 +103,18 @@ def leaf_certificate(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateK
         names: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys(dns)]
         names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    if crl is not None:
+        builder = builder.add_extension(x509.UnrecognizedExtension(STAPLED_CRL, crl), critical=False)
     return builder.sign(ca_key, hashes.SHA256())
+
+
+def stapled_crl(cert: x509.Certificate) -> bytes | None:
+    """The CRL (DER) a broker's certificate carries, if any."""
+    try:
+        value = cert.extensions.get_extension_for_oid(STAPLED_CRL).value
+    except x509.ExtensionNotFound:
+        return None
+    return value.value if isinstance(value, x509.UnrecognizedExtension) else None
 
 
 def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:

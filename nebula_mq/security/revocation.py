@@ -89,6 +89,7 @@ def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
     crl_file = ca.dir / "crl.pem"
     write_public(crl_file, pem)
     write_public(publish_to / f"{issuer_hash(crl_file)}.r0", pem)
+    ca.restaple()  # the broker's certificate carries it to the peers (security.trust)
     return crl_file
 
 

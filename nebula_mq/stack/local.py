@@ -25,6 +25,7 @@ from nebula_mq import topology
 from nebula_mq.errors import StackError
 from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
 from nebula_mq.security.keys import ensure_secret
+from nebula_mq.security.trust import PeerChain, refresh_peer, trust_peer
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import processes, provision, wan
@@ -251,6 +252,18 @@ class Stack:
         with ThreadPoolExecutor(len(self.clusters)) as pool:
             list(pool.map(apply, self.clusters))
         return vhost
+
+    def trust_peer(self, cluster: str, peer: str, host: str, port: int, fingerprint: str | None) -> PeerChain:
+        """``cluster`` trusts ``peer``, whose broker answers at ``host:port``: its CA (pinned by
+        ``fingerprint``; None: the CA trusted already, its CRL refreshed) and CRL read from that
+        broker's handshake (``security.trust``). A running node takes them at once."""
+        ca = self.ca(cluster)
+        chain = (trust_peer(ca, peer, host, port, fingerprint) if fingerprint is not None
+                 else refresh_peer(ca, peer, host, port))
+        node = self.layout.node(cluster)
+        if nodes.is_running(node):  # the CA bundle a running node loaded as a federation client
+            nodes.rabbitmqctl(node, "eval", "ssl:clear_pem_cache().")
+        return chain
 
     def federation_links(self, cluster: str, vhost: str = "") -> list[FederationLink]:
         """``cluster``'s node's federation links from its peers (``vhost``'s only when given),

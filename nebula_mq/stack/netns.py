@@ -48,9 +48,10 @@ class Host:
     def cmd(self, *args: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns, *args]
 
-    def run(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout: float = 120, check: bool = True,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         try:
-            out = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout)
+            out = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
         except subprocess.TimeoutExpired:
             raise StackError(f"[{self.ns}] {' '.join(args[:3])} did not finish within {timeout:g} s") from None
         if check and out.returncode != 0:
@@ -58,12 +59,13 @@ class Host:
                              f"{(out.stderr.strip() or out.stdout.strip())[-1500:]}")
         return out
 
-    def nebula(self, *args: str, timeout: float = 180, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """``nebula-mq ARGS`` run on this host."""
-        return self.run(sys.executable, "-m", "nebula_mq", *args, timeout=timeout, check=check)
+    def nebula(self, *args: str, timeout: float = 180, check: bool = True,
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``nebula-mq ARGS`` run on this host (in folder ``cwd``)."""
+        return self.run(sys.executable, "-m", "nebula_mq", *args, timeout=timeout, check=check, cwd=cwd)
 
-    def popen(self, args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd(*args), stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    def popen(self, args: Sequence[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.cmd(*args), stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=cwd)
 
     def tx_bytes(self) -> int:
         return int(self.run("cat", f"/sys/class/net/{self.dev}/statistics/tx_bytes").stdout)

@@ -172,3 +172,33 @@ def test_a_rank_started_twice_is_refused_in_one_line_and_the_running_job_goes_on
         assert worker_status(run_dir, worker)["state"] == "stopped"
     steps = [json.loads(r)["step"] for r in (run_dir / "history" / "tail-0.jsonl").read_text().splitlines()]
     assert steps == list(range(1, len(steps) + 1))  # each step once, in order: nothing disturbed
+
+
+def test_a_peer_is_trusted_from_its_brokers_handshake_only_with_its_fingerprint_and_revocations_follow(
+        stack: StackHandle, tmp_path: Path) -> None:
+    """``stack trust``'s reading (``security.trust``) against a real broker: the CA pinned by its
+    fingerprint and named for its cluster, the CRL the broker's certificate carries, and a
+    revocation there read again by the refresh, with nothing carried by hand."""
+    import pytest as _pytest
+
+    from nebula_mq.errors import CertificateError
+    from nebula_mq.security.certs import ClusterCA
+    from nebula_mq.security.revocation import revoke
+    from nebula_mq.security.trust import fingerprint, refresh_peer, trust_peer
+
+    theirs = stack.stack.ca("cluster-a")
+    port = stack.stack.layout.node("cluster-a").tls_port
+    mine = ClusterCA(tmp_path / "certs", "cluster-z")
+    right = fingerprint(theirs.ensure_ca())
+    with _pytest.raises(CertificateError, match=r"has fingerprint sha256:[0-9a-f]{64}, not sha256:0+: not trusted"):
+        trust_peer(mine, "cluster-a", "127.0.0.1", port, "sha256:" + "0" * 64)
+    with _pytest.raises(CertificateError, match=r"belongs to another cluster \(its CA is 'nebula-mq CA cluster-a'"):
+        trust_peer(mine, "cluster-b", "127.0.0.1", port, right)
+    assert not (mine.dir / "peers").exists()  # nothing trusted by a refusal
+    chain = trust_peer(mine, "cluster-a", "127.0.0.1", port, right)
+    assert fingerprint(mine.peer_ca("cluster-a")) == right and (mine.dir / "peers" / "cluster-a.crl").is_file()
+    revoked = theirs.ensure_client(f"trust-probe-{os.getpid()}")
+    serial = revoke(stack.stack.layout.certs_dir, theirs, revoked.cn)
+    assert serial not in {r.serial_number for r in chain.crl}
+    fresh = refresh_peer(mine, "cluster-a", "127.0.0.1", port)  # the broker's next handshake carries it
+    assert serial in {r.serial_number for r in fresh.crl}

@@ -1,9 +1,11 @@
-"""Two clusters of two hosts each (issue 28): each cluster's first host runs its broker (the
-only node on the WAN link, shaped by ``tc tbf``); the second reaches it over the cluster's
-unshaped LAN. A 2x2 split job runs every rank on a host of its own, each host started with one
-command: ``nebula-mq up JOB --cluster C --ranks I`` (``--broker-host`` on a host without the
-broker; the hosts of a cluster share a filesystem, the clusters share nothing: the job key
-crosses over the brokers, sealed). Federation runs by the broker hosts' names, over TLS checked
+"""Two clusters of two hosts each, set up and run as the deployment guide's short way writes it,
+command by command (docs/deployment.md; ``tests.fixtures.netns.short_way`` reads it): each
+cluster's first host runs its broker (the only node on the WAN link, shaped by ``tc tbf``) and
+trusts the other's with the line the other's ``stack up`` printed; the second reaches it over the
+cluster's unshaped LAN. A 2x2 split job runs every rank on a host of its own, each host started
+with one command: ``nebula-mq up JOB --cluster C --ranks I`` (``--broker-host`` on a host without
+the broker; the hosts of a cluster share a filesystem, the clusters share nothing: the job key
+and the job file cross over the brokers, sealed). Federation runs by the broker hosts' names, over TLS checked
 against them, and the activations cross the shaped link. A SIGKILL of the remote rank mid-run is
 repaired by the supervisors of both its group's hosts (the rank on the broker's host leaves at
 its next all-reduce), and the job ends bit-identical to an uninterrupted one, which itself
@@ -30,15 +32,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job, step_of, worker_status
+from tests.fixtures.jobs import final_checkpoint, split_job, step_of, worker_status
 from tests.fixtures.lanes import CPU_HEAVY
-from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts
+from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts, short_way
 from tests.fixtures.pairs import SPLIT_EXAMPLE
-from tests.fixtures.up import finish_ups, run_dir, up_every_host
+from tests.fixtures.up import finish_ups, log_of, place_job, run_dir, up_every_host
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
-NAMES = (("a1.nebula.test", "a2.nebula.test"), ("b1.nebula.test", "b2.nebula.test"))
+# The hosts as the deployment guide names them (each namespace's /etc/hosts knows them).
+NAMES = (("a1.example.org", "a2.example.org"), ("b1.example.org", "b2.example.org"))
 WORKERS = ("head-0", "head-0-r1", "tail-0", "tail-0-r1")
 STEPS = 16
 Hosts = tuple[dict[str, list[Host]], dict[str, Path]]
@@ -46,9 +49,21 @@ Hosts = tuple[dict[str, list[Host]], dict[str, Path]]
 
 @pytest.fixture(scope="module")
 def four_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hosts]:
-    """Each cluster's hosts and the stack directory its hosts share (``cluster_broker_hosts``)."""
-    with cluster_broker_hosts("fh", NAMES, tmp_path_factory.mktemp("four-hosts")) as pair:
-        yield pair
+    """Each cluster's hosts, its broker trusted by the other's, and its data centre's folder
+    (``cluster_broker_hosts``), with the example's modules beside the job files to come."""
+    with cluster_broker_hosts("fh", NAMES, tmp_path_factory.mktemp("four-hosts")) as (hosts, dcs):
+        for folder in dcs.values():
+            for name in ("mlp.py", "mlp_torch.py", "mlp_data.py", "mlp_replicas.py"):
+                shutil.copy(SPLIT_EXAMPLE / name, folder)
+        yield hosts, dcs
+
+
+def test_the_short_way_is_three_commands_on_a_broker_host_and_one_on_each_other_host() -> None:
+    commands: dict[str, list[str]] = {}
+    for prompt, args in short_way():
+        commands.setdefault(prompt, []).append(" ".join(args[:2]))
+    assert commands == {"A1": ["stack up", "stack trust", "up job.toml"], "B1": ["stack up", "stack trust", "up job.toml"],
+                        "A2": ["up job.toml"], "B2": ["up job.toml"]}, commands
 
 
 def federation(text: str) -> str:
@@ -69,75 +84,101 @@ def _cluster(worker: str) -> str:
     return "cluster-a" if worker.startswith("head") else "cluster-b"
 
 
-def _job(tmp: Path, name: str, ranks: int) -> Path:
+def _job(dcs: dict[str, Path], name: str, ranks: int) -> str:
     a, b = NAMES
     extra = "group_timeout_s = 30\n" + ("" if ranks == 1 else
                                          f'head_ranks = 2\nhead_hosts = ["{a[0]}", "{a[1]}"]\n'
                                          f'tail_ranks = 2\ntail_hosts = ["{b[0]}", "{b[1]}"]\n')
-    text = split_job(f"{name}{os.getpid()}", tmp / name, steps=STEPS, forward="none", backward="none", in_flight=1,
+    text = split_job(f"{name}{os.getpid()}", Path(name), steps=STEPS, forward="none", backward="none", in_flight=1,
                      checkpoint_every=4, extra=extra)
-    path = tmp / f"{name}.toml"
-    path.write_text(federation(text))
-    return path
+    return place_job(dcs, name, federation(text))
 
 
-def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical(four_hosts: Hosts,
-                                                                                   tmp_path: Path) -> None:
-    copy_split_example(tmp_path)
-    hosts, stacks = four_hosts
-    single = _job(tmp_path, "single", ranks=1)
-    finish_ups(up_every_host(hosts, stacks, single, ranks=1), single)
-    clean = _job(tmp_path, "clean", ranks=2)
+def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical(four_hosts: Hosts) -> None:
+    hosts, dcs = four_hosts
+    single = _job(dcs, "single", ranks=1)
+    finish_ups(up_every_host(hosts, dcs, single, ranks=1), dcs, single)
+    clean = _job(dcs, "clean", ranks=2)
     a1, b1 = hosts["cluster-a"][0], hosts["cluster-b"][0]
     wan_sent = a1.tx_bytes()
-    finish_ups(up_every_host(hosts, stacks, clean, ranks=2), clean)
+    finish_ups(up_every_host(hosts, dcs, clean, ranks=2), dcs, clean)
     # Both head ranks' messages crossed the WAN link from a1, federated by b1's broker, which
     # reaches a1's by its name over TLS checked against that name (SNI).
-    published = sum(_metric(tmp_path / "clean-cluster-a" / "metrics" / f"{w}.prom", "nebula_wire_bytes_total",
+    published = sum(_metric(run_dir(dcs, clean, "cluster-a") / "metrics" / f"{w}.prom", "nebula_wire_bytes_total",
                             direction="out") for w in ("head-0", "head-0-r1"))
     assert published > 10_000 and a1.tx_bytes() - wan_sent >= published, published
-    params = json.loads(b1.nebula("provision", str(clean), "--cluster", "cluster-b", "--dry-run").stdout)["parameters"]
+    params = json.loads(b1.nebula("provision", clean, "--cluster", "cluster-b", "--dry-run",
+                                  cwd=dcs["cluster-b"]).stdout)["parameters"]
     uri = params[0]["value"]["uri"]
     assert f"amqps://{a1.hostname}:{PORT}/" in uri and f"server_name_indication={a1.hostname}" in uri, uri
     assert f"{b1.address}:" in a1.run("ss", "-tnH", "state", "established", f"( sport = :{PORT} )").stdout
-    for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters
-        out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
-        rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
+    for c in CLUSTERS:  # either broker host sees every worker of every host of both clusters, and its links up
+        out = hosts[c][0].nebula("status", clean, "--feed", c, "--json", cwd=dcs[c])
+        body = json.loads(out.stdout)
+        rows = {r["worker"]: r for r in body["workers"]}
         assert set(rows) == set(WORKERS), (c, rows)
         assert all(r["state"] == "finished" and r["step"] == STEPS for r in rows.values()), (c, rows)
         assert {w: r["cluster"] for w, r in rows.items()} == {w: _cluster(w) for w in WORKERS}, rows
+        peer = next(p for p in CLUSTERS if p != c)
+        assert any(line.startswith(f"link from {peer} to {c} (") and line.endswith(": up") for line in body["links"]), body
 
-    killed = _job(tmp_path, "killed", ranks=2)
-    procs = up_every_host(hosts, stacks, killed, ranks=2)
-    run_a = tmp_path / "killed-cluster-a"
+    killed = _job(dcs, "killed", ranks=2)
+    procs = up_every_host(hosts, dcs, killed, ranks=2)
+    run_a = run_dir(dcs, killed, "cluster-a")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and step_of(run_a, "head-0-r1") < 5:
         time.sleep(0.1)
     victim = worker_status(run_a, "head-0-r1")
     assert int(victim.get("step", 0)) >= 5, victim
     os.kill(int(victim["pid"]), signal.SIGKILL)  # head rank 1, on a2: not the broker's host
-    finish_ups(procs, killed)
-    log_a2 = (tmp_path / "killed-a2.nebula.test.log").read_text()
+    finish_ups(procs, dcs, killed)
+    log_a2 = log_of(dcs, killed, "a2.example.org").read_text()
     assert "head-0-r1" in log_a2 and "restart" in log_a2, log_a2[-3000:]
 
     for worker in WORKERS:
-        c_ck = final_checkpoint(tmp_path / f"clean-{_cluster(worker)}", worker)
-        k_ck = final_checkpoint(tmp_path / f"killed-{_cluster(worker)}", worker)
+        c_ck = final_checkpoint(run_dir(dcs, clean, _cluster(worker)), worker)
+        k_ck = final_checkpoint(run_dir(dcs, killed, _cluster(worker)), worker)
         assert c_ck.step == k_ck.step == STEPS and c_ck.digest == k_ck.digest, worker
     # 2x2 trains the 1x1 model (to float tolerance), and the ranks of a side hold the same weights.
     for cluster, worker in (("cluster-a", "head-0"), ("cluster-b", "tail-0")):
-        one = final_checkpoint(tmp_path / f"single-{cluster}", worker).arrays
-        two = [final_checkpoint(tmp_path / f"clean-{cluster}", w).arrays for w in (worker, f"{worker}-r1")]
+        one = final_checkpoint(run_dir(dcs, single, cluster), worker).arrays
+        two = [final_checkpoint(run_dir(dcs, clean, cluster), w).arrays for w in (worker, f"{worker}-r1")]
         weights = [k for k in one if "/param/" in k]
         assert weights, one.keys()
         for k in weights:
             assert np.array_equal(two[0][k], two[1][k]), (worker, k)
             np.testing.assert_allclose(two[0][k], one[k], rtol=2e-4, atol=2e-5, err_msg=k)
     # The key crossed over the brokers, sealed; each cluster's second host took it from the shared run dir.
-    keys = [(tmp_path / f"killed-{c}" / "keys" / "job.key").read_bytes() for c in CLUSTERS]
+    keys = [(run_dir(dcs, killed, c) / "keys" / "job.key").read_bytes() for c in CLUSTERS]
     assert keys[0] == keys[1]
-    assert "received sealed from cluster-a" in (tmp_path / "killed-b1.nebula.test.log").read_text()
-    assert "from b1.nebula.test's `up`" in (tmp_path / "killed-b2.nebula.test.log").read_text()
+    assert "received sealed from cluster-a, with its job file" in log_of(dcs, killed, "b1.example.org").read_text()
+    assert "from b1.example.org's `up`" in log_of(dcs, killed, "b2.example.org").read_text()
+
+
+def test_a_job_file_edited_on_one_side_only_is_refused_in_one_line_naming_what_differs(four_hosts: Hosts) -> None:
+    """The job file crosses with the key: B's `up` compares it with its own copy; what each side keeps
+    in its own place (its paths) may differ, anything else may not."""
+    hosts, dcs = four_hosts
+    job = _job(dcs, "edited", ranks=1)
+    b_copy = dcs["cluster-b"] / job
+    b_copy.write_text(b_copy.read_text().replace("lr = 0.003", "lr = 0.001")
+                      .replace('run_dir = "edited"', 'run_dir = "edited-here"'))
+    procs = up_every_host(hosts, dcs, job, ranks=1)
+    try:
+        assert procs["b1.example.org"].wait(120) == 1
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(150)
+    console = log_of(dcs, job, "b1.example.org").read_text()
+    errors = [line for line in console.splitlines() if line.startswith("nebula-mq: error:")]
+    assert len(errors) == 1 and "Traceback" not in console, console[-3000:]
+    assert f"nebula-mq: error: {job}: split.lr: expected the job cluster-a runs" in errors[0], errors[0]
+    assert "split.lr = 0.001 here, 0.003 on cluster-a" in errors[0] and "run_dir" not in errors[0], errors[0]
+    theirs = dcs["cluster-b"] / "edited-here.cluster-a.toml"
+    assert theirs.read_text() == (dcs["cluster-a"] / job).read_text()  # cluster-a's copy, to read or take
+    assert not (dcs["cluster-b"] / "edited-here" / "status").exists()  # no worker of B started
 
 
 REPLICAS = {"cluster-a": ("replica-0", "replica-0-r1"), "cluster-b": ("replica-1", "replica-1-r1")}
@@ -149,6 +190,7 @@ id = "{job_id}"
 scenario = "replicas"
 seed = 7
 steps = {steps}
+run_dir = "{run_dir}"
 
 [replicas]
 clusters = ["cluster-a", "cluster-b"]
@@ -166,60 +208,55 @@ cluster-b = ["{b[0]}", "{b[1]}"]
 """
 
 
-def _replicas_job(tmp: Path, name: str) -> Path:
+def _replicas_job(dcs: dict[str, Path], name: str) -> str:
     a, b = NAMES
-    text = REPLICAS_JOB.format(job_id=f"{name}{os.getpid()}", steps=REPLICAS_STEPS, gloo_port=GLOO_PORT, a=a, b=b)
-    path = tmp / f"{name}.toml"
-    path.write_text(federation(text))
-    return path
+    text = REPLICAS_JOB.format(job_id=f"{name}{os.getpid()}", steps=REPLICAS_STEPS, gloo_port=GLOO_PORT, a=a, b=b,
+                               run_dir=name)
+    return place_job(dcs, name, federation(text))
 
 
-def _outer(job: Path, cluster: str, worker: str) -> dict[str, np.ndarray]:
-    arrays = final_checkpoint(run_dir(job, cluster), worker).arrays
+def _outer(dcs: dict[str, Path], job: str, cluster: str, worker: str) -> dict[str, np.ndarray]:
+    arrays = final_checkpoint(run_dir(dcs, job, cluster), worker).arrays
     return {k: np.asarray(v) for k, v in arrays.items() if k.startswith("outer/param/")}
 
 
-def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(four_hosts: Hosts,
-                                                                                 tmp_path: Path) -> None:
-    for name in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
-        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
-    hosts, stacks = four_hosts
-    clean = _replicas_job(tmp_path, "rclean")
-    finish_ups(up_every_host(hosts, stacks, clean, ranks=2), clean)
+def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(four_hosts: Hosts) -> None:
+    hosts, dcs = four_hosts
+    clean = _replicas_job(dcs, "rclean")
+    finish_ups(up_every_host(hosts, dcs, clean, ranks=2), dcs, clean)
     for c, (a_host, b_host) in zip(CLUSTERS, NAMES):  # each host's `up` started its own rank
         for r, host in enumerate((a_host, b_host)):
-            log = (tmp_path / f"rclean-{host}.log").read_text()
+            log = log_of(dcs, clean, host).read_text()
             assert f"{REPLICAS[c][r]}: exit 0" in log and REPLICAS[c][1 - r] + ":" not in log, log[-2000:]
     for c in CLUSTERS:  # either broker host sees every rank of both clusters finished
-        out = hosts[c][0].nebula("status", str(clean), "--stack", str(stacks[c]), "--feed", c, "--json")
+        out = hosts[c][0].nebula("status", clean, "--feed", c, "--json", cwd=dcs[c])
         rows = {r["worker"]: r for r in json.loads(out.stdout)["workers"]}
         assert set(rows) == {w for ws in REPLICAS.values() for w in ws}, (c, rows)
         assert all(r["state"] == "finished" and r["step"] == REPLICAS_STEPS for r in rows.values()), (c, rows)
-    b2 = hosts["cluster-b"][1]
-    killed = _replicas_job(tmp_path, "rkilled")
-    procs = up_every_host(hosts, stacks, killed, ranks=2)
-    run_b = run_dir(killed, "cluster-b")
+    killed = _replicas_job(dcs, "rkilled")
+    procs = up_every_host(hosts, dcs, killed, ranks=2)
+    run_b = run_dir(dcs, killed, "cluster-b")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and step_of(run_b, "replica-1-r1") < 3:
         time.sleep(0.1)
     victim = worker_status(run_b, "replica-1-r1")
     assert int(victim.get("step", 0)) >= 3, victim
     os.kill(int(victim["pid"]), signal.SIGKILL)  # cluster-b's rank 1, on b2: not the broker's host
-    finish_ups(procs, killed)
-    log_b2 = (tmp_path / f"rkilled-{b2.hostname}.log").read_text()
+    finish_ups(procs, dcs, killed)
+    log_b2 = log_of(dcs, killed, "b2.example.org").read_text()
     assert "replica-1-r1" in log_b2 and "restart" in log_b2, log_b2[-3000:]
 
     for cluster, workers in REPLICAS.items():
         for worker in workers:
-            c_ck = final_checkpoint(run_dir(clean, cluster), worker)
-            k_ck = final_checkpoint(run_dir(killed, cluster), worker)
+            c_ck = final_checkpoint(run_dir(dcs, clean, cluster), worker)
+            k_ck = final_checkpoint(run_dir(dcs, killed, cluster), worker)
             assert c_ck.step == k_ck.step == REPLICAS_STEPS and c_ck.digest == k_ck.digest, worker
     # Every rank of both clusters holds the same outer weights, bit for bit.
-    first = _outer(clean, "cluster-a", "replica-0")
+    first = _outer(dcs, clean, "cluster-a", "replica-0")
     assert first
     for cluster, workers in REPLICAS.items():
         for worker in workers:
-            other = _outer(clean, cluster, worker)
+            other = _outer(dcs, clean, cluster, worker)
             assert other.keys() == first.keys()
             for k in first:
                 np.testing.assert_array_equal(other[k], first[k], err_msg=f"{worker} {k}")
