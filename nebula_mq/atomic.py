@@ -31,11 +31,14 @@ DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path, *, mode: int = 0o644, fsync: bool = False) -> Iterator[IO[bytes]]:
+def atomic_writer(path: Path, *, mode: int = 0o644, fsync: bool = False, replace: bool = True
+                  ) -> Iterator[IO[bytes]]:
     """A binary file handle whose content replaces ``path`` when the block ends without error.
 
     ``mode`` applies from creation (a private key is never readable by others, even
-    briefly); ``fsync`` makes the content durable before the rename."""
+    briefly); ``fsync`` makes the content durable before the rename. ``replace=False``: the
+    content takes ``path`` only if nothing is there yet (``os.link``, atomic: of two processes
+    making the same secret at once, one wins and the other's is dropped: ``FileExistsError``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # Unique per process and thread: two writers never share a temporary file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -47,7 +50,11 @@ def atomic_writer(path: Path, *, mode: int = 0o644, fsync: bool = False) -> Iter
             if fsync:
                 os.fsync(fh.fileno())
         os.chmod(tmp, mode)  # os.open's mode was narrowed by the umask
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -95,3 +95,9 @@ class ClusterSettings:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     # How the other clusters' brokers reach this one (nebula-mq provision).
     federation: FederationSettings = field(default_factory=FederationSettings)
+
+    @property
+    def names_broker(self) -> bool:
+        """Whether the job file says how to reach this cluster's broker (a ``[clusters.<name>.broker]``
+        table), not only how the peers reach it (``federation``)."""
+        return self.broker != BrokerSettings()

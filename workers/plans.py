@@ -10,13 +10,25 @@ not train.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+from typing import Any
 
-from nebula_mq.settings import Settings
+from nebula_mq import topology
+from nebula_mq.settings import ClusterSettings, Settings
 from workers.processes import Plan, Process
 from workers.registry import plan_for, role_main, scenario_of
 
-__all__ = ["Plan", "Process", "plan_for", "run_role"]
+__all__ = ["Plan", "Process", "plan_for", "run_role", "with_stack_broker"]
+
+
+def with_stack_broker(settings: Settings, stack: Any, proc: Process, host: str = "") -> Settings:
+    """``settings`` whose broker of ``proc``'s cluster is the local ``stack``'s node, reached as
+    ``proc``'s identity (issued there) on loopback, or by ``host``, a name in its certificate
+    (a rank on another host of the cluster)."""
+    broker = stack.broker_settings(proc.cluster, proc.identity(settings.job.id), vhost=topology.vhost(settings.job.id),
+                                   host=host)
+    return dataclasses.replace(settings, clusters={**settings.clusters, proc.cluster: ClusterSettings(proc.cluster, broker)})
 
 
 def run_role(role: str, settings: Settings, index: int = 0) -> int:

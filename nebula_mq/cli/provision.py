@@ -112,6 +112,8 @@ def _provision(args: argparse.Namespace) -> int:
         from nebula_mq.stack import Stack
 
         stack = Stack.open(args.stack)
+    from nebula_mq.stack.joining import provision_cluster
+
     defs, summary = provision_cluster(settings, plan, cluster, stack, args.monitoring_password_file, args.dry_run,
                                       admin=None if stack is not None or args.dry_run else _admin(args, settings, cluster))
     if args.dry_run:
@@ -119,59 +121,6 @@ def _provision(args: argparse.Namespace) -> int:
         return 0
     print(summary)
     return 0
-
-
-def provision_cluster(settings: Any, plan: Any, cluster: str, stack: Any, password_file: str | None = None,
-                      dry_run: bool = False, admin: Any = None, make_key: bool = True) -> tuple[dict[str, Any], str]:
-    """Provision the job on ``cluster``'s broker: through this host's ``stack`` (one cluster per
-    host: rabbitmqctl, its certificates the stack's own, issued here) or through ``admin`` (the
-    management API). Peers are where the job file's ``[clusters.<name>.federation]`` says.
-    Returns the definitions and a summary; ``dry_run`` changes nothing. ``make_key``: create the
-    job key here when missing (``up`` leaves it to ``cli.job_key``, which shares it sealed)."""
-    from nebula_mq import topology
-    from nebula_mq.stack import provision
-
-    identities = plan.identities(settings.job.id).get(cluster, ())
-    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
-    upstreams = provision.federation_upstreams(settings.clusters, cluster, plan.flows, settings.source)
-    password_path = Path(password_file or settings.run_dir / "monitoring.password")
-    if stack is not None:
-        import dataclasses
-
-        from nebula_mq.security.certs import federation_identity
-
-        own = stack.ca(cluster).ensure_client(federation_identity(cluster))
-        upstreams = {src: dataclasses.replace(up, client=own) for src, up in upstreams.items()}
-        password_path = stack.monitoring_password_file(topology.vhost(settings.job.id))
-    from nebula_mq.security.keys import ensure_secret
-
-    password = "<generated>" if dry_run else ensure_secret(password_path)
-    defs = provision.definitions(settings.job.id, cluster, plan.flows, identities, peers, upstreams,
-                                 settings.transport.max_queue_bytes, password)
-    if dry_run:
-        for user in defs["users"]:
-            if user["password_hash"]:
-                user["password_hash"] = "<hash of the monitoring password>"
-        return defs, ""
-    if stack is not None:
-        for cn in identities:  # the workers' certificates, from this cluster's CA
-            stack.ca(cluster).ensure_client(cn)
-        admin = stack.admin(cluster)
-    admin.import_definitions(defs)
-    summary = (f"job {settings.job.id}: provisioned on {cluster} ({admin.name}): vhost {topology.vhost(settings.job.id)}, "
-               f"{len(defs['users'])} users, {len(defs['queues'])} queues, "
-               f"{len(defs['parameters'])} federation upstreams ({', '.join(sorted(upstreams)) or 'none'}); "
-               f"monitoring user {topology.monitoring_user(settings.job.id)}, password in {password_path}")
-    if not make_key:
-        return defs, summary
-    # Every worker of the job, on every host, signs and checks messages with the same job key.
-    from nebula_mq.security.keys import ensure_job_key, job_key_file
-
-    key = job_key_file(settings.run_dir)
-    made = not key.exists()
-    ensure_job_key(key, settings.job.id)
-    return defs, (f"{summary}\njob key {key} ({'new' if made else 'kept'}): the job's workers on other hosts need "
-                  f"this same file (`nebula-mq up` sends it sealed; else copy it there, mode 0600)")
 
 
 def _deprovision(args: argparse.Namespace) -> int:

@@ -1,31 +1,31 @@
 """``nebula-mq up JOB.toml --cluster NAME``: this host's part of a job, in one command.
 
 A cluster is a broker host and the hosts of its ranks. On each host, after its stack is up
-(``nebula-mq stack up --clusters NAME``, with ``--listen``/``--hostname`` for a broker the
-other cluster reaches) and trusts the peer's CA (``certs import-ca``), ``up``:
+(``nebula-mq stack up --clusters NAME --hostname H`` for a broker the other cluster reaches)
+and trusts the peer (``nebula-mq stack trust``), ``up``:
 
-1. provisions the job on this host's broker (vhost, users, exchanges, queues, the status
-   feed, federation from the peers the job file names; idempotent: running ``up`` again
-   changes nothing that is right already), and shares the job key over the brokers, sealed to
-   each peer's CA (``cli.job_key``): the first cluster by name sends it, the others wait for it;
+1. joins the job (``stack.joining.join``): on the broker host, checks the peers are trusted
+   and reads their CRLs, provisions the job on this host's broker (idempotent), and shares the
+   job key and job file over the brokers, sealed: the first cluster by name sends them, the
+   others wait for them and compare the job file with their own;
 2. starts this host's workers of that cluster (all of them, or the ranks ``--ranks`` names:
    the others run on other hosts of the cluster) against the stack's broker;
 3. supervises them with ``run``'s restart policy (a worker that dies is restarted with its
    group), forwards Ctrl-C and SIGTERM as SIGTERM (each worker checkpoints and exits 0),
-   and exits when they have: running ``up`` again resumes from the checkpoints.
+   reads the peers' CRLs again every hour, and exits when the workers have: running ``up``
+   again resumes from the checkpoints.
 
-On a host of the cluster without its broker, ``up --ranks I --broker-host NAME`` does only 2
-and 3: the broker host's ``up`` provisions the job and writes its key on the filesystem the
-cluster's hosts share (stack directory and run_dir), and this host's workers reach the broker
-by ``NAME``. On a stack that holds every cluster of the job (one machine), ``up --cluster``
-runs that cluster's part, and ``run`` the whole job.
+On a host of the cluster without its broker, ``up --ranks I --broker-host NAME`` waits in 1 for
+the key the broker host's ``up`` writes on the filesystem the cluster's hosts share (stack
+directory and run_dir), and this host's workers reach the broker by ``NAME``. On a stack that
+holds every cluster of the job (one machine), ``up --cluster`` runs that cluster's part, and
+``run`` the whole job.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from nebula_mq.cli.options import add_stack_option, default_stack
@@ -64,16 +64,16 @@ def ranks_list(text: str) -> frozenset[int]:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from nebula_mq.cli.provision import provision_cluster
     from nebula_mq.cli.run import start_workers, supervise_job
-    from nebula_mq.launch.supervisor import Periodic
     from nebula_mq.errors import ConfigError
     from nebula_mq.launch import JobProcesses
+    from nebula_mq.launch.supervisor import Periodic
     from nebula_mq.runtime.logs import configure_logging
     from nebula_mq.stack import Stack
+    from nebula_mq.stack.joining import CRL_REFRESH_S, join
     from nebula_mq.stack.layout import did_you_mean
     from workers.plans import plan_for
-    from workers.registry import load_job_settings
+    from workers.registry import load_job_settings, scenario_of
 
     configure_logging("info")
 
@@ -91,87 +91,13 @@ def _up(args: argparse.Namespace) -> int:
                           ",".join(map(str, sorted(args.ranks or ()))))
     job = JobProcesses(args.config, args.stack, select=mine, broker_host=args.broker_host, command_name="up")
     job.claim_all()  # a rank running already, or placed on another host: refused before anything
-    stack = Stack.open(args.stack)
-    tasks: tuple[Periodic, ...] = ()
-    if args.broker_host:  # the broker host's `up` provisions the job and holds its key
-        from nebula_mq.cli.job_key import KEY_WAIT_S
-
-        print(wait_for_job_key(job.settings, args.broker_host, KEY_WAIT_S), file=sys.stderr)
-    elif set(clusters) <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
-        JobProcesses(args.config, args.stack).provision()
-        print(f"job {job.settings.job.id}: provisioned on every cluster of the stack in {args.stack}", file=sys.stderr)
-    else:
-        from nebula_mq.cli.job_key import share_job_key
-
-        refresh = trusted_peers(job.settings, job.plan, args.cluster, stack)
-        _defs, summary = provision_cluster(job.settings, job.plan, args.cluster, stack, make_key=False)
-        print(summary, file=sys.stderr)
-        print(share_job_key(job.settings, job.plan, args.cluster, stack, say=_say), file=sys.stderr)
-        tasks = (Periodic(CRL_REFRESH_S, refresh),)
+    refresh = join(job.settings, job.plan, args.cluster, Stack.open(args.stack), args.broker_host,
+                   scenario_of(job.settings).section, say=_say)
     start_workers(job)
-    return supervise_job(job, args.timeout, args.restarts, tasks)
-
-
-# How often a broker host's `up` reads its peers' CRLs again from their brokers' handshakes.
-CRL_REFRESH_S = 3600.0
-
-
-def trusted_peers(settings: Any, plan: Any, cluster: str, stack: Any) -> Callable[[], None]:
-    """Check that ``cluster`` trusts every peer cluster of the job (else one line saying which
-    command makes it), refresh each one's CRL from its broker (``security.trust``), and return
-    the refresh, for the supervisor to repeat while the job runs."""
-    from nebula_mq.errors import CertificateError, NebulaError
-
-    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
-    where = {p: settings.clusters[p].federation for p in peers if p in settings.clusters}
-    for peer in peers:
-        try:
-            stack.ca(cluster).peer_ca(peer)
-        except CertificateError:
-            fed = where.get(peer)
-            address = f"{fed.host}:{fed.port}" if fed is not None and fed.host else "HOST:PORT"
-            raise CertificateError(f"{cluster} does not trust {peer} yet: run `nebula-mq stack trust {peer} {address} "
-                                   f"--fingerprint ...` on this host, as {peer}'s `stack up` printed it") from None
-
-    def refresh() -> None:
-        for peer, fed in where.items():
-            if not fed.host:
-                continue
-            try:
-                stack.trust_peer(cluster, peer, fed.host, fed.port, None)
-            except NebulaError as exc:  # the link's own state says the rest (`status`)
-                _say(f"could not read {peer}'s CRL from {fed.host}:{fed.port} (the one held stays): {exc}")
-
-    refresh()
-    return refresh
+    return supervise_job(job, args.timeout, args.restarts, () if refresh is None else (Periodic(CRL_REFRESH_S, refresh),))
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def wait_for_job_key(settings: Any, broker_host: str, wait_s: float) -> str:
-    """The job key, written by the broker host's ``up`` on the shared filesystem, once it is
-    there (it makes or receives the key before it starts a worker)."""
-    import time
-
-    from nebula_mq.cli.job_key import TELL_EVERY_S
-    from nebula_mq.errors import SecurityError
-    from nebula_mq.security.keys import KeyRing, job_key_file
-
-    path = job_key_file(settings.run_dir)
-    started = told = time.monotonic()
-    while not path.exists():
-        now = time.monotonic()
-        if now - started > wait_s:
-            raise SecurityError(f"no job key at {path} after {wait_s:g} s: start `nebula-mq up` on {broker_host} "
-                                f"first (it provisions the job), with the same run_dir on a filesystem both hosts share")
-        if now - told >= TELL_EVERY_S:
-            told = now
-            _say(f"waiting for the job key that `nebula-mq up` on {broker_host} writes to {path} "
-                 f"({now - started:.0f} s of {wait_s:g}): is it running there, with this run_dir?")
-        time.sleep(0.5)
-    ring = KeyRing.load(path)
-    if ring.job_id != settings.job.id:
-        raise SecurityError(f"{path}: key ring of job {ring.job_id!r}, not {settings.job.id!r}")
-    return f"job key {path} (from {broker_host}'s `up`)"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nebula_mq.cli.options import LOG_LEVELS, add_stack_option
 from nebula_mq.errors import ConfigError
-from nebula_mq.settings import ClusterSettings, Settings
+from nebula_mq.settings import Settings
 
 if TYPE_CHECKING:
     from workers.plans import Process
@@ -74,20 +74,6 @@ def find_process(settings: Settings, role: str, index: int) -> Process:
                       f"--role {role} --index {index}")
 
 
-def resolve_from_stack(settings: Settings, stack_dir: str, role: str, index: int, host: str = "") -> Settings:
-    """Settings whose clusters point at the local stack's nodes, for this process's identity."""
-    from nebula_mq import topology
-    from nebula_mq.stack import Stack
-
-    stack = Stack.open(stack_dir)
-    proc = find_process(settings, role, index)
-    vhost = topology.vhost(settings.job.id)
-    broker = stack.broker_settings(proc.cluster, proc.identity(settings.job.id), vhost=vhost, host=host)
-    clusters = dict(settings.clusters)
-    clusters[proc.cluster] = ClusterSettings(proc.cluster, broker)
-    return dataclasses.replace(settings, clusters=clusters)
-
-
 def check_metrics_port(port: int) -> None:
     """Fail before any model is built when the metrics port is taken.
 
@@ -112,7 +98,8 @@ def _run(args: argparse.Namespace) -> int:
     from nebula_mq.errors import PlacementError, one_line
     from nebula_mq.runtime.reporter import record_stop
     from workers.claim import claim_rank
-    from workers.plans import run_role
+    from nebula_mq.stack import Stack
+    from workers.plans import run_role, with_stack_broker
     from workers.registry import load_job_settings
 
     configure_logging(args.log_level)
@@ -124,11 +111,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         check_metrics_port(args.metrics_port)
     if args.stack:
-        settings = resolve_from_stack(settings, args.stack, args.role, args.index, args.broker_host)
+        settings = with_stack_broker(settings, Stack.open(args.stack), proc, args.broker_host)
     elif args.broker_host:
         raise ConfigError("<command line>", "--broker-host", "--stack DIR as well (otherwise the job file's "
                           f"[clusters.{proc.cluster}.broker] host applies)", args.broker_host)
-    elif proc.cluster not in settings.clusters:
+    elif proc.cluster not in settings.clusters or not settings.clusters[proc.cluster].names_broker:
         raise ConfigError(
             settings.source, f"clusters.{proc.cluster}.broker",
             f"broker settings for cluster {proc.cluster!r}, where {proc.role} #{proc.index} runs "

@@ -87,6 +87,11 @@ def configure_logging(
     _configured = True
 
 
+def logging_configured() -> bool:
+    """Whether :func:`configure_logging` ran in this process."""
+    return _configured
+
+
 def _library_error_in_one_line(_logger: Any, _method: str, event_dict: MutableMapping[str, Any],
                                ) -> MutableMapping[str, Any]:
     """A library record's exception as ``error: "Type: message"`` instead of a traceback."""

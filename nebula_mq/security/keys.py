@@ -17,6 +17,7 @@ File (``<run_dir>/keys/job.key`` by default, or ``$NEBULA_JOB_KEY_FILE``)::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -98,11 +99,12 @@ class KeyRing:
             raise SecurityError(f"{path}: job key ring holds no valid 32-byte key")
         return ring
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], replace: bool = True) -> None:
+        """Write the ring (mode 0600); ``replace=False``: only where none is (``FileExistsError``)."""
         data = {"version": _VERSION, "job": self.job_id, "incarnation_ms": self.incarnation_ms,
                 "keys": [{"id": k.key_id.hex(), "secret": k.secret.hex(), "created_ms": k.created_ms}
                          for k in self.keys]}
-        write_private(Path(path), json.dumps(data, indent=1).encode())
+        write_private(Path(path), json.dumps(data, indent=1).encode(), replace=replace)
 
 
 def ensure_job_key(path: str | os.PathLike[str], job_id: str) -> KeyRing:
@@ -114,7 +116,10 @@ def ensure_job_key(path: str | os.PathLike[str], job_id: str) -> KeyRing:
             raise SecurityError(f"{path}: key ring of job {ring.job_id!r}, not {job_id!r}")
         return ring
     ring = KeyRing(job_id, _now_ms(), (_new_key(),))
-    ring.save(path)
+    try:
+        ring.save(path, replace=False)  # two processes making it at once: one ring wins
+    except FileExistsError:
+        return ensure_job_key(path, job_id)
     return ring
 
 
@@ -146,7 +151,8 @@ def ensure_secret(path: str | os.PathLike[str]) -> str:
     user's, for example)."""
     path = Path(path)
     if not path.is_file():
-        write_private(path, secrets.token_urlsafe(24).encode())
+        with contextlib.suppress(FileExistsError):  # made by another process meanwhile: theirs stands
+            write_private(path, secrets.token_urlsafe(24).encode(), replace=False)
     try:
         return path.read_text().strip()
     except OSError as exc:

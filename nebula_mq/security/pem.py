@@ -10,12 +10,14 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from nebula_mq.atomic import write_atomic
+from nebula_mq.atomic import atomic_writer, write_atomic
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` with mode 0600 from the first byte on, durably, then rename into place."""
-    write_atomic(path, data, mode=0o600, fsync=True)
+def write_private(path: Path, data: bytes, replace: bool = True) -> None:
+    """Write ``data`` with mode 0600 from the first byte on, durably, then rename into place
+    (``replace=False``: only where nothing is yet, else ``FileExistsError``)."""
+    with atomic_writer(path, mode=0o600, fsync=True, replace=replace) as fh:
+        fh.write(data)
 
 
 def write_public(path: Path, data: bytes) -> None:

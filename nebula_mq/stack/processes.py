@@ -8,6 +8,8 @@ started (and leaves alone what was running before), and says what it stopped.
 
 from __future__ import annotations
 
+import subprocess
+
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,12 +60,25 @@ def _changed_at(path: Path) -> float:
 
 
 def stop_all(layout: StackLayout) -> None:
-    """Stop every relay and node of ``layout``; leaves nothing of it running."""
+    """Stop every relay and node of ``layout``; leaves nothing of it running: not even the
+    Erlang port mapper the first node started, once no node on this host uses it."""
     for link in wan.links(layout):
         link.stop()
     errors = [e for e in each_node(nodes.stop, layout.nodes) if e]
     if errors:
         raise StackError("; ".join(errors))
+    _stop_idle_epmd()
+
+
+def _stop_idle_epmd() -> None:
+    """``epmd -kill`` when no Erlang node is registered with it (the system RabbitMQ, another
+    stack: theirs stays), so a stack taken down leaves no process behind."""
+    try:
+        names = subprocess.run(["epmd", "-names"], capture_output=True, text=True, timeout=10)
+        if names.returncode == 0 and "up and running" in names.stdout and " at port " not in names.stdout:
+            subprocess.run(["epmd", "-kill"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass  # no epmd here, or it does not answer: nothing of ours to stop
 
 
 def _start(layout: StackLayout, links: Sequence[wan.Link], timeout: float) -> None:

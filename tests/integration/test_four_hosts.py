@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,3 +261,69 @@ def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(f
             assert other.keys() == first.keys()
             for k in first:
                 np.testing.assert_array_equal(other[k], first[k], err_msg=f"{worker} {k}")
+
+
+# A researcher's own model and scripts (not the project's examples): a linear head, a small tail.
+OWN_MODEL = '''
+import numpy as np
+import torch
+
+X = np.random.default_rng(3).normal(size=(256, 8)).astype(np.float32)
+Y = (X @ np.arange(1, 9, dtype=np.float32)[:, None] / 10).astype(np.float32)
+
+
+def ids(mb):
+    return np.arange(mb * 16, mb * 16 + 16) % len(X)
+
+
+def head():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 12)
+
+
+def tail():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(12, 1))
+'''
+OWN_HEAD = '''import sys
+from mine import X, head, ids
+from workers.split import run_head
+sys.exit(run_head(sys.argv[1], model=head(), inputs=lambda mb: (ids(mb), X[ids(mb)])))
+'''
+OWN_TAIL = '''import sys
+import torch
+from mine import Y, tail
+from workers.split import run_tail
+sys.exit(run_tail(sys.argv[1], model=tail(), loss=torch.nn.functional.mse_loss, targets=lambda i: Y[i]))
+'''
+
+
+def test_a_users_own_scripts_run_as_the_two_sides_with_no_broker_table_and_no_certificate_path(
+        four_hosts: Hosts) -> None:
+    """``python head.py job.toml`` on a1 and ``python tail.py job.toml`` on b1, each in its data
+    centre's folder: the scripts take the broker from the host's stack as ``up`` does, the head's
+    side provisions and sends the key and job file, the tail's takes them."""
+    hosts, dcs = four_hosts
+    text = federation(f'[job]\nid = "own{os.getpid()}"\nscenario = "split"\nsteps = 24\nrun_dir = "own"\n'
+                      f'device = "cpu"\n\n[split]\nhead_cluster = "cluster-a"\ntail_cluster = "cluster-b"\n'
+                      f'in_flight = 2\ncheckpoint_every = 8\n')
+    job = place_job(dcs, "own", text)
+    for folder in dcs.values():
+        for name, body in (("mine.py", OWN_MODEL), ("head.py", OWN_HEAD), ("tail.py", OWN_TAIL)):
+            (folder / name).write_text(body)
+    env = ["env", f"PYTHONPATH={Path(__file__).resolve().parents[2]}"]
+    procs = {c: hosts[c][0].popen([*env, sys.executable, script, job], log_of(dcs, job, hosts[c][0].hostname),
+                                  cwd=dcs[c])
+             for c, script in (("cluster-b", "tail.py"), ("cluster-a", "head.py"))}
+    try:
+        codes = {c: p.wait(240) for c, p in procs.items()}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    logs = {c: log_of(dcs, job, hosts[c][0].hostname).read_text() for c in CLUSTERS}
+    assert codes == {"cluster-a": 0, "cluster-b": 0}, {c: t[-2500:] for c, t in logs.items()}
+    assert "received sealed from cluster-a, with its job file" in logs["cluster-b"], logs["cluster-b"][-2500:]
+    losses = [json.loads(line)["loss"] for line in (run_dir(dcs, job, "cluster-b") / "history" / "tail-0.jsonl")
+              .read_text().splitlines()]
+    assert len(losses) == 24 and losses[-1] < losses[0], losses
