@@ -23,12 +23,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from nebula_mq.errors import TransportError
+import structlog
+
+from nebula_mq.errors import ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.transport.backoff import Backoff
 from nebula_mq.transport.connection import ssl_context
 
+log = structlog.get_logger(__name__)
+
 TIMEOUT_S = 5.0
+# How long queue sizes are not asked for after the API could not be reached.
+UNREACHABLE_PAUSE_S = 600.0
 # The first pause before asking a busy broker again (transport.backoff doubles it, with jitter).
 RETRY_PAUSE_S = 1.0
 # Methods whose repetition changes nothing more than their first success did.
@@ -112,7 +118,9 @@ class ManagementClient:
             conn.request(method, f"/api/{path}", body=data, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.reason, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:  # refused, unreachable, timed out: the API is not there for us
+            raise ConnectionLost(f"management API {method} {path}: {exc}") from None
+        except http.client.HTTPException as exc:
             raise TransportError(f"management API {method} {path}: {exc}") from None
         finally:
             conn.close()
@@ -134,16 +142,27 @@ def _count(value: object) -> int | None:
 
 class QueueSizes:
     """Queues' sizes in bytes, read through a management client made at the first call (it
-    reads the password file); None when the broker settings name no management API."""
+    reads the password file); None when the broker settings name no management API, and for
+    :data:`UNREACHABLE_PAUSE_S` after the API could not be reached (a rank host, where the API
+    listens on the broker host's loopback only), said once per episode."""
 
     def __init__(self, broker: BrokerSettings) -> None:
         self.broker = broker
         self._client: ManagementClient | None = None
+        self._paused_until = 0.0
 
     def ready_bytes(self, queue: str) -> int | None:
-        if not self.broker.management_port:
+        if not self.broker.management_port or time.monotonic() < self._paused_until:
             return None
         if self._client is None:
             self._client = ManagementClient(self.broker)
-        stats = self._client.queue(queue)
+        try:
+            stats = self._client.queue(queue)
+        except ConnectionLost as exc:
+            if not self._paused_until:
+                log.warning("queue_sizes_unavailable", error=str(exc), retry_in_s=UNREACHABLE_PAUSE_S,
+                            hint="the management API is not reachable from this host: queue sizes are sampled "
+                                 "in messages only (the broker host's workers sample the bytes)")
+            self._paused_until = time.monotonic() + UNREACHABLE_PAUSE_S
+            return None
         return None if stats is None else stats.message_bytes_ready

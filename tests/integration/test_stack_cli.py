@@ -57,11 +57,19 @@ def test_stack_status_lists_running_nodes(stack: StackHandle) -> None:
         assert f"management https://localhost:{n.mgmt_port}/" in line
 
 
-def test_stack_up_on_a_running_stack_is_a_no_op(stack: StackHandle) -> None:
+def test_stack_up_on_a_running_stack_is_a_no_op_and_other_settings_are_refused_not_ignored(
+        stack: StackHandle) -> None:
     pids = {c: s.relay_pid for c, s in stack.stack.status().items()}
     out = _cli("stack", "up", "--run-dir", stack.run_dir)
     assert out.returncode == 0, out.stderr
     assert {c: s.relay_pid for c, s in stack.stack.status().items()} == pids
+    base = stack.stack.layout.base_port
+    other = _cli("stack", "up", "--run-dir", stack.run_dir, "--base-port", str(base + 100))
+    assert other.returncode == 1 and other.stderr.strip() == (
+        f"nebula-mq: error: the stack in {stack.run_dir} is running with --base-port {base} (not {base + 100}) and "
+        f"keeps its layout while it runs: `nebula-mq stack down --stack {stack.run_dir}` first, then `stack up` "
+        f"again"), other.stderr
+    assert {c: s.relay_pid for c, s in stack.stack.status().items()} == pids and stack.stack.layout.base_port == base
 
 
 def test_wan_cli_shapes_cuts_and_heals_a_running_relay(stack: StackHandle) -> None:

@@ -265,3 +265,20 @@ def test_the_tail_replies_before_its_optimizer_step(tmp_path: Path) -> None:
     run_workers(drivers(tail, head))
     assert replied == list(range(6))
     assert replied_before_step == [list(range(s + 1)) for s in range(6)]
+
+
+def test_a_script_whose_job_names_no_stack_ends_with_one_line_and_exit_1(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run_head`` in a user's script: no broker table and no stack here is one line naming the
+    side and what to do, not a traceback."""
+    from tests.fixtures.jobs import split_job
+    from workers.split import run_head
+
+    monkeypatch.setenv("NEBULA_RUN_DIR", str(tmp_path / "no-stack"))
+    job = tmp_path / "job.toml"
+    job.write_text(split_job("script", tmp_path / "run", steps=4))
+    assert run_head(job, model=object(), inputs=lambda mb: ([], [])) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line == (f"nebula-mq: error: head-0 (cluster-a): no stack in {(tmp_path / 'no-stack').resolve()} "
+                    "(run `nebula-mq stack up` first)"), line
+    assert not (tmp_path / "run" / "status").exists()
