@@ -11,6 +11,7 @@ labels) runs another encoder layer, mean-pools over the positions and classifies
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -77,4 +78,4 @@ def build_tail(settings: Any, data: LangData | None = None) -> TailSpec:
     data = data or dataset()
     y = data.train_labels
     return TailSpec(model=tail_model(len(data.languages)), loss=nn.functional.cross_entropy,
-                    targets=lambda ids: y[ids])
+                    targets=lambda ids: y[ids], baseline=math.log(len(data.languages)))  # chance

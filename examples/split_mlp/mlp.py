@@ -9,7 +9,7 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
-from mlp_data import BATCH, FEATURES, HIDDEN, SAMPLES, batch_ids, dataset
+from mlp_data import BATCH, FEATURES, HIDDEN, SAMPLES, baseline, batch_ids, dataset
 
 __all__ = ["BATCH", "SAMPLES", "batch_ids", "bottom", "build_head", "build_tail", "dataset", "top"]
 
@@ -37,4 +37,4 @@ def build_tail(settings: object) -> object:
     from workers.split import TailSpec
 
     _, y = dataset()  # T uses only the labels
-    return TailSpec(model=top(), loss=nn.functional.mse_loss, targets=lambda ids: y[ids])
+    return TailSpec(model=top(), loss=nn.functional.mse_loss, targets=lambda ids: y[ids], baseline=baseline(y))

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mlp_data import FEATURES, HIDDEN, batch_ids, dataset
+from mlp_data import FEATURES, HIDDEN, baseline, batch_ids, dataset
 
 
 def bottom(seed: int = 0, dropout: float = 0.1) -> nn.Module:
@@ -45,4 +45,5 @@ def build_tail(settings: object, dropout: float = 0.1) -> object:
     from workers.split import TailSpec
 
     _, y = dataset()  # T uses only the labels
-    return TailSpec(model=top(dropout=dropout), loss=nn.functional.mse_loss, targets=lambda ids: y[ids])
+    return TailSpec(model=top(dropout=dropout), loss=nn.functional.mse_loss, targets=lambda ids: y[ids],
+                    baseline=baseline(y))

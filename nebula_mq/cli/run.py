@@ -119,6 +119,11 @@ def supervise_job(job: JobProcesses, timeout: float | None, restarts: int = DEFA
     outcome = supervise(job, timeout, restarts, say=lambda line: print(line, file=sys.stderr), tasks=tasks)
     for worker, child in job.children.items():
         print(f"{worker}: exit {child.returncode}")
+    from nebula_mq.report.derive import loss_summary
+
+    summary = loss_summary(job.run_dir, list(job.children))
+    if summary:
+        print(summary)
     if outcome.failed:
         for line in outcome.why:
             print(f"failed: {line}", file=sys.stderr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -179,3 +180,33 @@ def human_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+# Steps averaged at each end of a loss curve for its one-line summary.
+SUMMARY_STEPS = 10
+
+
+def loss_summary(run_dir: Path, workers: Sequence[str]) -> str | None:
+    """The job's loss in one line, from the history of the first of ``workers`` that records
+    one (the one that also records a ``baseline`` first): ``tail-0: loss 0.387 -> 0.0124 over
+    200 steps (a model that learnt nothing: 0.43)``, each end the mean of
+    :data:`SUMMARY_STEPS` steps; None when no worker recorded a loss."""
+    from nebula_mq.report.parse import read_history
+
+    curves: list[tuple[str, list[Mapping[str, float]]]] = []
+    for worker in workers:
+        path = run_dir / "history" / f"{worker}.jsonl"
+        try:
+            read, _ = read_history(path.read_text(), str(path))
+        except OSError:
+            continue
+        kept = [r for r in read if "loss" in r and np.isfinite(r["loss"])]
+        if kept:
+            curves.append((worker, kept))
+    if not curves:
+        return None
+    worker, rows = next(((w, r) for w, r in curves if "baseline" in r[-1]), curves[0])
+    first = float(np.mean([r["loss"] for r in rows[:SUMMARY_STEPS]]))
+    last = float(np.mean([r["loss"] for r in rows[-SUMMARY_STEPS:]]))
+    line = f"{worker}: loss {first:.4g} -> {last:.4g} over {len(rows)} steps"
+    return line + (f" (a model that learnt nothing: {rows[-1]['baseline']:.4g})" if "baseline" in rows[-1] else "")

@@ -73,14 +73,16 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
              optimizer_fn: OptimizerFn | None = None, transport: Transport | None = None,
-             rank: int = 0, stack: str | None = None, broker_host: str | None = None) -> int:
+             rank: int = 0, stack: str | None = None, broker_host: str | None = None,
+             baseline: float | None = None) -> int:
     """Train the tail half: ``loss(model(activation), *targets(sample_ids))``; exit code.
-    ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model. A mistake is
+    ``loss`` must be a mean over the samples for ranks to train the 1 x 1 model; ``baseline``:
+    what a model that learnt nothing scores on it, printed beside it at the end. A mistake is
     one line on stderr and exit code 1, as for :func:`run_head`."""
     def side(settings: Settings) -> SplitSide:
         from workers.split.tail import SpecTail
 
-        return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn), transport, rank=rank)
+        return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn, baseline), transport, rank=rank)
 
     return _run(job, "split-tail", rank, side, transport is None, stack, broker_host)
 
@@ -91,6 +93,7 @@ def _run(job: str | os.PathLike[str] | Settings, role: str, rank: int, make: Cal
     the job file or this host's stack), build its side and drive it to its end; on the main
     thread SIGTERM finishes, checkpoints and exits 0. Our typed errors end as one line."""
     from nebula_mq.errors import NebulaError, after_name, one_line
+    from nebula_mq.report.derive import loss_summary
     from nebula_mq.runtime.driver import Driver
     from workers.claim import claim_rank
     from workers.plans import plan_for
@@ -110,7 +113,11 @@ def _run(job: str | os.PathLike[str] | Settings, role: str, rank: int, make: Cal
             driver = Driver(side.worker, side)
             if threading.current_thread() is threading.main_thread():
                 driver.install_signal_handlers()
-            return driver.main()
+            code = driver.main()
+            summary = loss_summary(settings.run_dir, [proc.worker_id])
+            if summary:
+                print(summary, file=sys.stderr)
+            return code
         finally:
             claim.release()
     except NebulaError as exc:

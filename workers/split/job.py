@@ -207,6 +207,9 @@ class TailSpec:
     loss: LossFn
     targets: TargetsFn
     optimizer_fn: OptimizerFn | None = None  # None: Adam at [split] lr, in the model's framework
+    # What a model that learnt nothing scores on this loss (predicting the mean, or chance):
+    # recorded beside the loss at every step, and printed beside it when the job ends.
+    baseline: float | None = None
 
     def __post_init__(self) -> None:
         _functions("tail", loss=self.loss, targets=self.targets, optimizer_fn=self.optimizer_fn)

@@ -141,7 +141,11 @@ class SplitTail(SplitSide):
                         correlation_id=p.message_id)
         self.step_optimizer()
         self.worker.hooks.on_compute(time.perf_counter() - t0)
-        return {"loss": loss}
+        return {"loss": loss, **self.baseline()}
+
+    def baseline(self) -> dict[str, float]:
+        """What a model that learnt nothing scores, recorded beside the loss (none by default)."""
+        return {}
 
 
 class SpecTail(SplitTail):
@@ -154,6 +158,9 @@ class SpecTail(SplitTail):
                          framework_of(spec.model, "split.tail", self.job.tail_framework, settings.source))
         self.spec = spec
         self.take_model(spec.model, spec.optimizer_fn)
+
+    def baseline(self) -> dict[str, float]:
+        return {} if self.spec.baseline is None else {"baseline": float(self.spec.baseline)}
 
     def loss_and_grad(self, mb: int, activation: np.ndarray, tensors: Mapping[str, np.ndarray],
                       ) -> tuple[float, np.ndarray]:
