@@ -51,6 +51,9 @@ class Claim:
             os.close(self.fd)
             self.fd = -1
 
+    def __del__(self) -> None:  # a holder dropped without release (an object of a test) holds nothing
+        self.release()
+
 
 def claim_path(settings: Settings, proc: Process) -> Path:
     return settings.run_dir / "claims" / f"{proc.worker_id}.lock"

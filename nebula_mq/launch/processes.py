@@ -207,6 +207,12 @@ class JobProcesses:
         reason = exit_reason(self.log_of(worker_id), self.log_starts.get(worker_id, 0), code)
         return dataclasses.replace(reason, text=after_name(worker_id, reason.text))  # shown after ``named``
 
+    def release_claims(self) -> None:
+        """Let go of every rank this launcher holds: its workers have exited for good."""
+        for claim in self.claims.values():
+            claim.release()
+        self.claims.clear()
+
     def claim_all(self) -> None:
         """Claim every rank this host runs (:meth:`claim`): one refused, none is started."""
         for proc in self.processes:
@@ -277,6 +283,7 @@ class JobProcesses:
             self.signal_all(signal.SIGKILL)
         codes = {w: c.wait(10) for w, c in self.children.items()}
         self.drain_logs()
+        self.release_claims()
         return codes
 
     def wait(self, worker_id: str, timeout: float | None = None) -> int:

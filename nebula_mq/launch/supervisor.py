@@ -273,6 +273,8 @@ def supervise(job: JobProcesses, timeout: float | None, restarts: int, say: Call
         for s, handler in previous.items():
             signal.signal(s, handler)
         job.drain_logs()  # the workers' last lines are in their logs when the run reports
+        if not job.running():
+            job.release_claims()
     interrupted = received.is_set()
     failed = [w for w in job.failed() if not (interrupted and job.children[w].returncode in FORCED)]
     lines = tuple(f"{job.named(w)}: {(why.get(w) or job.exit_reason(w)).text}; log: {job.log_of(w)}"

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_an_interrupted_wait_kills_the_workers_before_the_interruption_goes_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = JobProcesses(str(ROOT / "config" / "electra-tiny.toml"), str(tmp_path / "tiny"))
+    job = JobProcesses(str(ROOT / "config" / "electra-tiny.toml"), str(tmp_path / "tiny"),
+                       env={"NEBULA__JOB__RUN_DIR": str(tmp_path / "run")})
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     job.children["generator-0"] = worker
 
@@ -48,7 +49,8 @@ def held_then_delivered() -> Iterator[None]:
 
 def test_a_stop_held_while_a_worker_starts_still_finds_the_worker(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = JobProcesses(str(ROOT / "config" / "electra-tiny.toml"), str(tmp_path / "tiny"))
+    job = JobProcesses(str(ROOT / "config" / "electra-tiny.toml"), str(tmp_path / "tiny"),
+                       env={"NEBULA__JOB__RUN_DIR": str(tmp_path / "run")})
     monkeypatch.setattr("nebula_mq.launch.processes.stop_signals_held", held_then_delivered)
     worker = job.plan.processes[0].worker_id
     try:
