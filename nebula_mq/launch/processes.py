@@ -326,12 +326,19 @@ class JobProcesses:
 
     def stall_lines(self, statuses: dict[str, dict[str, Any]] | None = None) -> list[str]:
         """Why no step is being made, as far as this host can tell: whom each worker says it
-        waits for, and each federation link of the job on this host's brokers that is down."""
+        waits for (or what it is doing instead: starting, evaluating), and each federation link
+        of the job on this host's brokers that is down."""
         from nebula_mq import topology
         from nebula_mq.errors import NebulaError
 
-        lines = [f"{self.named(w)} waits for {body['waiting_for']}"
-                 for w, body in (statuses or self.statuses()).items() if body.get("waiting_for")]
+        lines = []
+        for w, body in (statuses or self.statuses()).items():
+            if body.get("waiting_for"):
+                lines.append(f"{self.named(w)} waits for {body['waiting_for']}")
+            elif body.get("phase"):
+                lines.append(f"{self.named(w)} is {body['phase']}")
+            elif body.get("state") in ("starting", "resuming") or not body:
+                lines.append(f"{self.named(w)} is {body.get('state', 'starting')} (step {body.get('step', 0)})")
         for cluster, node in self.stack.status().items():
             if not node.running:
                 continue  # another host's broker (a rank host's view of a shared stack directory)
