@@ -93,7 +93,8 @@ def test_a_side_on_two_hosts_trains_as_it_does_on_one(tmp_path: Path) -> None:
         _same_training(apart, together, sent_by_b, model)
     assert wrong.returncode != 0
     last = wrong.stderr.strip().splitlines()[-1]
-    assert "rank 0 is placed on rank-a.nebula.test" in last and "Traceback" not in wrong.stderr, wrong.stderr
+    assert "head-0 (cluster-a) is placed on rank-a.nebula.test" in last and "which is not this host" in last \
+        and "Traceback" not in wrong.stderr, wrong.stderr
 
 
 def _same_training(apart: Path, together: Path, sent_by_b: int, model: str) -> None:
