@@ -128,23 +128,31 @@ class RestartPolicy:
 @dataclass
 class StallWatch:
     """No wait is silent for long: when no worker has made a step for :data:`STALL_S` seconds,
-    and as often while it lasts, say so with why (``JobProcesses.stall_lines``)."""
+    and as often while it lasts, say so with why (``JobProcesses.stall_lines``). A job whose
+    steps take long (a big model) is not called stalled while no worker says it waits, until
+    three of its longest steps have passed."""
 
     say: Callable[[str], None]
     steps: dict[str, int] = field(default_factory=dict)
     moved_at: float = field(default_factory=time.monotonic)
     told_at: float = 0.0
+    longest: float = 0.0  # the longest time between two moves, the start's excluded
 
     def watch(self, steps: dict[str, int], why: Callable[[], list[str]]) -> None:
         now = time.monotonic()
         if steps != self.steps:
+            if self.steps and any(self.steps.values()):
+                self.longest = max(self.longest, now - self.moved_at)
             self.steps, self.moved_at = dict(steps), now
             return
-        if now - self.moved_at < STALL_S or now - self.told_at < STALL_S:
+        quiet = now - self.moved_at
+        if quiet < STALL_S or now - self.told_at < STALL_S:
             return
-        self.told_at = now
         lines = why()
-        self.say(f"no step for {now - self.moved_at:.0f} s" + (":" if lines else " (no worker says it waits)"))
+        if not lines and quiet < 3 * self.longest:
+            return  # a long step, most likely: nobody says it waits
+        self.told_at = now
+        self.say(f"no step for {quiet:.0f} s" + (":" if lines else " (no worker says it waits)"))
         for line in lines:
             self.say(f"  {line}")
 

@@ -100,3 +100,24 @@ def test_a_job_that_makes_no_step_says_so_with_why_at_a_bounded_interval(monkeyp
     clock[0] = 1090.0
     watch.watch({"head-0": 1}, lambda: why)
     assert len(said) == 3
+
+
+def test_a_job_of_long_steps_is_not_called_stalled_unless_a_worker_says_it_waits(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from nebula_mq.launch import supervisor
+    from nebula_mq.launch.supervisor import StallWatch
+
+    clock = [0.0]
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    said: list[str] = []
+    watch = StallWatch(said.append)
+    for t, step in ((0, 0), (5, 1), (45, 2), (85, 3)):  # 40 s a step
+        clock[0] = t
+        watch.watch({"dec-0": step}, lambda: [])
+    clock[0] = 150.0  # 65 s since the last step: less than three of its steps
+    watch.watch({"dec-0": 3}, lambda: [])
+    assert said == []
+    watch.watch({"dec-0": 3}, lambda: ["dec-0 (cluster-b) waits for acts from cluster-a: nothing for 30 s"])
+    assert said[0] == "no step for 65 s:"  # a worker that says it waits is said at once
+    clock[0] = 210.0  # 125 s: past three long steps, even with nobody waiting
+    watch.watch({"dec-0": 3}, lambda: [])
+    assert said[-1] == "no step for 125 s (no worker says it waits)"
