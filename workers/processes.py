@@ -52,6 +52,12 @@ class Plan:
     processes: tuple[Process, ...]
     flows: tuple[topology.Flow, ...]
 
+    @property
+    def clusters(self) -> frozenset[str]:
+        """Every cluster the job's processes run on or its flows cross."""
+        return frozenset({p.cluster for p in self.processes} | {c for f in self.flows
+                                                                 for c in (f.src_cluster, f.dst_cluster)})
+
     def identities(self, job_id: str) -> dict[str, tuple[str, ...]]:
         out: dict[str, list[str]] = {}
         for p in self.processes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from nebula_mq.cli.options import add_stack_option
@@ -61,7 +60,7 @@ def _cluster(args: argparse.Namespace, settings: Any, plan: Any) -> str:
     from nebula_mq.errors import ConfigError
     from nebula_mq.stack.layout import did_you_mean
 
-    known = sorted({p.cluster for p in plan.processes} | {c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)})
+    known = sorted(plan.clusters)
     if not args.cluster or args.cluster not in known:
         raise ConfigError("<command line>", "--cluster", f"one of the job's clusters ({', '.join(known)})"
                           f"{did_you_mean(args.cluster or '', known)}", args.cluster)

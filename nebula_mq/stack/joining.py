@@ -204,7 +204,7 @@ def provision_cluster(settings: Any, plan: Any, cluster: str, stack: Any, passwo
     says. Returns the definitions and a summary; ``dry_run`` changes nothing. ``make_key``:
     create the job key here when missing (:func:`join` leaves it to :func:`share_job_key`)."""
     identities = plan.identities(settings.job.id).get(cluster, ())
-    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
+    peers = sorted(plan.clusters - {cluster})
     upstreams = provision.federation_upstreams(settings.clusters, cluster, plan.flows, settings.source)
     password_path = Path(password_file or settings.run_dir / "monitoring.password")
     if stack is not None:
@@ -247,7 +247,7 @@ def trusted_peers(settings: Any, plan: Any, cluster: str, stack: Any,
     """Check that ``cluster`` trusts every peer cluster of the job (else one line saying which
     command makes it), refresh each one's CRL from its broker (``security.trust``), and return
     the refresh, for the supervisor to repeat while the job runs."""
-    peers = sorted({c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)} - {cluster})
+    peers = sorted(plan.clusters - {cluster})
     where = {p: settings.clusters[p].federation for p in peers if p in settings.clusters}
     for peer in peers:
         try:
@@ -300,11 +300,10 @@ def join(settings: Any, plan: Any, cluster: str, stack: Any, broker_host: str, s
     ``section``: the schema of the job's scenario section (what may differ between the two
     sides' job files). Returns what to repeat while the job runs (the peers' CRLs read again
     every :data:`CRL_REFRESH_S`), or None."""
-    clusters = {p.cluster for p in plan.processes} | {c for f in plan.flows for c in (f.src_cluster, f.dst_cluster)}
     if broker_host:
         say(wait_for_job_key(settings, broker_host, say=say))
         return None
-    if clusters <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
+    if plan.clusters <= set(stack.clusters):  # one machine holds the whole job: its relays link the clusters
         ensure_job_key(job_key_file(settings.run_dir), settings.job.id)
         stack.provision_job(settings.job.id, plan.flows, plan.identities(settings.job.id),
                             max_queue_bytes=settings.transport.max_queue_bytes)

@@ -13,19 +13,14 @@ module imports no framework: the launcher reads it.
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from nebula_mq import config, topology
 from nebula_mq.config import PATH, InvalidField
-from nebula_mq.errors import ConfigError
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
