@@ -280,13 +280,13 @@ def wait_for_job_key(settings: Any, broker_host: str, wait_s: float = KEY_WAIT_S
     started = told = time.monotonic()
     while not path.exists():
         now = time.monotonic()
-        if now - started > wait_s:
-            raise SecurityError(f"no job key at {path} after {wait_s:g} s: start `nebula-mq up` on {broker_host} "
-                                f"first (it provisions the job), with the same run_dir on a filesystem both hosts share")
-        if now - told >= TELL_EVERY_S:
+        if now - told >= TELL_EVERY_S:  # said before giving up too: a slow host still hears why
             told = now
             say(f"waiting for the job key that `nebula-mq up` on {broker_host} writes to {path} "
                 f"({now - started:.0f} s of {wait_s:g}): is it running there, with this run_dir?")
+        if now - started > wait_s:
+            raise SecurityError(f"no job key at {path} after {wait_s:g} s: start `nebula-mq up` on {broker_host} "
+                                f"first (it provisions the job), with the same run_dir on a filesystem both hosts share")
         time.sleep(0.5)
     ring = KeyRing.load(path)
     if ring.job_id != settings.job.id:
