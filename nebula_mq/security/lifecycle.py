@@ -66,21 +66,25 @@ def issue(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audit
     a client's, or with ``cn = "server"`` the broker's, whose names then include ``hostnames``
     (the names peers and workers reach it by)."""
     ca = _ca(certs_dir, cluster)
-    server = cn == "server"
-    if hostnames and not server:
-        raise CertificateError("--hostname is for a broker's certificate (CN server)")
+    names = _broker_names(ca, cn, hostnames)
     before = _serial(ca.identity(cn))
-    ident = ca.ensure_server([*_names(ca.server()), *hostnames]) if server else ca.ensure_client(cn)
+    ident = ca.ensure_client(cn) if names is None else ca.ensure_server(names)
     after = _serial(ident)
     if after != before:
         audit.record("cert_issued", cluster=cluster, cn=cn, serial=str(after), names=list(hostnames))
     return ident
 
 
-def _names(ident: Identity) -> list[str]:
-    """The names and addresses a broker's current certificate carries (kept when it is reissued)."""
-    cert = load_cert(ident.cert_file)
-    return sorted(sans(cert)) if cert is not None else []
+def _broker_names(ca: ClusterCA, cn: str, hostnames: Sequence[str]) -> list[str] | None:
+    """The names a broker's certificate gets from :func:`issue` or :func:`rotate`: those its
+    current certificate carries, kept, and ``hostnames``; None for a client's (``cn`` other
+    than ``"server"``), which takes no hostnames."""
+    if cn != "server":
+        if hostnames:
+            raise CertificateError("--hostname is for a broker's certificate (CN server)")
+        return None
+    cert = load_cert(ca.server().cert_file)
+    return [*(sorted(sans(cert)) if cert is not None else []), *hostnames]
 
 
 def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: AuditLog,
@@ -88,11 +92,9 @@ def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audi
     """New key and certificate for ``cn`` (``"server"`` for the broker, keeping its names and
     adding ``hostnames``); the old serial is revoked unless ``revoke_old`` is false."""
     ca = _ca(certs_dir, cluster)
-    server = cn == "server"
-    if hostnames and not server:
-        raise CertificateError("--hostname is for a broker's certificate (CN server)")
+    names = _broker_names(ca, cn, hostnames)
     old = _serial(ca.identity(cn))
-    ident = ca.reissue_server([*_names(ca.server()), *hostnames]) if server else ca.reissue_client(cn)
+    ident = ca.reissue_client(cn) if names is None else ca.reissue_server(names)
     revoked = old is not None and revoke_old
     if revoked:
         revoke(certs_dir, ca, cn, serial=old)
