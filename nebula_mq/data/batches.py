@@ -1,4 +1,4 @@
-"""Model-ready arrays: tokenized splits in ``.npz`` files and deterministic batches.
+"""Model-ready arrays: tokenized splits in ``.npz`` files.
 
 A tokenized split holds, for N rows, ``index`` (the row number in the split's
 JSON-lines file: a stable sample id the training loop keys on), ``domain`` (its
@@ -9,7 +9,7 @@ longest row after truncation). Tokenizers are anything with the
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,40 +99,6 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     if "index" not in arrays or any(len(a) != len(arrays["index"]) for a in arrays.values()):
         raise DataError(f"{path}: arrays missing an index or of unequal lengths")
     return arrays
-
-
-def iter_batches(
-    path: Path | str | dict[str, np.ndarray],
-    batch_size: int,
-    seed: int,
-    epoch: int,
-    *,
-    shuffle: bool = True,
-    drop_last: bool = False,
-    trim: bool = True,
-) -> Iterator[dict[str, np.ndarray]]:
-    """Batches of one epoch, the same for the same (seed, epoch) on every machine.
-
-    Each batch maps every array name to its rows; ``index`` holds the stable sample
-    ids. With ``trim`` the padded columns beyond the batch's longest row are dropped.
-    """
-    if batch_size < 1:
-        raise DataError(f"batch_size must be positive, got {batch_size}")
-    arrays = path if isinstance(path, dict) else load_arrays(Path(path))
-    n = len(arrays["index"])
-    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    stop = n - n % batch_size if drop_last else n
-    for start in range(0, stop, batch_size):
-        rows = order[start : start + batch_size]
-        batch = {k: v[rows] for k, v in arrays.items()}
-        if trim:
-            for side in ("src", "tgt"):
-                mask = batch.get(f"{side}_mask")
-                if mask is not None and mask.ndim == 2:
-                    width = max(int(mask.sum(axis=1).max(initial=1)), 1)
-                    batch[f"{side}_ids"] = batch[f"{side}_ids"][:, :width]
-                    batch[f"{side}_mask"] = mask[:, :width]
-        yield batch
 
 
 def used_token_ids(tokenizer: TextTokenizer, texts: Sequence[str]) -> np.ndarray:
