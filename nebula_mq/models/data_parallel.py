@@ -11,7 +11,7 @@ masked tokens, since each loss is a per-micro-batch mean).
 What works on paddle 3.3.1 CPU (checked): ``paddle.distributed.init_parallel_env()``
 with ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ENDPOINTS``,
 ``PADDLE_CURRENT_ENDPOINT``, ``PADDLE_MASTER`` (the TCP store rank 0 serves) and
-``PADDLE_DISTRI_BACKEND=gloo``; then ``all_reduce``, ``broadcast`` and ``barrier``.
+``PADDLE_DISTRI_BACKEND=gloo``; then ``all_reduce`` and ``barrier``.
 Rendezvous costs about 3 s (a non-zero rank retries the store every 3 s).
 All gradients go through one flat buffer: one collective per step, not one per
 parameter. A process can join only one group in its lifetime.
@@ -115,15 +115,6 @@ class DataParallelGroup:
         except (RuntimeError, OSError, ValueError) as exc:
             raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
         return np.asarray(t.numpy())
-
-    def broadcast_parameters(self, model: nn.Layer, src: int = 0) -> None:
-        """Make every rank's parameters equal to ``src``'s (use once after construction)."""
-        try:
-            with self._collective("parameter broadcast"):
-                for p in model.parameters():
-                    dist.broadcast(p, src=src)
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise WorkerError(f"parameter broadcast failed on rank {self.rank}: {exc}") from None
 
     def barrier(self) -> None:
         """Wait for every rank (the sub-discriminators sync before the root syncs with G)."""

@@ -53,7 +53,6 @@ def _worker(rank: int, base_port: int, data: Path, out: Path) -> None:
     group = init_group(rank, RANKS, endpoints, master=f"127.0.0.1:{base_port}")
     grads: list[dict[str, np.ndarray]] = []
     trainer = DiscriminatorTrainer(electra_config({"preset": "tiny"}), gradient_sync=_recorder(group, grads))
-    group.broadcast_parameters(trainer.model)
     with np.load(data) as npz:
         batches = [{k.split("/", 2)[2]: npz[k] for k in npz.files if k.startswith(f"{s}/{rank}/")}
                    for s in range(STEPS)]
@@ -74,9 +73,9 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
     data = tmp_path / "batches.npz"
     np.savez(data, **{f"{s}/{r}/{k}": v for s, row in enumerate(batches) for r, b in enumerate(row)
                       for k, v in b.items()})
-    from tests.fixtures.jobs import free_port_range  # not at the top: ranks run this file as a script
+    from nebula_mq.stack.layout import free_group_port  # not at the top: ranks run this file as a script
 
-    base = free_port_range(RANKS)
+    base = free_group_port(RANKS)
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(base), str(data), str(tmp_path / f"r{r}.npz")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(RANKS)]
     for p in procs:
@@ -107,9 +106,9 @@ def test_two_gloo_processes_match_one_process_on_the_concatenated_batch(tmp_path
 def test_a_rank_whose_peer_never_comes_exits_with_a_clear_error_instead_of_waiting(tmp_path: Path) -> None:
     """The rendezvous (as every collective) runs under a deadline: a dead or missing peer
     ends the process, saying where it waited, so the launcher restarts the group."""
-    from tests.fixtures.jobs import free_port_range
+    from nebula_mq.stack.layout import free_group_port
 
-    base = free_port_range(2)
+    base = free_group_port(2)
     code = ("from nebula_mq.models.data_parallel import init_group\n"
             f"init_group(0, 2, ['127.0.0.1:{base + 1}', '127.0.0.1:{base + 2}'], master='127.0.0.1:{base}', "
             "timeout_s=4)\nprint('joined')")
