@@ -36,8 +36,8 @@ dead-lettered) when its signed ``sent_at`` is
 3. more than ``max_skew_s`` in the future.
 
 A copy of a message whose id was *already applied*, inside the window, is a
-*duplicate*: the channel's :class:`~nebula_mq.transport.dedup.Deduplicator`
-acks and drops it without applying it. Such copies are indistinguishable from
+*duplicate*: the role's :class:`~nebula_mq.runtime.ordered.OrderedInbox` (its
+stream's counter) acks and drops it without applying it. Such copies are indistinguishable from
 the federation's own at-least-once resends (byte-identical), so they are
 harmless by construction rather than alarms.
 
@@ -127,10 +127,6 @@ class MessageAuth:
         self.max_skew_s = max_skew_s
         # Who verifies (worker id), for the audit record.
         self.consumer = consumer
-
-    @classmethod
-    def from_key_file(cls, path: str | os.PathLike[str], **kw: Any) -> MessageAuth:
-        return cls(KeyRing.load(path), **kw)
 
     @classmethod
     def for_run_dir(cls, run_dir: str | os.PathLike[str], **kw: Any) -> MessageAuth:
@@ -232,12 +228,6 @@ class MessageAuth:
                 nonce, bytes(data[_SEAL_HEAD.size:]), bytes(data[:_SEAL_HEAD.size]))
         except InvalidTag:
             raise AuthenticationFailed("sealed message fails AES-GCM authentication (altered)") from None
-
-
-def signer_for(ring_or_path: KeyRing | str | os.PathLike[str]) -> Signer:
-    """Shortcut: a signer for the current key of a ring (or of the ring in a key file)."""
-    ring = ring_or_path if isinstance(ring_or_path, KeyRing) else KeyRing.load(Path(ring_or_path))
-    return MessageAuth(ring).signer()
 
 
 def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:

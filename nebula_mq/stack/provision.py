@@ -99,12 +99,6 @@ def _alternation(names: Iterable[str]) -> str:
     return "^(" + "|".join(re.escape(n) for n in sorted(names)) + ")$"
 
 
-def job_queue_pattern(job_id: str, flows: Sequence[Flow]) -> str:
-    """Regex matching exactly the job's queues (flows and dead-letter queue)."""
-    names = [topology.queue_name(job_id, f.name) for f in flows]
-    return _alternation([*names, topology.dead_letter_queue(job_id)])
-
-
 def upstream_uri(job_id: str, up: Upstream) -> str:
     c = up.client
     query = (

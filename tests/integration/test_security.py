@@ -28,15 +28,15 @@ from nebula_mq import topology
 from nebula_mq.cli import main
 from nebula_mq.codecs import parse_codec
 from nebula_mq.errors import AccessRefused, WireError
+from nebula_mq.runtime.ordered import InOrderBuffer
 from nebula_mq.security.audit import AuditLog, verify_chain
 from nebula_mq.security.auth import MessageAuth
 from nebula_mq.security.broker_log import BrokerLogAuditor
 from nebula_mq.security.certs import ClusterCA
-from nebula_mq.security.keys import ensure_job_key
+from nebula_mq.security.keys import KeyRing, ensure_job_key
 from nebula_mq.security.lifecycle import revoke_cert, rotate
 from nebula_mq.settings import TransportSettings
 from nebula_mq.stack.node import log_file
-from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.base import REASON_HEADER
 from nebula_mq.transport.rabbit import RabbitTransport
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
@@ -279,9 +279,10 @@ def _envelope(job_id: str, mb: int, value: float) -> Envelope:
     return Envelope(job_id, "activations", 0, mb, mb, "enc-0", pack_tensors({"h": x}, parse_codec("none")))
 
 
-def _receive(consumer: Any, auth: MessageAuth, dedupe: Deduplicator, want: int, timeout: float = 20.0
+def _receive(consumer: Any, auth: MessageAuth, order: InOrderBuffer[int], want: int, timeout: float = 20.0
              ) -> tuple[list[int], list[str], int]:
-    """Consume until ``want`` outcomes: applied micro-batches, dead-letter reasons, duplicates dropped."""
+    """Consume until ``want`` outcomes: applied micro-batches, dead-letter reasons, duplicates dropped.
+    ``order`` is the stream's counter, as the ordered inbox keeps it (``runtime.ordered``)."""
     applied: list[int] = []
     rejected: list[str] = []
     dropped = 0
@@ -297,11 +298,11 @@ def _receive(consumer: Any, auth: MessageAuth, dedupe: Deduplicator, want: int, 
             d.dead_letter(exc.reason, str(exc))
             rejected.append(exc.reason)
             continue
-        if dedupe.seen(env.message_id, "activations/enc-0", env.seq):
+        if order.is_duplicate(env.micro_batch):
             dropped += 1
         else:
-            dedupe.record(env.message_id, "activations/enc-0", env.seq)
-            applied.append(env.micro_batch)
+            order.push(env.micro_batch, env.micro_batch)
+            applied += [ready.item for ready in order.pop_ready()]
         d.ack()
     return applied, rejected, dropped
 
@@ -309,8 +310,8 @@ def _receive(consumer: Any, auth: MessageAuth, dedupe: Deduplicator, want: int, 
 def test_signed_traffic_flows_while_forged_and_replayed_messages_are_dead_lettered(sec: Sec, tmp_path: Path) -> None:
     job = sec.job
     window = 3.0
-    sender = MessageAuth.from_key_file(sec.key_file)
-    receiver = MessageAuth.from_key_file(sec.key_file, audit=sec.audit, window_s=window, consumer="dec-0")
+    sender = MessageAuth(KeyRing.load(sec.key_file))
+    receiver = MessageAuth(KeyRing.load(sec.key_file), audit=sec.audit, window_s=window, consumer="dec-0")
     enc = RabbitTransport(job.settings(A, "enc-0"), SETTINGS, job.job_id, A)
     dec = RabbitTransport(job.settings(B, "dec-0"), SETTINGS, job.job_id, B)
     with enc, dec:
@@ -331,23 +332,22 @@ def test_signed_traffic_flows_while_forged_and_replayed_messages_are_dead_letter
         pub.publish(queue, encode_envelope(forged), forged.message_id)
         # Unsigned.
         pub.publish(queue, encode_envelope(_envelope(job.job_id, 10, 0.0)), "unsigned")
-        applied, rejected, dropped = _receive(consumer, receiver, Deduplicator(), 7)
+        applied, rejected, dropped = _receive(consumer, receiver, InOrderBuffer(0), 7)
         assert applied == [0, 1, 2, 3, 4] and sorted(rejected) == ["bad_tag", "bad_tag"] and dropped == 0
 
-        # Replay inside the window: the same bytes again are a duplicate, dropped and not applied.
-        dedupe = Deduplicator()
-        for mb in range(5):
-            dedupe.record(f"{job.job_id}/activations/0/{mb}/{mb}", "activations/enc-0", mb)
+        # Replay inside the window: the same bytes again are a duplicate, dropped and not applied,
+        # by the counter a restart from the step-5 checkpoint restores.
+        order = InOrderBuffer[int](5)
         pub.publish(queue, frames[1], "replay-1")
-        assert _receive(consumer, receiver, dedupe, 1) == ([], [], 1)
-        # Replay after the window: rejected as replayed, whatever the dedupe memory holds.
+        assert _receive(consumer, receiver, order, 1) == ([], [], 1)
+        # Replay after the window: rejected as replayed, whatever the counter says.
         time.sleep(max(0.0, signed_at + window + 0.5 - time.time()))
         pub.publish(queue, frames[2], "replay-2")
-        assert _receive(consumer, receiver, Deduplicator(), 1) == ([], ["replayed"], 0)
+        assert _receive(consumer, receiver, InOrderBuffer(0), 1) == ([], ["replayed"], 0)
         # Legitimate traffic still flows after the attacks.
         env = _envelope(job.job_id, 5, 5.0)
         pub.publish(queue, encode_envelope(env, signer=sender.signer()), env.message_id)
-        assert _receive(consumer, receiver, dedupe, 1) == ([5], [], 0)
+        assert _receive(consumer, receiver, order, 1) == ([5], [], 0)
 
     # Dead-lettered with their reasons (read by a job-wide inspector identity on cluster-b).
     conn = pika.BlockingConnection(pika_parameters(job.settings(B, "inspector-b")))
@@ -367,7 +367,7 @@ def test_signed_traffic_flows_while_forged_and_replayed_messages_are_dead_letter
 
 def test_sealed_payloads_cross_the_wan_and_the_broker_sees_no_tensor(sec: Sec) -> None:
     job = sec.job
-    auth = MessageAuth.from_key_file(sec.key_file)
+    auth = MessageAuth(KeyRing.load(sec.key_file))
     marker = np.full((32,), 4242.25, dtype=np.float32)
     env = Envelope(job.job_id, "activations", 1, 0, 0, "enc-0", pack_tensors({"h": marker}, parse_codec("none")))
     sealed = auth.seal(encode_envelope(env, signer=auth.signer()))

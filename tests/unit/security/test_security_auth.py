@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from nebula_mq.codecs import parse_codec
 from nebula_mq.errors import AuthenticationFailed, ReplayedMessage, SecurityError, WireError
 from nebula_mq.security.audit import AuditLog, verify_chain
-from nebula_mq.security.auth import TAG_BYTES, MessageAuth, signer_for
+from nebula_mq.security.auth import TAG_BYTES, MessageAuth
 from nebula_mq.security.keys import KeyRing, ensure_job_key, new_incarnation, retire_old_keys, rotate_job_key
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors
 
@@ -150,13 +150,6 @@ def test_rejections_are_audited(ring: KeyRing, tmp_path: Path) -> None:
     assert rec["event"] == "message_rejected" and rec["reason"] == "bad_tag"
     assert rec["message_id"] == forged.message_id and rec["consumer"] == "dec-0" and rec["producer"] == "enc-0"
     assert verify_chain(audit.path).records == 1
-
-
-def test_signer_for_matches_encode_envelope_hook(ring: KeyRing, tmp_path: Path) -> None:
-    ring.save(tmp_path / "k")
-    os.chmod(tmp_path / "k", 0o600)
-    env = decode_envelope(encode_envelope(_env(), signer=signer_for(tmp_path / "k")), max_bytes=MAX)
-    assert MessageAuth(ring).verify(env).key_id == ring.current.key_id
 
 
 def test_sealed_frames_hide_tensors_and_detect_tampering(ring: KeyRing) -> None:
