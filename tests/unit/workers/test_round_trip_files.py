@@ -1,102 +1,198 @@
-"""The README's round trip tells the present: the files it names as deciding something on one
-micro-batch's way from the head to the tail and back are the ones that run, and every other
-file of ours that runs in a steady-state step is a helper named here (issue 26: a new engineer
-reads the README's list, not a profile)."""
+"""docs/architecture.md's round trip tells the present: the files it lists are the files one
+split-job micro-batch meets, in the order it first meets them, from the head to the tail and
+back, and no other file of ours runs on that way (issue 52: a new engineer follows that list,
+not a profile).
+
+What counts is taken from a traced run, not from a list kept here: every file of ``nebula_mq/``
+and ``workers/`` that the micro-batch's way enters is on the page, except the few in
+:data:`OBSERVERS`, a closed set of files that only write down what a step did. So a new file on
+the way fails this test until the page lists it where the micro-batch meets it.
+"""
 
 from __future__ import annotations
 
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import pytest
 
-from nebula_mq.runtime.driver import Driver
+from nebula_mq.runtime.channel import Received
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import run_split_pair, split_settings
 
 ROOT = Path(__file__).resolve().parents[3]
-# Only the real broker's path runs these; the in-memory transport stands in for them here.
-BROKER_ONLY = {"nebula_mq/transport/publisher.py", "nebula_mq/transport/consumer.py",
-               "nebula_mq/transport/connection.py"}
-# Files that run on the path without deciding where a micro-batch goes or what it becomes.
-HELPERS = {
-    # a codec's parts below the flow's one encode/decode call
-    "nebula_mq/codecs/base.py", "nebula_mq/codecs/cast.py", "nebula_mq/codecs/checks.py",
-    "nebula_mq/codecs/decoding.py", "nebula_mq/codecs/int8.py", "nebula_mq/codecs/lossless.py",
-    "nebula_mq/codecs/quantise.py", "nebula_mq/codecs/schedule.py", "nebula_mq/wire/tree.py",
-    "nebula_mq/wire/limits.py",  # the size check before a send (it refuses; it decides nothing)
-    # what a step reports: logs, metrics, progress, status, tensorboard
-    "nebula_mq/runtime/hooks.py", "nebula_mq/runtime/logs.py", "nebula_mq/runtime/metrics.py",
-    "nebula_mq/runtime/reporter.py", "nebula_mq/runtime/tracking.py", "nebula_mq/runtime/worker.py",
-    "nebula_mq/runtime/sampler.py", "nebula_mq/runtime/progress.py", "nebula_mq/atomic.py",
-    # the step's bookkeeping: stop flags, agreement, deferred acks, the checkpoint store
-    "nebula_mq/runtime/signals.py", "nebula_mq/runtime/agreement.py", "nebula_mq/runtime/checkpoint.py",
-    "nebula_mq/runtime/window.py", "nebula_mq/runtime/hold.py",
-    "nebula_mq/runtime/role.py",  # the role protocol's defaults (a role's optional hooks)
-    # names, keys and settings read on the way
-    "nebula_mq/security/auth.py", "nebula_mq/security/keys.py", "nebula_mq/settings.py",
-    "nebula_mq/topology.py", "workers/split/job.py", "workers/split/routing.py",
-    # the in-memory transport and the publish retry it shares with the publisher
-    "nebula_mq/transport/base.py", "nebula_mq/transport/memory.py", "nebula_mq/transport/retry.py",
-    "nebula_mq/transport/backoff.py",
-}
+PAGE = ROOT / "docs" / "architecture.md"
+SECTION = "## One micro-batch, there and back"
+# The micro-batch followed: its gradient completes the head's step 10, which ends in a checkpoint
+# (checkpoint_every 5), so the way back covers checkpoint-then-ack too.
+MICRO_BATCH = 9
+# Files that only write down what a step did (log lines, metrics, status, the run's progress);
+# a micro-batch goes the same way and becomes the same with or without them. This set is closed:
+# a file that decides or carries anything belongs on the page, not here.
+OBSERVERS = frozenset({
+    "nebula_mq/runtime/logs.py", "nebula_mq/runtime/hooks.py", "nebula_mq/runtime/metrics.py",
+    "nebula_mq/runtime/reporter.py", "nebula_mq/runtime/tracking.py", "nebula_mq/runtime/sampler.py",
+})
+HEAD, TAIL = "workers/split/head.py", "workers/split/tail.py"
+DRIVER, MEMORY = "nebula_mq/runtime/driver.py", "nebula_mq/transport/memory.py"
 
 
-def readme_round_trip() -> set[str]:
-    """The files (or folders) the README names, in its paragraph on one micro-batch's way."""
-    text = (ROOT / "docs" / "architecture.md").read_text()
-    start = text.index("Following one micro-batch")
-    paragraph = text[start:text.index("\n\n", start)]
-    named = set(re.findall(r"`((?:nebula_mq|workers)/[\w/]+(?:\.py|/))", paragraph))
-    # "`consumer.py` and `connection.py`": a bare name is in the folder of the file before it
-    named |= {f"nebula_mq/transport/{name}" for name in re.findall(r"`(\w+\.py)`", paragraph)}
-    return named
+@dataclass(frozen=True)
+class Event:
+    """One call into, or return from, a function of ours, in one thread."""
+
+    call: bool
+    file: str
+    function: str
+    depth: int  # how many of our frames are below it on the thread's stack
+    micro_batch: int | None  # a call's ``mb`` argument; a return's Received micro-batch
 
 
-def files_of_steady_steps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> set[str]:
-    """Our files that run in the head's and the tail's steps 5 to 7 of the split example."""
-    seen: set[str] = set()
-    on = threading.Event()
-    finished = {"steps": 0}
-    finish_step = Driver.finish_step
+def trace_split_run(tmp_path: Path) -> dict[str, list[Event]]:
+    """Every call and return of ours in each worker thread of the split example's head and
+    tail (one rank each, one micro-batch in flight, the in-memory transport)."""
+    events: dict[str, list[Event]] = {}
+    depths: dict[str, int] = {}
+    root = f"{ROOT}/"
 
-    def counting(self: Driver, *args: Any) -> None:
-        finish_step(self, *args)
-        finished["steps"] += 1  # both sides' steps, interleaved
-        if 10 <= finished["steps"] < 16:
-            on.set()
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event not in ("call", "return") or not frame.f_code.co_filename.startswith(root):
+            return
+        file = frame.f_code.co_filename[len(root):]
+        if not file.startswith(("nebula_mq/", "workers/")):
+            return
+        thread = threading.current_thread().name
+        depth = depths.get(thread, 0)
+        if event == "call":
+            mb = frame.f_locals.get("mb") if frame.f_code.co_name == "send_activation" else None
+            events.setdefault(thread, []).append(Event(True, file, frame.f_code.co_name, depth, mb))
+            depths[thread] = depth + 1
         else:
-            on.clear()
+            depths[thread] = depth - 1
+            mb = arg.micro_batch if isinstance(arg, Received) else None
+            events.setdefault(thread, []).append(Event(False, file, frame.f_code.co_name, depth - 1, mb))
 
-    def profile(frame: FrameType, event: str, _arg: object) -> None:
-        if event == "call" and on.is_set():
-            name = frame.f_code.co_filename
-            if name.startswith(str(ROOT)):
-                seen.add(Path(name).relative_to(ROOT).as_posix())
-
-    monkeypatch.setattr(Driver, "finish_step", counting)
-    threading.setprofile(profile)  # type: ignore[arg-type]
+    threading.setprofile(profile)
     try:
         run_split_pair(split_settings(tmp_path, steps=20, in_flight=1), MemoryBroker())
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
-    return {f for f in seen if f.startswith(("nebula_mq/", "workers/"))}
+        threading.setprofile(None)
+    return events
 
 
-def test_the_readme_names_the_files_that_decide_and_nothing_else_runs(monkeypatch: pytest.MonkeyPatch,
-                                                                     tmp_path: Path) -> None:
-    named = readme_round_trip()
-    ran = files_of_steady_steps(monkeypatch, tmp_path)
-    assert len(named) >= 10, named
+def find(events: list[Event], start: int, call: bool, file: str, function: str,
+         micro_batch: int | None = None) -> int:
+    """The index of the first such event at or after ``start``."""
+    for i in range(start, len(events)):
+        e = events[i]
+        if (e.call, e.file, e.function) == (call, file, function) and micro_batch in (None, e.micro_batch):
+            return i
+    raise AssertionError(f"no {'call of' if call else 'return from'} {file} {function} "
+                         f"(micro-batch {micro_batch}) after event {start}")
 
-    def is_named(path: str) -> bool:
-        return path in named or any(n.endswith("/") and path.startswith(n) for n in named)
 
-    unnamed = sorted(f for f in ran if not is_named(f) and f not in HELPERS)
-    assert not unnamed, f"on the round trip but neither in the README's list nor a helper: {unnamed}"
-    missing = sorted(n for n in named - BROKER_ONLY
-                     if not any(f == n or (n.endswith("/") and f.startswith(n)) for f in ran))
-    assert not missing, f"the README names these but they did not run: {missing}"
+def delivered(events: list[Event], start: int, mb: int) -> int:
+    """The index of the first return, at or after ``start``, that hands over micro-batch ``mb``
+    as a :class:`Received` (whichever function of ours it is)."""
+    return next(i for i in range(start, len(events)) if not events[i].call and events[i].micro_batch == mb)
+
+
+def returned(events: list[Event], call: int) -> int:
+    """The index of the return that ends the call at index ``call``."""
+    return next(i for i in range(call + 1, len(events))
+                if not events[i].call and events[i].depth == events[call].depth)
+
+
+def called_from(events: list[Event], index: int, caller: str) -> int:
+    """The call, among those open at ``index``, that a function of ``caller`` made: the whole
+    of what ``caller`` asked for when it led to ``index``."""
+    depth, i = events[index].depth, index
+    while True:
+        parent = next(j for j in range(i - 1, -1, -1) if events[j].call and events[j].depth == depth - 1)
+        if events[parent].file == caller:
+            return i
+        assert depth > 1, f"{events[index]} was not reached from {caller}"
+        depth, i = depth - 1, parent
+
+
+def first_entries(*parts: list[Event]) -> list[str]:
+    """Our files in the order the parts first enter them, the observers left out."""
+    order: dict[str, None] = {}
+    for part in parts:
+        order.update((e.file, None) for e in part if e.call and e.file not in OBSERVERS and e.file not in order)
+    return list(order)
+
+
+def traced_round_trip(events: dict[str, list[Event]], mb: int) -> tuple[list[str], list[str], set[str]]:
+    """The files micro-batch ``mb`` meets there (head to tail) and back (gradient to head), each
+    leg in order of first entry, and every file of ours the round trip entered.
+
+    There: the head's ``send_activation(mb)``, then the tail from the driver's wait that
+    delivered ``mb`` to its loss and gradient. Back: the tail from there until the reply has
+    left (the call from ``tail.py`` that put it on the broker), then the head from the driver's
+    wait that delivered the reply to the send of the next micro-batch. Each leg is cut out of
+    its own thread, so how the two threads interleave changes nothing.
+    """
+    head, tail = events["worker-head-0"], events["worker-tail-0"]
+    sent = find(head, 0, True, HEAD, "send_activation", mb)
+    head_there = head[sent:returned(head, sent) + 1]
+
+    arrived = called_from(tail, delivered(tail, 0, mb), DRIVER)
+    trained = find(tail, arrived, False, TAIL, "loss_and_grad")
+    tail_there = tail[arrived:trained + 1]
+    replied = called_from(tail, find(tail, trained, True, MEMORY, "put"), TAIL)
+    tail_back = tail[trained + 1:returned(tail, replied) + 1]
+
+    answered = called_from(head, delivered(head, sent, mb), DRIVER)
+    head_back = head[answered:find(head, answered, True, HEAD, "send_activation", mb + 1)]
+
+    legs = (head_there, tail_there, tail_back, head_back)
+    return (first_entries(head_there, tail_there), first_entries(tail_back, head_back),
+            {e.file for leg in legs for e in leg})
+
+
+def listed() -> tuple[list[str], list[str], set[str]]:
+    """The page's two numbered lists (there, back) and every file its section names."""
+    text = PAGE.read_text()
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    section = text[start:end if end >= 0 else len(text)]
+
+    def numbered(title: str) -> list[str]:
+        block = section[section.index(title):]
+        block = block[:block.find("\n\n", block.index("\n1. "))]
+        return re.findall(r"^\d+\. `([\w/.]+)`", block, flags=re.M)
+
+    named = set(re.findall(r"`((?:nebula_mq|workers|examples)/[\w/.]+\.py)`", section))
+    return numbered("**There**"), numbered("**Back**"), named
+
+
+@pytest.fixture(scope="module")
+def round_trip(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str], set[str]]:
+    return traced_round_trip(trace_split_run(tmp_path_factory.mktemp("split")), MICRO_BATCH)
+
+
+def test_every_file_the_page_names_exists() -> None:
+    there, back, named = listed()
+    assert len(there) >= 10 and len(back) >= 10, (there, back)
+    missing = sorted(f for f in named | set(there) | set(back) if not (ROOT / f).is_file())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"
+
+
+def test_the_page_lists_the_files_one_micro_batch_meets_in_the_order_it_meets_them(
+        round_trip: tuple[list[str], list[str], set[str]]) -> None:
+    there, back, _ = round_trip
+    page_there, page_back, _ = listed()
+    assert page_there == there, ("the way there (head -> tail) in docs/architecture.md is not the traced one;"
+                                 " traced, in order of first entry:\n" + "\n".join(there))
+    assert page_back == back, ("the way back (gradient -> head) in docs/architecture.md is not the traced one;"
+                               " traced, in order of first entry:\n" + "\n".join(back))
+
+
+def test_the_observers_left_off_the_page_exist_and_run_on_the_way(
+        round_trip: tuple[list[str], list[str], set[str]]) -> None:
+    _, _, entered = round_trip
+    assert OBSERVERS <= entered, f"left off the page but not on the way: {sorted(OBSERVERS - entered)}"
