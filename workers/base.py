@@ -1,19 +1,24 @@
 """What every role is given: a runtime worker with the job's message authentication.
 
-The runtime (``nebula_mq.runtime``) signs, verifies and seals with whatever it is
-given and never reads key files; this is where the roles give it the job's key
-ring (``nebula_mq.security.auth.load_message_auth``)."""
+A role's entry point (its ``main``) builds the worker of the role's
+:class:`WorkerIdentity` over the transport to its cluster's broker, gives it to the role's
+constructor and to the driver: ``drive(worker, role)``. Tests give an in-memory transport
+and a key of their own instead. The runtime (``nebula_mq.runtime``) signs, verifies and
+seals with whatever it is given and never reads key files; this is where the roles give it
+the job's key ring (``nebula_mq.security.auth.load_message_auth``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from nebula_mq.runtime.hooks import Hook, MessageEvent
-from nebula_mq.runtime.worker import Worker
+from nebula_mq.runtime.worker import Worker, make_transport
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.auth import load_message_auth
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
+from nebula_mq.wire.auth import EnvelopeAuth
 
 
 class DeadLetterAudit(Hook):
@@ -29,10 +34,32 @@ class DeadLetterAudit(Hook):
                           message_id=event.message_id, consumer=self.consumer)
 
 
-def role_worker(settings: Settings, cluster: str, worker_id: str, role: str, transport: Transport | None = None,
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who a role's worker is: its cluster, its worker id (unique within the job: its
+    checkpoint dir, status and metrics files), its role's name, and its checkpoint period."""
+
+    settings: Settings
+    cluster: str
+    worker_id: str
+    role: str
+    checkpoint_every: int = 10
+
+    def worker(self, transport: Transport, auth: EnvelopeAuth | None = None, hooks: Sequence[Hook] = ()) -> Worker:
+        """The :class:`Worker` over ``transport``, authenticated with ``auth`` or else the job's
+        key (``<run_dir>/keys/job.key``), its dead letters audited (:class:`DeadLetterAudit`)."""
+        settings = self.settings
+        audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), self.worker_id)
+        return Worker(settings, self.cluster, self.worker_id, transport, (audit, *hooks), self.checkpoint_every,
+                      auth=auth if auth is not None else load_message_auth(settings, self.worker_id), role=self.role)
+
+    def broker_worker(self) -> Worker:
+        """The worker over the transport to its cluster's RabbitMQ broker: an entry point's."""
+        return self.worker(make_transport(self.settings, self.cluster))
+
+
+def role_worker(settings: Settings, cluster: str, worker_id: str, role: str, transport: Transport,
                 hooks: Sequence[Hook] = (), checkpoint_every: int = 10) -> Worker:
-    """A :class:`Worker` for ``role`` authenticated with the job's key (``<run_dir>/keys/job.key``),
-    whose dead letters are audited (:class:`DeadLetterAudit`)."""
-    audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), worker_id)
-    return Worker(settings, cluster, worker_id, transport, (audit, *hooks), checkpoint_every,
-                  auth=load_message_auth(settings, worker_id), role=role)
+    """The worker of ``WorkerIdentity(settings, cluster, worker_id, role, checkpoint_every)``
+    over ``transport``, with the job's key."""
+    return WorkerIdentity(settings, cluster, worker_id, role, checkpoint_every).worker(transport, hooks=hooks)

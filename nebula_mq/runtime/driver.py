@@ -10,7 +10,7 @@ The :class:`Driver` does the rest, here and nowhere else, in this order:
 
 1. open the role (queues, outboxes, its group);
 2. restore the checkpoint the group agrees on (``runtime.agreement``), from the worker's store
-   or the one the role names (:meth:`RoleExtras.resume_store`), then open the inbox that
+   or the one the role names (:attr:`Extras.resume_store`), then open the inbox that
    continues from it: one cursor per stream, ``per_step`` messages of every stream make a
    step, repeats dropped by the cursor, strangers dead-lettered (``runtime.ordered``);
 3. while steps remain and no stop was agreed: let the role produce, wait for the next
@@ -34,10 +34,10 @@ from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.hold import StepHold
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
-from nebula_mq.runtime.role import Extras, RoleExtras, StepInputs, StepRole, StopCheck
+from nebula_mq.runtime.role import Extras, StepInputs, StepRole, StopCheck
 from nebula_mq.runtime.worker import Worker
 
-__all__ = ["Driver", "RoleExtras", "StepInputs", "StepRole", "StopCheck", "drive"]
+__all__ = ["Driver", "Extras", "StepInputs", "StepRole", "StopCheck", "drive"]
 
 log = get_logger(__name__)
 
@@ -55,7 +55,7 @@ class Driver:
 
     def __init__(self, worker: Worker, role: StepRole) -> None:
         self.worker, self.role = worker, role
-        self.extras = Extras.of(role, worker)
+        self.extras = role.extras()
         self.idle_polls = 0  # polls in a row that brought nothing to apply
         # When the last message came (or the wait began), whether one came at all, and when
         # the worker last said it waits (0: it has not said so since the last message).
@@ -118,7 +118,7 @@ class Driver:
 
     def restore(self) -> None:
         w = self.worker
-        store = self.extras.resume_store()
+        store = self.extras.resume_store() if self.extras.resume_store is not None else w.store
         start = w.agreement.start_step(store.steps(), w.worker_id)
         if start is None:
             return

@@ -1,5 +1,5 @@
 """What the runtime's driver (``runtime.driver``) asks of a role: the small protocol every role
-answers, and the optional hooks (:class:`RoleExtras`) with the driver's default for each."""
+answers, and what it may do besides (:class:`Extras`), with the driver's default for each."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.ordered import OrderedInbox
-    from nebula_mq.runtime.worker import Worker
 
 StopCheck = Callable[[], bool]
 
@@ -42,16 +41,64 @@ class StepInputs:
         return f"{names} from {', '.join(self.sources)} on {clusters}" if self.sources else f"{names} from {clusters}"
 
 
+def _nothing(*_: object) -> None:
+    return None
+
+
+def _never(*_: object) -> bool:
+    return False
+
+
+def _none_behind() -> int:
+    return 0
+
+
+Members = Callable[[tuple[Received | None, ...]], tuple[bool, ...] | None]
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a role may do besides :class:`StepRole`, each field the role's own method or the
+    driver's default (the middleware hooks of dramatiq's worker, in our loop). A role gives
+    its own from :meth:`StepRole.extras`, by keyword: mypy checks each name and signature.
+
+    ``admit``: raise a ``NebulaError`` to dead-letter a message before it is ordered
+    (default: every message of a source stream is ordered).
+    ``handle_other``: True when a message is not a step's and was settled or rejected there
+    (default: every message is a step's).
+    ``unsaved``: whether anything needs a final checkpoint beyond the applied steps (default: no).
+    ``more_to_do``: keep going after the last step, e.g. for evaluation batches (default: no).
+    ``after_training``: once every step is done and checkpointed, not after a stop (default: nothing).
+    ``resume_store``: the store to restore from, e.g. another run's for a hot start (None: the worker's).
+    ``members``: which streams the next step takes, given each stream's first message waiting
+    for it (None where none has come yet), or None while the step must wait; a stream left out
+    has its message dropped (acked with the next checkpoint) or, not come yet, dropped when it
+    comes (None: every stream, once each has its messages).
+    ``left_behind``: steps the peers may run ahead while this role is left out of theirs (default 0).
+    """
+
+    admit: Callable[[Received], None] = _nothing
+    handle_other: Callable[[OrderedInbox, Received], bool] = _never
+    unsaved: Callable[[], bool] = _never
+    more_to_do: Callable[[], bool] = _never
+    after_training: Callable[[], None] = _nothing
+    resume_store: Callable[[], CheckpointStore] | None = None
+    members: Members | None = None
+    left_behind: Callable[[], int] = _none_behind
+
+
 class StepRole(Protocol):
     """What the driver asks of every role. ``total``: the steps to train; ``in_flight``: messages
-    a peer may have sent ahead of the next step. A role may also answer any of
-    :class:`RoleExtras`."""
+    a peer may have sent ahead of the next step."""
 
     total: int
     in_flight: int
 
     def inputs(self) -> StepInputs:
         """The flows and streams a step reads."""
+
+    def extras(self) -> Extras:
+        """What the role does besides the step (``Extras()``: the driver's defaults)."""
 
     def open(self) -> None:
         """Declare the queues, open the outboxes, join the group (before the restore)."""
@@ -71,64 +118,3 @@ class StepRole(Protocol):
 
     def load(self, ck: Checkpoint) -> None:
         """Resume from ``ck`` (the worker's step is already ``ck.step``)."""
-
-
-class RoleExtras(Protocol):
-    """What a role may answer besides :class:`StepRole`; the driver's default stands for each
-    method a role leaves out (the middleware hooks of dramatiq's worker, in our loop)."""
-
-    def admit(self, received: Received) -> None:
-        """Raise a ``NebulaError`` to dead-letter ``received`` before it is ordered (default:
-        every message of a source stream is ordered)."""
-
-    def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
-        """True when ``received`` is not a step's message and was settled or rejected here
-        (default: every message is a step's)."""
-
-    def unsaved(self) -> bool:
-        """Whether anything needs a final checkpoint beyond the applied steps (default: no)."""
-
-    def more_to_do(self) -> bool:
-        """Keep going after the last step, e.g. for evaluation batches (default: no)."""
-
-    def after_training(self) -> None:
-        """Once every step is done and checkpointed, not after a stop (default: nothing)."""
-
-    def resume_store(self) -> CheckpointStore:
-        """The store to restore from, e.g. another run's for a hot start (default: the worker's)."""
-
-    def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
-        """Which streams the next step takes, given each stream's first message waiting for it
-        (None where none has come yet), or None while the step must wait; a stream left out
-        has its message dropped (acked with the next checkpoint) or, not come yet, dropped when
-        it comes. Default: every stream, once each has its messages."""
-
-    def left_behind(self) -> int:
-        """Steps the peers may run ahead while this role is left out of theirs (default 0)."""
-
-
-@dataclass(frozen=True)
-class Extras:
-    """A role's :class:`RoleExtras`, each method or the driver's default, looked up once."""
-
-    admit: Callable[[Received], None]
-    handle_other: Callable[[OrderedInbox, Received], bool]
-    unsaved: Callable[[], bool]
-    more_to_do: Callable[[], bool]
-    after_training: Callable[[], None]
-    resume_store: Callable[[], CheckpointStore]
-    members: Callable[[tuple[Received | None, ...]], tuple[bool, ...] | None] | None
-    left_behind: Callable[[], int]
-
-    @classmethod
-    def of(cls, role: StepRole, worker: Worker) -> Extras:
-        def no(*_: object) -> bool:
-            return False
-
-        def nothing(*_: object) -> None:
-            return None
-
-        return cls(getattr(role, "admit", nothing), getattr(role, "handle_other", no), getattr(role, "unsaved", no),
-                   getattr(role, "more_to_do", no), getattr(role, "after_training", nothing),
-                   getattr(role, "resume_store", lambda: worker.store), getattr(role, "members", None),
-                   getattr(role, "left_behind", lambda: 0))

@@ -42,7 +42,7 @@ import numpy as np
 from nebula_mq import topology
 from nebula_mq.atomic import SkipWhenFull, disk_full
 from nebula_mq.errors import ConfigError, StopDuringAlarm, one_line
-from nebula_mq.runtime.agreement import Agreement
+from nebula_mq.runtime.agreement import Agreement, Collective
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.runtime.hooks import Hook, Hooks
 from nebula_mq.runtime.ledger import Ledger
@@ -76,24 +76,26 @@ def make_transport(settings: Settings, cluster: str) -> Transport:
 
 @final
 class Worker:
-    """One worker process: identity, transport, ledger, reporter, sampler, agreement, step; the
-    roles in the top-level ``workers`` package are given one (``workers.base.role_worker``)."""
+    """One worker process: identity, transport, ledger, reporter, sampler, agreement, step. A
+    role's entry point builds one (``workers.base.role_worker``) and gives it to the role and
+    to the driver (``runtime.driver.drive``); the role reads it and never assigns into it."""
 
     def __init__(
         self,
         settings: Settings,
         cluster: str,
         worker_id: str,
-        transport: Transport | None = None,
+        transport: Transport,
         hooks: Sequence[Hook] = (),
         checkpoint_every: int = 10,
         *,
         auth: EnvelopeAuth,
         role: str = "worker",
     ) -> None:
-        """``auth`` signs, verifies and seals this worker's envelopes (the roles build it
-        from the job's key: ``nebula_mq.security.auth.load_message_auth``); ``role`` names
-        the role in status, metrics and logs."""
+        """``transport``: to ``cluster``'s broker (:func:`make_transport`, or an in-memory one in
+        tests); ``auth`` signs, verifies and seals this worker's envelopes (the entry points
+        build it from the job's key: ``nebula_mq.security.auth.load_message_auth``); ``role``
+        names the role in status, metrics and logs."""
         self.role = role
         self.settings = settings
         self.cluster = cluster
@@ -106,7 +108,7 @@ class Worker:
         # The status file and the history rows are reports, not the source of truth: a full disk skips them.
         self.status_file, self.history_file = SkipWhenFull("status", write_skipped), SkipWhenFull("history", write_skipped)
         self.hooks = Hooks([*self.report.hooks(), *hooks])
-        self.transport = transport if transport is not None else make_transport(settings, cluster)
+        self.transport = transport
         self.auth = auth
         self.stop_requested = StopFlag()  # set by signal handlers, polled by the loop
         # Start, stop and ack agreed with the worker's group; alone until a role joins one.
@@ -131,6 +133,16 @@ class Worker:
     @property
     def store(self) -> CheckpointStore:
         return self.ledger.store
+
+    def join(self, group: Collective, leaves_alone: Callable[[], bool] | None = None) -> None:
+        """Start, stop and ack from here on agreed with ``group``, the role's group, joined in
+        its ``open`` (``runtime.agreement``, where ``leaves_alone`` is told)."""
+        self.agreement = Agreement(self.stop_requested, group, leaves_alone)
+
+    def resume_at(self, step: int) -> None:
+        """Go on from ``step``: a role restored from another job's checkpoint (a hot start)
+        counts its steps from what that checkpoint trained, not from its step."""
+        self.step = step
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: finish the micro-batch in flight, checkpoint, ack, exit.

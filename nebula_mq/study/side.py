@@ -101,8 +101,10 @@ def make_driver(side: str, s: Settings, transport: Any = None) -> Driver:
     from workers.abnet.decoder import AbnetDecoder
     from workers.abnet.encoder import AbnetEncoder
 
-    role = AbnetEncoder(s, transport) if side == "enc" else AbnetDecoder(s, transport)
-    return Driver(role.worker, role)
+    cls = AbnetEncoder if side == "enc" else AbnetDecoder
+    identity = cls.identity(s)
+    worker = identity.worker(transport) if transport is not None else identity.broker_worker()
+    return Driver(worker, cls(s, worker))
 
 
 def counters_path(spec_path: Path, side: str) -> Path:

@@ -98,8 +98,10 @@ def run_pair(size: Size, settings_: Settings, broker: MemoryBroker, stop_at: int
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     job = settings_.job.id
-    tail = SpecTail(settings_, tail_spec(size), MemoryTransport(broker, settings_.transport, job, "t"))
-    head = SpecHead(settings_, head_spec(size), MemoryTransport(broker, settings_.transport, job, "s"))
+    tail = SpecTail(settings_, tail_spec(size), SpecTail.identity(settings_).worker(
+        MemoryTransport(broker, settings_.transport, job, "t")))
+    head = SpecHead(settings_, head_spec(size), SpecHead.identity(settings_).worker(
+        MemoryTransport(broker, settings_.transport, job, "s")))
     clock = Clock()
     tail.worker.hooks.add(clock)
     run_workers([Driver(tail.worker, tail), Driver(head.worker, head)], stop_at, timeout=timeout)

@@ -15,6 +15,7 @@ carry the same ids and bytes, and the encoder discards them as duplicates.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import paddle
@@ -25,14 +26,15 @@ from nebula_mq.errors import MalformedMessage
 from nebula_mq.models.abnet import DecoderSide
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.ordered import OrderedInbox
-from nebula_mq.runtime.driver import drive
+from nebula_mq.runtime.driver import Extras, drive
 from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
 from workers.abnet.job import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
                                   target_keep_ids)
 from workers.abnet.evaluation import Evaluation
 from workers.registry import role
+from workers.split.job import Placement
 from workers.split.tail import SplitTail
 
 log = get_logger(__name__)
@@ -47,9 +49,14 @@ class AbnetDecoder(SplitTail):
     activation_name = "enc_out"
     model: DecoderSide
 
-    def __init__(self, settings: Settings, transport: Transport | None = None, rank: int = 0) -> None:
+    @classmethod
+    def placement_of(cls, settings: Settings) -> Placement:
+        return load_job(settings)
+
+    def __init__(self, settings: Settings, worker: Worker, rank: int = 0) -> None:
+        """``worker``: of ``AbnetDecoder.identity(settings, rank)``."""
         self.job = load_job(settings)
-        super().__init__(settings, self.job, rank, transport)
+        super().__init__(settings, self.job, worker, rank)
         self.cfg = model_config(self.job, settings.job.seed)
         self.data = load_side(self.job, settings.job.seed, "tgt", self.cfg.decoder.vocab)
         self.model = DecoderSide(self.cfg, target_keep_ids(self.job, self.data))
@@ -58,6 +65,9 @@ class AbnetDecoder(SplitTail):
                                      settings.run_dir, self.worker_id)
 
     # ------------------------------------------------------------------ specialisation
+
+    def extras(self) -> Extras:
+        return replace(super().extras(), more_to_do=self.more_to_do, handle_other=self.handle_other)
 
     def learning_rate(self, step: int) -> float:
         return learning_rate(self.job, self.settings.job.steps, step)
@@ -81,7 +91,7 @@ class AbnetDecoder(SplitTail):
         """A kind=eval activation: decode, store, ack at once (re-doing it is idempotent)."""
         t = received.tensors
         total = int(received.meta.get("batches", 0))
-        self.worker.report.status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
+        self.worker.status("running", phase=f"evaluating: beam-decoding batch {received.micro_batch + 1} of {total}")
         try:
             self.evaluation.on_batch(self.model, received.micro_batch, total,
                                      t["enc_out"], t["src_mask"], t["sample_ids"])
@@ -100,5 +110,5 @@ class AbnetDecoder(SplitTail):
 @role("abnet-decoder")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the decoder rank (``[abnet] decoder_ranks``)."""
-    decoder = AbnetDecoder(settings, rank=worker_index)
-    return drive(decoder.worker, decoder)
+    worker = AbnetDecoder.identity(settings, worker_index).broker_worker()
+    return drive(worker, AbnetDecoder(settings, worker, worker_index))

@@ -20,6 +20,8 @@ asynchronous pipeline training); with ``in_flight = 1`` it is exact.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import paddle
 
@@ -29,14 +31,15 @@ from nebula_mq.data.translation import sample_lengths
 from nebula_mq.errors import TrainingDiverged
 from nebula_mq.models.abnet import EncoderSide
 from nebula_mq.runtime.channel import Outbox, Received
-from nebula_mq.runtime.driver import drive
+from nebula_mq.runtime.driver import Extras, drive
 from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
 from workers.abnet.job import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
                                   model_config)
 from workers.registry import role
 from workers.split.head import Forward, SplitHead
+from workers.split.job import Placement
 
 log = get_logger(__name__)
 
@@ -53,9 +56,14 @@ class AbnetEncoder(SplitHead):
     state_prefix = "encoder"
     activation_name = "enc_out"
 
-    def __init__(self, settings: Settings, transport: Transport | None = None, rank: int = 0) -> None:
+    @classmethod
+    def placement_of(cls, settings: Settings) -> Placement:
+        return load_job(settings)
+
+    def __init__(self, settings: Settings, worker: Worker, rank: int = 0) -> None:
+        """``worker``: of ``AbnetEncoder.identity(settings, rank)``."""
         self.job = load_job(settings)
-        super().__init__(settings, self.job, rank, transport)
+        super().__init__(settings, self.job, worker, rank)
         self.cfg = model_config(self.job, settings.job.seed)
         self.model = EncoderSide(self.cfg)
         if self.job.encoder_init:  # the frozen stack is in no checkpoint: set it at every start
@@ -67,6 +75,9 @@ class AbnetEncoder(SplitHead):
         self._collapse_reported = False
 
     # ------------------------------------------------------------------ specialisation
+
+    def extras(self) -> Extras:
+        return replace(super().extras(), after_training=self.after_training)
 
     def learning_rate(self, step: int) -> float:
         return learning_rate(self.job, self.settings.job.steps, step)
@@ -126,7 +137,7 @@ class AbnetEncoder(SplitHead):
         batches = -(-n // size)
         codec = self.outgoing[0].schedule.codec_for(self.total)
         outbox = Outbox(self.worker, self.act_flows[0], eval_producer(self.worker_id))
-        self.worker.report.status("running", phase=f"evaluating {n} sentences: encoding and sending them")
+        self.worker.status("running", phase=f"evaluating {n} sentences: encoding and sending them")
         self.model.eval()
         try:
             for k in range(batches):
@@ -147,5 +158,5 @@ class AbnetEncoder(SplitHead):
 @role("abnet-encoder")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the encoder rank (``[abnet] encoder_ranks``)."""
-    encoder = AbnetEncoder(settings, rank=worker_index)
-    return drive(encoder.worker, encoder)
+    worker = AbnetEncoder.identity(settings, worker_index).broker_worker()
+    return drive(worker, AbnetEncoder(settings, worker, worker_index))

@@ -34,7 +34,6 @@ trained, and the discriminator's values the token brings.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +45,11 @@ from nebula_mq.models.device import use_device
 from nebula_mq.models.electra_trainers import GeneratorTrainer
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
-from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
+from nebula_mq.runtime.driver import Extras, StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
-from workers.base import role_worker
+from workers.base import WorkerIdentity
 from workers.electra.common import PADDLE_TURN, generator_id, generator_worker_id
 from workers.electra.data import load_streams
 from workers.electra.flows import electra_results_flow, electra_sync_flow, flow_named, flows
@@ -67,15 +66,23 @@ DISC_VALUES = ("rtd_loss", "rtd_acc")
 class ElectraGenerator:
     """The generator process's role: trains ahead of the sync tokens, applies the tokens."""
 
-    def __init__(self, settings: Settings, transport: Transport | None = None, index: int = 0) -> None:
-        """``index``: the generator this process hosts in the process-per-generator layout
-        (ignored when one process hosts them all)."""
+    @staticmethod
+    def identity(settings: Settings, index: int = 0) -> WorkerIdentity:
+        """The worker of the process hosting generator ``index`` (of every generator when one
+        process hosts them all): its cluster and id."""
+        job = load_job(settings)
+        slot = index if job.process_per_generator else None
+        if slot is not None and not 0 <= slot < len(job.generator_clusters):
+            raise WorkerError(f"generator {index} outside 0..{len(job.generator_clusters) - 1}")
+        return WorkerIdentity(settings, job.cluster_of(slot or 0), generator_worker_id(job, slot or 0), ROLE,
+                              job.checkpoint_every)
+
+    def __init__(self, settings: Settings, worker: Worker, index: int = 0) -> None:
+        """``worker``: of ``identity(settings, index)``; ``index``: the generator this process
+        hosts in the process-per-generator layout (ignored when one process hosts them all)."""
         self.job = load_job(settings)
         slot = index if self.job.process_per_generator else None
-        if slot is not None and not 0 <= slot < len(self.job.generator_clusters):
-            raise WorkerError(f"generator {index} outside 0..{len(self.job.generator_clusters) - 1}")
-        self.worker = role_worker(settings, self.job.cluster_of(slot or 0), generator_worker_id(self.job, slot or 0),
-                                  ROLE, transport, checkpoint_every=self.job.checkpoint_every)
+        self.worker = worker
         use_device(settings.job.device, slot or 0, "job.device", settings.source or "<settings>")
         self.cfg, self.streams = load_streams(settings, self.job)
         # The generators this process hosts (indices into cfg.generators).
@@ -98,6 +105,9 @@ class ElectraGenerator:
         self.outboxes: dict[int, Outbox] = {}
 
     # ------------------------------------------------------------------ checkpoint
+
+    def extras(self) -> Extras:
+        return Extras(resume_store=self.resume_store, unsaved=self.unsaved)
 
     def resume_store(self) -> CheckpointStore:
         """This process's store, or with none of its checkpoints and ``init_from`` set, that
@@ -129,7 +139,8 @@ class ElectraGenerator:
         self.trained = int(ck.meta.get("trained", ck.step))
         self.unsynced = {int(s): dict(v) for s, v in ck.meta.get("unsynced", {}).items()}
         if self.hot_start:
-            self.worker.step, self.unsynced = self.trained, {}
+            self.unsynced = {}
+            self.worker.resume_at(self.trained)
 
     def unsaved(self) -> bool:
         return self.trained > 0  # published micro-batches are confirmed: remember them
@@ -167,8 +178,6 @@ class ElectraGenerator:
         published, then the optimiser steps."""
         s = self.trained
         bind_context(step=s)
-        hooks = self.worker.hooks
-        t0 = time.perf_counter()
         sums: dict[str, float] = {}
         for share in range(self.n):
             mb = s * self.n + share
@@ -178,14 +187,11 @@ class ElectraGenerator:
                     batch, metrics = trainer.make_micro_batch(ids)
                 for name, value in metrics.items():
                     sums[name] = sums.get(name, 0.0) + float(value)
-                hooks.on_compute(time.perf_counter() - t0)
                 self.outboxes[k].send(step=s, micro_batch=mb, tensors={n: (a, LZ4()) for n, a in batch.items()},
                                       meta={"generator": k, "share": share})
-                t0 = time.perf_counter()
         for trainer in self.trainers:
             with PADDLE_TURN:
                 trainer.apply_update()
-        hooks.on_compute(time.perf_counter() - t0)
         self.trained = self.trainers[0].step
         count = float(self.n * len(self.trainers))
         self.unsynced[s] = {**{k: v / count for k, v in sums.items()}, "synced": float(self.worker.step)}
@@ -194,5 +200,5 @@ class ElectraGenerator:
 @role("electra-generator")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the generator, when each has a process of its own (else unused)."""
-    gen = ElectraGenerator(settings, index=worker_index)
-    return drive(gen.worker, gen)
+    worker = ElectraGenerator.identity(settings, worker_index).broker_worker()
+    return drive(worker, ElectraGenerator(settings, worker, worker_index))

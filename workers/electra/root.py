@@ -20,15 +20,17 @@ before the checkpoint that holds the step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from nebula_mq.codecs import LZ4
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
-from nebula_mq.runtime.driver import StepInputs, drive
+from nebula_mq.runtime.driver import Extras, StepInputs, drive
 from nebula_mq.runtime.logs import get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
 from workers.electra.common import generator_id
 from workers.electra.flows import flow_named, results_flows, sub_discriminator_flow, sync_flows
 from workers.electra.sub import DiscriminatorRank
@@ -43,8 +45,11 @@ class ElectraRoot(DiscriminatorRank):
     """Rank 0: reads every generator's stream, scatters the other ranks' shares, trains on
     its own and sends the sync tokens."""
 
-    def __init__(self, settings: Settings, transport: Transport | None = None) -> None:
-        super().__init__(settings, 0, ROLE, transport)
+    role = ROLE
+
+    def __init__(self, settings: Settings, worker: Worker) -> None:
+        """``worker``: of ``ElectraRoot.identity(settings, 0)``."""
+        super().__init__(settings, worker, 0)
         self.results_flows = [flow_named(self.flows, name) for name in results_flows(self.job)]
         self.sync_flows = [flow_named(self.flows, name) for name in sync_flows(self.job)]
         self.sub_flows = [flow_named(self.flows, sub_discriminator_flow(r)) for r in range(1, self.world)]
@@ -54,6 +59,9 @@ class ElectraRoot(DiscriminatorRank):
     def inputs(self) -> StepInputs:
         # A stream per generator (its producer id), n_sub micro-batches of it a step.
         return StepInputs(self.results_flows, tuple(generator_id(k) for k in range(self.k_gen)), self.world)
+
+    def extras(self) -> Extras:
+        return replace(super().extras(), admit=self.check_share)
 
     def declare(self) -> None:
         transport = self.worker.transport
@@ -68,7 +76,7 @@ class ElectraRoot(DiscriminatorRank):
         for outbox in (*self.sync_out, *self.sub_out):
             outbox.close()
 
-    def admit(self, received: Received) -> None:
+    def check_share(self, received: Received) -> None:
         """A micro-batch says who made it and which share of which step it is, consistently
         with its producer and index; a generator publishes on its own flow only."""
         k = received.meta.get("generator")
@@ -103,8 +111,8 @@ class ElectraRoot(DiscriminatorRank):
 
 @role("electra-root")
 def main(settings: Settings, worker_index: int = 0) -> int:
-    root = ElectraRoot(settings)
-    return drive(root.worker, root)
+    worker = ElectraRoot.identity(settings, 0).broker_worker()
+    return drive(worker, ElectraRoot(settings, worker))
 
 
 def evaluate(settings: Settings) -> dict[str, float]:

@@ -31,8 +31,6 @@ without its group (its peers are stopping too: ``runtime.agreement``).
 from __future__ import annotations
 
 import os
-
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,14 +39,13 @@ import numpy as np
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.device import use_device
 from nebula_mq.models.electra_trainers import DiscriminatorTrainer
-from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
-from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
+from nebula_mq.runtime.driver import Extras, StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
-from workers.base import role_worker
+from workers.base import WorkerIdentity
 from workers.electra.common import PADDLE_TURN, disc_rank_id
 from workers.electra.data import load_data, pretrained_discriminator
 from workers.electra.flows import flow_named, flows, sub_discriminator_flow
@@ -75,10 +72,18 @@ class DiscriminatorRank:
     """What every rank does (its trainer, its group, its checkpoint and its step); the root
     and the sub-discriminator say where a step's shares come from (:meth:`inputs`)."""
 
-    def __init__(self, settings: Settings, rank: int, role_name: str, transport: Transport | None = None) -> None:
+    role: str  # names the role in status, metrics and logs
+
+    @classmethod
+    def identity(cls, settings: Settings, rank: int) -> WorkerIdentity:
+        """The worker of discriminator rank ``rank``: its cluster and id."""
+        job = load_job(settings)
+        return WorkerIdentity(settings, job.disc_cluster, disc_rank_id(rank), cls.role, job.checkpoint_every)
+
+    def __init__(self, settings: Settings, worker: Worker, rank: int) -> None:
+        """``worker``: of ``identity(settings, rank)``."""
         self.job = load_job(settings)
-        self.worker = role_worker(settings, self.job.disc_cluster, disc_rank_id(rank), role_name, transport,
-                                  checkpoint_every=self.job.checkpoint_every)
+        self.worker = worker
         self.rank, self.world = rank, self.job.n
         if self.world > 1:  # a rank started on a host that is not its own: one line, before it connects
             self.job.group_address(self.world).bind_env(rank)
@@ -108,9 +113,12 @@ class DiscriminatorRank:
         os.environ.update(address.bind_env(self.rank))
         self.group = init_group(self.rank, self.world, address.endpoints, master=address.master)
         self.trainer.gradient_sync = self.group
-        self.worker.agreement = Agreement(self.worker.stop_requested, self.group)
+        self.worker.join(self.group)
 
     # ------------------------------------------------------------------ checkpoint
+
+    def extras(self) -> Extras:
+        return Extras(resume_store=self.resume_store)
 
     def resume_store(self) -> CheckpointStore:
         """This rank's store, or with none of its checkpoints and ``init_from`` set, the same
@@ -149,13 +157,11 @@ class DiscriminatorRank:
         group's stop votes are counted."""
         w = self.worker
         bind_context(step=w.step)
-        t0 = time.perf_counter()
         with PADDLE_TURN:  # the gradient all-reduce inside waits for the other ranks, not threads
             metrics = self.trainer.train_step(concat_shares([dict(r.tensors) for r in shares]))
         local = np.array([metrics[k] for k in METRICS] + [w.agreement.vote()], np.float64)
         summed = local if self.group is None else self.group.sum_floats(local)  # every rank is done
         w.agreement.count(float(summed[-1]))
-        w.hooks.on_compute(time.perf_counter() - t0)
         return {**{k: float(v) / self.world for k, v in zip(METRICS, summed)}, "lr": metrics["lr"]}
 
 
@@ -163,8 +169,10 @@ class ElectraSub(DiscriminatorRank):
     """Rank >= 1: trains on the shares the root scatters to ``sub-disc-<rank>``, the K of a
     step in a row (``micro_batch = step * K + generator``, the driver's cursor)."""
 
-    def __init__(self, settings: Settings, rank: int, transport: Transport | None = None) -> None:
-        super().__init__(settings, rank, ROLE, transport)
+    role = ROLE
+
+    def __init__(self, settings: Settings, worker: Worker, rank: int) -> None:
+        super().__init__(settings, worker, rank)
         if not 1 <= rank < self.world:
             raise WorkerError(f"sub-discriminator rank {rank} outside 1..{self.world - 1} (n_sub = {self.world})")
         self.flow = flow_named(self.flows, sub_discriminator_flow(rank))
@@ -182,5 +190,5 @@ class ElectraSub(DiscriminatorRank):
 @role("electra-sub")
 def main(settings: Settings, worker_index: int = 1) -> int:
     """``worker_index`` is the rank (1..n_sub-1); rank 0 is ``electra-root``."""
-    sub = ElectraSub(settings, worker_index)
-    return drive(sub.worker, sub)
+    worker = ElectraSub.identity(settings, worker_index).broker_worker()
+    return drive(worker, ElectraSub(settings, worker, worker_index))

@@ -84,8 +84,7 @@ class ClusterRanks:
         self.group = self.fw.join_group(self.rank, self.job.group_address(self.cluster), self.job.group_timeout_s)
         # A rank other than 0 idles while rank 0 waits on the WAN: asked to stop, it leaves alone
         # only once rank 0 has (or rank 0, given the WAN's message, would enter a collective alone).
-        worker.agreement = Agreement(worker.stop_requested, self.group,
-                                     None if self.rank == 0 else (lambda: self.leader_left))
+        worker.join(self.group, None if self.rank == 0 else (lambda: self.leader_left))
         self.life = self.group.min_int(secrets.randbelow(NO_LIFE) if self.rank == 0 else NO_LIFE)
         if self.rank == 0:
             self.outboxes = [Outbox(worker, rank_flow(self.job, self.cluster, r), worker.worker_id)

@@ -37,12 +37,13 @@ from nebula_mq.errors import WorkerError
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.driver import StepInputs, StopCheck, drive
+from nebula_mq.runtime.driver import Extras, StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context
 from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.settings import Settings
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.transport.base import Transport
-from workers.base import role_worker
+from workers.base import WorkerIdentity
 from workers.registry import role
 from workers.replicas.compression import PseudoGradientCompression
 from workers.replicas.exchange import START, WanExchange
@@ -60,14 +61,20 @@ PARAM = "model/param/"  # the model's weights in the checkpoint (the framework's
 class Replica:
     """Cluster ``index``'s replica, its rank ``rank`` (see the module docstring)."""
 
-    def __init__(self, settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None,
-                 framework: Framework | None = None, rank: int = 0) -> None:
-        self.job = job = load_job(settings)
+    @staticmethod
+    def identity(settings: Settings, index: int, rank: int = 0) -> WorkerIdentity:
+        """The worker of cluster ``index``'s replica, its rank ``rank``: its cluster and id."""
+        job = load_job(settings)
         if not 0 <= index < job.n:
             raise WorkerError(f"replica {index} outside 0..{job.n - 1} ([replicas] clusters)")
+        return WorkerIdentity(settings, job.clusters[index], replica_id(index, rank), ROLE, job.checkpoint_every)
+
+    def __init__(self, settings: Settings, spec: ReplicaSpec, index: int, worker: Worker,
+                 framework: Framework | None = None, rank: int = 0) -> None:
+        """``worker``: of ``identity(settings, index, rank)``."""
+        self.job = job = load_job(settings)
         self.settings, self.index, self.spec, self.rank = settings, index, spec, rank
-        self.worker = role_worker(settings, job.clusters[index], replica_id(index, rank), ROLE, transport,
-                                  checkpoint_every=job.checkpoint_every)
+        self.worker = worker
         self.fw = framework or framework_of(spec.model, "replicas.model", job.framework, settings.source)
         self.fw.place(settings.job.device, rank, "job.device", settings.source or "<settings>")
         self.ranks = ClusterRanks(job, index, rank, self.fw)
@@ -154,6 +161,10 @@ class Replica:
         self.wan.close()
         self.ranks.close(self.worker)
 
+    def extras(self) -> Extras:
+        return Extras(admit=self.admit, handle_other=self.handle_other, members=self.members,
+                      left_behind=self.left_behind)
+
     def handle_other(self, inbox: OrderedInbox, received: Received) -> bool:
         if self.rank > 0:
             return self.ranks.handle_other(self.worker, inbox, received)
@@ -214,9 +225,10 @@ class Replica:
             self.train_to(self.schedule.apply_at(s))
             self.computed(time.perf_counter() - t1)
 
-    def computed(self, seconds: float) -> None:  # wall clock: the metrics' and the next event's compute_s
+    def computed(self, seconds: float) -> None:
+        """Wall clock computing, the event's ``compute_s`` (the driver's times of ``produce``
+        and ``apply`` are the worker's compute metric)."""
         self.busy_s += seconds
-        self.worker.hooks.on_compute(seconds)
 
     def apply(self, parts: tuple[Received, ...]) -> dict[str, float]:
         """Event ``worker.step``: every replica's pseudo-gradient of its fragment averaged, the
@@ -291,9 +303,10 @@ class Replica:
 def run_replica(settings: Settings, spec: ReplicaSpec, index: int, transport: Transport | None = None,
                 rank: int = 0) -> int:
     """Train replica ``index`` (its rank ``rank``) with ``spec`` until ``[job] steps`` sync events
-    (or SIGTERM); exit code."""
-    replica = Replica(settings, spec, index, transport, rank=rank)
-    return drive(replica.worker, replica)
+    (or SIGTERM), over ``transport`` (None: its cluster's RabbitMQ broker); exit code."""
+    identity = Replica.identity(settings, index, rank)
+    worker = identity.worker(transport) if transport is not None else identity.broker_worker()
+    return drive(worker, Replica(settings, spec, index, worker, rank=rank))
 
 
 @role(ROLE)

@@ -66,7 +66,9 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
     def side(settings: Settings) -> SplitSide:
         from workers.split.head import SpecHead
 
-        return SpecHead(settings, HeadSpec(model, inputs, optimizer_fn), transport, rank=rank)
+        identity = SpecHead.identity(settings, rank)
+        worker = identity.worker(transport) if transport is not None else identity.broker_worker()
+        return SpecHead(settings, HeadSpec(model, inputs, optimizer_fn), worker, rank)
 
     return _run(job, "split-head", rank, side, transport is None, stack, broker_host)
 
@@ -82,7 +84,9 @@ def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: Los
     def side(settings: Settings) -> SplitSide:
         from workers.split.tail import SpecTail
 
-        return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn, baseline), transport, rank=rank)
+        identity = SpecTail.identity(settings, rank)
+        worker = identity.worker(transport) if transport is not None else identity.broker_worker()
+        return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn, baseline), worker, rank)
 
     return _run(job, "split-tail", rank, side, transport is None, stack, broker_host)
 

@@ -17,7 +17,6 @@ an after-training step: :class:`SpecHead` runs a user's :class:`HeadSpec`,
 
 from __future__ import annotations
 
-import time
 from abc import abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,9 +31,9 @@ from nebula_mq.errors import MalformedMessage, ModelError, ShapeMismatch
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.driver import StopCheck, StepInputs, drive
+from nebula_mq.runtime.driver import Extras, StopCheck, StepInputs, drive
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
@@ -62,9 +61,9 @@ class SplitHead(SplitSide):
     state_prefix = "head"
     gradient_op = "sum"  # each head rank holds its shard's part of the global gradient
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
+    def __init__(self, settings: Settings, job: Placement, worker: Worker, rank: int,
                  framework: Framework | None = None) -> None:
-        super().__init__(settings, job, rank, transport, framework)
+        super().__init__(settings, job, worker, rank, framework)
         self.reply_flow = self.reply_flows[rank]
         # Step s applies the gradient of micro-batch s, one from each tail rank (workers.split.routing).
         self.sources = job.tail_ids() if job.tail_ranks > 1 else ()
@@ -78,6 +77,9 @@ class SplitHead(SplitSide):
 
     def inputs(self) -> StepInputs:
         return StepInputs((self.reply_flow,), self.sources)
+
+    def extras(self) -> Extras:
+        return Extras(admit=self.check_correlation, unsaved=self.unsaved)
 
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         return tuple((peer_prefix(self.state_prefix, j), c) for j, c in enumerate(self.outgoing))
@@ -140,14 +142,12 @@ class SplitHead(SplitSide):
     def send_activation(self, mb: int) -> None:
         """This rank's shard of ``mb``, one piece to each tail rank."""
         bind_context(step=self.worker.step, micro_batch=mb)
-        t0 = time.perf_counter()
         with self.fw.no_grad():
             fwd = self.forward(mb)
         # Where the codec is plain fp16, the device narrows the activation before the copy:
         # half the bytes to the host, no cast there, the same message (FlowCompression.encode).
         half = self.fw.narrow_fp16(fwd.activation) if all(o.takes_fp16(mb) for o in self.outgoing) else None
         activation = half if half is not None else self.fw.numpy(fwd.activation)
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
         for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
             rows = self.routing.piece(len(fwd.sample_ids), j)
             piece = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
@@ -155,9 +155,6 @@ class SplitHead(SplitSide):
                 encoded, meta = outgoing.encode(mb, self.message(mb, piece, activation[rows]), self.samples(piece),
                                                 narrowed=half is not None)
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
-
-    def admit(self, received: Received) -> None:
-        self.check_correlation(received)
 
     def check_correlation(self, received: Received) -> None:
         """A reply answers one request: its correlation id is the id of the activation of
@@ -174,12 +171,10 @@ class SplitHead(SplitSide):
         rank), through its recomputed forward."""
         mb = parts[0].micro_batch
         bind_context(step=self.worker.step, micro_batch=mb)
-        t0 = time.perf_counter()
         fwd = self.forward(mb)  # recompute (module docstring)
         grad = parts[0].tensors["grad"] if len(parts) == 1 else np.concatenate([p.tensors["grad"] for p in parts])
         self.backward(fwd.activation, grad)
         self.step_optimizer()
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
         return self.step_values(parts, fwd)
 
     def step_values(self, parts: tuple[Received, ...], fwd: Forward) -> dict[str, float]:
@@ -192,10 +187,10 @@ class SplitHead(SplitSide):
 class SpecHead(SplitHead):
     """The head of a user's model: a :class:`HeadSpec`, configured by ``[split]``."""
 
-    def __init__(self, settings: Settings, spec: HeadSpec, transport: Transport | None = None,
-                 rank: int = 0) -> None:
+    def __init__(self, settings: Settings, spec: HeadSpec, worker: Worker, rank: int = 0) -> None:
+        """``worker``: of ``SpecHead.identity(settings, rank)``."""
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job, rank, transport,
+        super().__init__(settings, self.job, worker, rank,
                          framework_of(spec.model, "split.head", self.job.head_framework, settings.source))
         self.spec = spec
         self.take_model(spec.model, spec.optimizer_fn)
@@ -224,5 +219,5 @@ class SpecHead(SplitHead):
 @role("split-head")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-head --index RANK``: the spec comes from ``[split] head``."""
-    head = SpecHead(settings, load_spec(settings, "head"), rank=worker_index)
-    return drive(head.worker, head)
+    worker = SpecHead.identity(settings, worker_index).broker_worker()
+    return drive(worker, SpecHead(settings, load_spec(settings, "head"), worker, worker_index))

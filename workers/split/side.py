@@ -4,7 +4,8 @@ data-parallel group of the side's ranks.
 The loop, the ordering, the acks and the checkpoint schedule belong to the runtime's
 driver (:class:`~nebula_mq.runtime.driver.Driver`); the head and the tail
 (``workers.split.head``, ``workers.split.tail``) are plain roles that say what one
-step does, each given its :class:`~nebula_mq.runtime.worker.Worker`. This is the
+step does, each given its :class:`~nebula_mq.runtime.worker.Worker` (built by the entry
+point from the rank's :meth:`SplitSide.identity`). This is the
 state they both keep: the model's trainable weights and the optimizer, the
 learning-rate schedule, and each flow's compression state
 (:class:`~nebula_mq.codecs.flow.FlowCompression`, one per peer rank), saved and
@@ -32,14 +33,13 @@ import numpy as np
 from nebula_mq.codecs.flow import FlowCompression
 from nebula_mq.errors import NonFiniteTensor, ShapeMismatch
 from nebula_mq.models.frameworks import Framework, Group, framework_named
-from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.driver import StepInputs, StopCheck
+from nebula_mq.runtime.driver import Extras, StepInputs, StopCheck
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
-from workers.base import role_worker
-from workers.split.job import Placement, micro_batch_seed
+from workers.base import WorkerIdentity
+from workers.split.job import Placement, load_split_job, micro_batch_seed
 
 
 @contextmanager
@@ -74,18 +74,29 @@ class SplitSide(ABC):
     model: Any  # a paddle.nn.Layer or a torch.nn.Module: self.fw says which
     optimizer: Any
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
-                 framework: Framework | None = None) -> None:
-        head = self.side == "head"
-        ids = job.head_ids() if head else job.tail_ids()
+    @classmethod
+    def placement_of(cls, settings: Settings) -> Placement:
+        """Where this side's job puts the head and the tail (``[split]`` unless a subclass says)."""
+        return load_split_job(settings)
+
+    @classmethod
+    def identity(cls, settings: Settings, rank: int = 0) -> WorkerIdentity:
+        """The worker of this side's rank ``rank``: its cluster and id."""
+        job = cls.placement_of(settings)
+        ids = job.head_ids() if cls.side == "head" else job.tail_ids()
         if not 0 <= rank < len(ids):
             from nebula_mq.errors import WorkerError
 
-            raise WorkerError(f"{self.side} rank {rank} outside 0..{len(ids) - 1} ({self.side}_ranks = {len(ids)})")
-        self.settings, self.worker_id = settings, ids[rank]
-        self.worker = role_worker(settings, job.head_cluster if head else job.tail_cluster, ids[rank], self.role,
-                                  transport, checkpoint_every=job.checkpoint_every)
-        self.placement, self.rank, self.world = job, rank, len(ids)
+            raise WorkerError(f"{cls.side} rank {rank} outside 0..{len(ids) - 1} ({cls.side}_ranks = {len(ids)})")
+        return WorkerIdentity(settings, job.head_cluster if cls.side == "head" else job.tail_cluster, ids[rank],
+                              cls.role, job.checkpoint_every)
+
+    def __init__(self, settings: Settings, job: Placement, worker: Worker, rank: int,
+                 framework: Framework | None = None) -> None:
+        """``worker``: rank ``rank``'s, of :meth:`identity`."""
+        head = self.side == "head"
+        self.settings, self.worker, self.worker_id = settings, worker, worker.worker_id
+        self.placement, self.rank, self.world = job, rank, len(job.head_ids() if head else job.tail_ids())
         self.routing = job.ranks
         self.in_flight = job.in_flight
         self.total = settings.job.steps
@@ -120,6 +131,10 @@ class SplitSide(ABC):
         """The flow whose messages are this side's steps, one stream per peer rank."""
 
     @abstractmethod
+    def extras(self) -> Extras:
+        """What the side does besides its step: its check of each message (``admit``)."""
+
+    @abstractmethod
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         """This rank's ends of the flows' compression, each with its checkpoint prefix."""
 
@@ -135,7 +150,7 @@ class SplitSide(ABC):
             return
         job = self.placement
         self.group = self.fw.join_group(self.rank, job.group_address(self.side), job.group_timeout_s)
-        self.worker.agreement = Agreement(self.worker.stop_requested, self.group)
+        self.worker.join(self.group)
 
     def close(self) -> None:
         """Close the outboxes the side opened (``open``), waiting for their confirms."""

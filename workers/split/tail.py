@@ -16,7 +16,6 @@ error feedback, beam-search evaluation).
 
 from __future__ import annotations
 
-import time
 from abc import abstractmethod
 from collections.abc import Mapping
 
@@ -26,10 +25,10 @@ from nebula_mq.codecs import CompressionSchedule
 from nebula_mq.codecs.flow import FlowCompression, Samples
 from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Outbox, Received
-from nebula_mq.runtime.driver import StopCheck, StepInputs, drive
+from nebula_mq.runtime.driver import Extras, StopCheck, StepInputs, drive
 from nebula_mq.runtime.logs import bind_context, get_logger
+from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from nebula_mq.transport.base import Transport
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
@@ -47,9 +46,9 @@ class SplitTail(SplitSide):
     state_prefix = "tail"
     gradient_op = "mean"  # every tail rank trains on an equal share of the micro-batch
 
-    def __init__(self, settings: Settings, job: Placement, rank: int, transport: Transport | None,
+    def __init__(self, settings: Settings, job: Placement, worker: Worker, rank: int,
                  framework: Framework | None = None) -> None:
-        super().__init__(settings, job, rank, transport, framework)
+        super().__init__(settings, job, worker, rank, framework)
         self.act_flow = self.act_flows[rank]
         # Step s trains on the activation of micro-batch s, one piece from each head rank
         # (workers.split.routing).
@@ -66,6 +65,9 @@ class SplitTail(SplitSide):
 
     def inputs(self) -> StepInputs:
         return StepInputs((self.act_flow,), self.sources)
+
+    def extras(self) -> Extras:
+        return Extras(admit=self.check_reply_to)
 
     def compressions(self) -> tuple[tuple[str, FlowCompression], ...]:
         return tuple((peer_prefix(self.state_prefix, i), c)
@@ -100,9 +102,6 @@ class SplitTail(SplitSide):
     def produce(self, stopping: StopCheck) -> None:
         """Nothing: the tail only replies, from :meth:`apply`."""
 
-    def admit(self, received: Received) -> None:
-        self.check_reply_to(received)
-
     def check_reply_to(self, received: Received) -> None:
         """An activation must ask for its reply on its head rank's reply queue (no reply elsewhere)."""
         expected = self.reply_queues[self.peer_of(received)]
@@ -116,7 +115,6 @@ class SplitTail(SplitSide):
         before the activations are acked (with the next checkpoint)."""
         mb = parts[0].micro_batch
         bind_context(step=self.worker.step, micro_batch=mb)
-        t0 = time.perf_counter()
         pieces = [incoming.decode(p.tensors, p.meta, self.samples(p.tensors))  # AQ-SGD: deltas rebuilt
                   for incoming, p in zip(self.incoming, parts)]
         if len(parts) == 1:
@@ -140,7 +138,6 @@ class SplitTail(SplitSide):
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta={"loss": loss, **meta},
                         correlation_id=p.message_id)
         self.step_optimizer()
-        self.worker.hooks.on_compute(time.perf_counter() - t0)
         return {"loss": loss, **self.baseline()}
 
     def baseline(self) -> dict[str, float]:
@@ -151,10 +148,10 @@ class SplitTail(SplitSide):
 class SpecTail(SplitTail):
     """The tail of a user's model: a :class:`TailSpec`, configured by ``[split]``."""
 
-    def __init__(self, settings: Settings, spec: TailSpec, transport: Transport | None = None,
-                 rank: int = 0) -> None:
+    def __init__(self, settings: Settings, spec: TailSpec, worker: Worker, rank: int = 0) -> None:
+        """``worker``: of ``SpecTail.identity(settings, rank)``."""
         self.job: SplitJob = load_split_job(settings)
-        super().__init__(settings, self.job, rank, transport,
+        super().__init__(settings, self.job, worker, rank,
                          framework_of(spec.model, "split.tail", self.job.tail_framework, settings.source))
         self.spec = spec
         self.take_model(spec.model, spec.optimizer_fn)
@@ -183,5 +180,5 @@ class SpecTail(SplitTail):
 @role("split-tail")
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-tail --index RANK``: the spec comes from ``[split] tail``."""
-    tail = SpecTail(settings, load_spec(settings, "tail"), rank=worker_index)
-    return drive(tail.worker, tail)
+    worker = SpecTail.identity(settings, worker_index).broker_worker()
+    return drive(worker, SpecTail(settings, load_spec(settings, "tail"), worker, worker_index))

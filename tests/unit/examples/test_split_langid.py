@@ -109,8 +109,8 @@ def run_pair(settings: Settings) -> None:
         return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
 
     broker = MemoryBroker()
-    tail = SpecTail(settings, langid_model.build_tail(settings), transport("t"))
-    head = SpecHead(settings, langid_model.build_head(settings), transport("s"))
+    tail = SpecTail(settings, langid_model.build_tail(settings), SpecTail.identity(settings).worker(transport("t")))
+    head = SpecHead(settings, langid_model.build_head(settings), SpecHead.identity(settings).worker(transport("s")))
     run_workers(drivers(tail, head))  # the tail declares its queues first
 
 

@@ -16,7 +16,7 @@ import pytest
 from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.checkpoint import Checkpoint
-from nebula_mq.runtime.driver import Driver, StepInputs, StopCheck
+from nebula_mq.runtime.driver import Driver, Extras, StepInputs, StopCheck
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
@@ -55,6 +55,9 @@ class Summing:
 
     def inputs(self) -> StepInputs:
         return StepInputs((FLOW,), self.sources)
+
+    def extras(self) -> Extras:
+        return Extras()
 
     def open(self) -> None: ...
 

@@ -100,7 +100,7 @@ def test_an_encoder_init_that_names_no_discriminator_is_a_config_error(tmp_path:
         init = Path(__file__).resolve().parents[3] / "config" / "demo.toml"
     settings = with_init(abnet_settings(tmp_path / "abnet", steps=4), str(init))
     with pytest.raises(ConfigError, match="abnet.encoder_init"):
-        AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+        AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
 
 
 def test_an_override_given_for_the_abnet_job_does_not_reach_the_scenario_i_file_it_names(

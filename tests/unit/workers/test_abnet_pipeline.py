@@ -138,7 +138,7 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
 
     base = tiny_settings(tmp_path, steps=4)
     settings = dataclasses.replace(base, abnet={**base.section("abnet"), "on_collapse": on_collapse})
-    enc = AbnetEncoder(settings, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+    enc = AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
     mask = np.ones((2, 5), dtype=np.float32)
     reply = (types.SimpleNamespace(meta={"loss": 2.5}),)  # the step's one reply
     healthy = Forward(np.arange(2), paddle.randn([2, 5, 8]), {"src_mask": mask})

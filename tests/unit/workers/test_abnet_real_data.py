@@ -130,8 +130,8 @@ def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactor
 
     settings = split_settings(real_corpus, tmp_path_factory.mktemp("split-real"), steps=6)
     broker = MemoryBroker()
-    enc = AbnetEncoder(settings, MemoryTransport(broker, settings.transport, settings.job.id, "s"))
-    dec = AbnetDecoder(settings, MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+    enc = AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
+    dec = AbnetDecoder(settings, AbnetDecoder.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
     run_workers(drivers(dec, enc), timeout=300)
     return settings
 

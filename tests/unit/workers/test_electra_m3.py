@@ -44,8 +44,8 @@ def run_m3(settings: Settings, broker: MemoryBroker, stop_at: int | None = None)
     def transport(cluster: str) -> MemoryTransport:
         return MemoryTransport(broker, settings.transport, settings.job.id, cluster)
 
-    roles: list[Any] = [ElectraRoot(settings, transport(job.disc_cluster))]
-    roles += [ElectraGenerator(settings, transport(job.cluster_of(k)), index=k) for k in (0, 1)]
+    roles: list[Any] = [ElectraRoot(settings, ElectraRoot.identity(settings, 0).worker(transport(job.disc_cluster)))]
+    roles += [ElectraGenerator(settings, ElectraGenerator.identity(settings, k).worker(transport(job.cluster_of(k))), k) for k in (0, 1)]
     run_workers(drivers(*roles), stop_at)
     return roles
 

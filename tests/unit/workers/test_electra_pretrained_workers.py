@@ -74,8 +74,10 @@ def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabu
     assert data.kept[data.cfg.mask_id] == XLMR_SPECIALS["mask"] and data.kept[data.cfg.pad_id] == XLMR_SPECIALS["pad"]
     reference = load_e5_small(layers=2, keep_ids=data.kept).tensors
     broker = MemoryBroker()
-    root = ElectraRoot(settings, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
-    sub = ElectraSub(settings, 1, MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b"))
+    root = ElectraRoot(settings, ElectraRoot.identity(settings, 0).worker(
+        MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b")))
+    sub = ElectraSub(settings, ElectraSub.identity(settings, 1).worker(
+        MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b")), 1)
     ours = encoder_arrays(root)
     np.testing.assert_array_equal(ours["embeddings.word.weight"], reference["embeddings.word"])
     np.testing.assert_array_equal(ours["layers.1.attention.query.weight"], reference["layers.1.attention.query.weight"])
@@ -91,8 +93,9 @@ def test_a_pretrained_job_trains_checkpoints_and_resumes_from_its_checkpoint(tmp
 
     def run(steps: int) -> list[Any]:
         s = settings_for(tmp_path, steps)
-        roles = [ElectraRoot(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-b")),
-                 ElectraGenerator(s, MemoryTransport(broker, s.transport, s.job.id, "cluster-a"))]
+        roles = [ElectraRoot(s, ElectraRoot.identity(s, 0).worker(MemoryTransport(broker, s.transport, s.job.id, "cluster-b"))),
+                 ElectraGenerator(s, ElectraGenerator.identity(s).worker(
+                     MemoryTransport(broker, s.transport, s.job.id, "cluster-a")))]
         run_workers(drivers(*roles), timeout=300)
         return roles
 

@@ -53,8 +53,8 @@ def run_until_failure(settings: Settings, broker: MemoryBroker, ballast: Path) -
     from workers.split.head import SpecHead
     from workers.split.tail import SpecTail
 
-    tail = SpecTail(settings, mlp.build_tail(settings), MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    head = SpecHead(settings, mlp.build_head(settings), MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    tail = SpecTail(settings, mlp.build_tail(settings), SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
+    head = SpecHead(settings, mlp.build_head(settings), SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
     head.worker.hooks.add(Ballast(ballast, FULL_AT))
     units = drivers(tail, head)
     errors: dict[str, BaseException] = {}

@@ -95,8 +95,8 @@ def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_pat
     one = Settings(job=one.job, codec=one.codec, transport=one.transport,
                    split={**one.section("split"), "tail_cluster": "s"})
     broker = MemoryBroker()
-    tail = SpecTail(one, mlp.build_tail(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
-    head = SpecHead(one, mlp.build_head(one), MemoryTransport(broker, one.transport, one.job.id, "s"))
+    tail = SpecTail(one, mlp.build_tail(one), SpecTail.identity(one).worker(MemoryTransport(broker, one.transport, one.job.id, "s")))
+    head = SpecHead(one, mlp.build_head(one), SpecHead.identity(one).worker(MemoryTransport(broker, one.transport, one.job.id, "s")))
     assert not any(f.crosses_clusters for f in (*head.act_flows, *head.reply_flows))
     run_workers(drivers(tail, head))
     for worker in ("head-0", "tail-0"):
@@ -193,9 +193,9 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
         return ids, x[ids]
 
     tail = SpecTail(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
-                           MemoryTransport(broker, settings.transport, settings.job.id, "t"))
+                    SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
     head = SpecHead(settings, HeadSpec(model=mlp.bottom(), inputs=inputs),
-                           MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+                    SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
     before = set(threading.enumerate())
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="head-0 failed.*micro-batch 4"):
@@ -220,7 +220,8 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
 
     settings = settings_for(tmp_path, steps=4)
     head = SpecHead(settings, mlp.build_head(settings),  # type: ignore[arg-type]
-                           MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+                    SpecHead.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport,
+                                                                       settings.job.id, "s")))
 
     def reply(mb: int, correlation_id: str | None) -> Received:
         env = Envelope(settings.job.id, head.reply_flow.name, mb, mb, mb, "tail-0", ())
@@ -245,8 +246,8 @@ def test_the_tail_replies_before_its_optimizer_step(tmp_path: Path) -> None:
 
     settings = settings_for(tmp_path, steps=6)
     broker = MemoryBroker()
-    tail = SpecTail(settings, mlp.build_tail(settings), MemoryTransport(broker, settings.transport, settings.job.id, "t"))
-    head = SpecHead(settings, mlp.build_head(settings), MemoryTransport(broker, settings.transport, settings.job.id, "s"))
+    tail = SpecTail(settings, mlp.build_tail(settings), SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
+    head = SpecHead(settings, mlp.build_head(settings), SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
     replied: list[int] = []
     replied_before_step: list[list[int]] = []
 

@@ -91,7 +91,7 @@ def _head(tmp_path: Path, spec: Any, **split: Any) -> Any:
     if split:
         settings = Settings(job=settings.job, codec=settings.codec, transport=settings.transport,
                             split={**settings.section("split"), **split})
-    return SpecHead(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s"))
+    return SpecHead(settings, spec, SpecHead.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
 
 
 def test_a_model_of_neither_framework_is_a_config_error_naming_the_side(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def _tail(tmp_path: Path, model: Any, loss: Any) -> Any:
 
     settings = settings_for(tmp_path, steps=4)
     spec = TailSpec(model=model, loss=loss, targets=lambda ids: np.zeros((len(ids), 1), np.float32))
-    return SpecTail(settings, spec, MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t"))
+    return SpecTail(settings, spec, SpecTail.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t")))
 
 
 def test_a_tail_loss_that_is_not_a_scalar_is_a_model_error_naming_the_worker(tmp_path: Path) -> None:
