@@ -26,6 +26,28 @@ from tests.fixtures.langid import EXAMPLE, WORDS, evaluate  # noqa: E402  (after
 import langid_data  # noqa: E402
 import langid_replicas  # noqa: E402
 
+JOB = """\
+[job]
+id = "unit-langid-replicas"
+scenario = "replicas"
+seed = 7
+steps = {events}
+run_dir = "{run_dir}"
+
+[replicas]
+clusters = ["cluster-a", "cluster-b"]
+inner_steps = 4
+inner_lr = 0.01
+codec = "int8"
+error_feedback = true
+fragments = 2
+overlap_steps = 1
+model = "langid_replicas:build_replica"
+framework = "torch"
+checkpoint_every = 4
+"""
+
+
 @pytest.fixture(scope="module")
 def data() -> langid_data.LangData:
     """Strings of three or four words per language: 32 training strings each, 8 held out."""
