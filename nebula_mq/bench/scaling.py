@@ -1,7 +1,7 @@
 """``nebula-mq bench scaling JOB.toml``: a split or ABNet job at 1x1, 2x1, 1x2 and 2x2 ranks.
 
 Each row trains the job's model with ``head_ranks x tail_ranks`` data-parallel ranks
-(``workers.split.routing``) on the local stack, as real worker processes, with the
+(``workers.split.shards``) on the local stack, as real worker processes, with the
 job's global batch; every row is printed beside the 1x1 row of the same run:
 
 * **samples/s**: the global batch times the steps after a warm-up, over their time

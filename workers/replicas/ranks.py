@@ -44,6 +44,7 @@ from nebula_mq.runtime.worker import Worker
 from workers.replicas.exchange import RAW, check_start
 from workers.replicas.job import ReplicasJob, rank_flow, replica_id
 from workers.replicas.quorum import MEMBERS, Members, bits, members_of
+from workers.split.shards import piece
 
 LEFT = "left"  # the meta key of rank 0's word that it left without its group (a stop while it waited)
 WORD = "word"  # the meta key of rank 0's word on an event, with a quorum: TRAIN or SKIP
@@ -150,8 +151,7 @@ class ClusterRanks:
             if a.shape[0] % self.world:
                 raise WorkerError(f"a batch of {a.shape[0]} rows cannot be cut into [replicas] ranks = "
                                   f"{self.world} equal pieces: make the batch a multiple of the ranks")
-            size = a.shape[0] // self.world
-            pieces.append(a[self.rank * size:(self.rank + 1) * size])
+            pieces.append(a[piece(a.shape[0], self.world, self.rank)])
         return pieces
 
     def reduce(self, model: Any, loss: float, agreement: Agreement) -> float:

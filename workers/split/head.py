@@ -65,7 +65,7 @@ class SplitHead(SplitSide):
                  framework: Framework | None = None) -> None:
         super().__init__(settings, job, worker, rank, framework)
         self.reply_flow = self.reply_flows[rank]
-        # Step s applies the gradient of micro-batch s, one from each tail rank (workers.split.routing).
+        # Step s applies the gradient of micro-batch s, one from each tail rank (workers.split.shards).
         self.sources = job.tail_ids() if job.tail_ranks > 1 else ()
         # Schedule, rsvd warm start, AQ-SGD reference, tensor roles: all of the activation
         # flow's compression state, one per tail rank, checkpointed with the head.

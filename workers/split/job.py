@@ -31,7 +31,7 @@ from nebula_mq.errors import ConfigError, ModelError
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import DEVICE_PATTERN, Settings
-from workers.split.routing import Ranks, rank_id
+from workers.split.shards import Ranks, rank_id
 
 # head(micro_batch) -> (sample_ids int64 [B], input arrays...): deterministic in the
 # micro-batch index (a resumed head must rebuild exactly what a clean one sent).
@@ -66,7 +66,7 @@ class Placement:
     checkpoint_every: int = 10
     # Learning rate handed to both sides' optimizers.
     lr: float = 1e-3
-    # Data-parallel ranks of the head (workers.split.routing): each micro-batch is cut into
+    # Data-parallel ranks of the head (workers.split.shards): each micro-batch is cut into
     # head_ranks x tail_ranks equal pieces; the head ranks all-reduce their gradients.
     head_ranks: int = 1
     # Data-parallel ranks of the tail; the tail ranks all-reduce their gradients.
@@ -143,7 +143,7 @@ class Placement:
 
     def flows(self) -> tuple[topology.Flow, ...]:
         """Activations head -> tail (requests), one flow per tail rank, then gradients
-        tail -> head (replies), one flow per head rank (``workers.split.routing``); logical
+        tail -> head (replies), one flow per head rank (``workers.split.shards``); logical
         flows, each of ``stripes`` queues (``topology.physical_flows``)."""
         return topology.abnet_flows(self.head_cluster, self.tail_cluster, self.head_ids(), self.tail_ranks,
                                     self.stripes)

@@ -66,7 +66,7 @@ class SplitSide(ABC):
     side: Literal["head", "tail"]
     state_prefix: str  # names this side's arrays in the checkpoint
     activation_name = "activation"  # tensor name of the activation in the message
-    # How the side's ranks combine their gradients (workers.split.routing): the head's ranks
+    # How the side's ranks combine their gradients (workers.split.shards): the head's ranks
     # each hold a part of the global gradient (sum), the tail's a mean over equal shares.
     gradient_op: Literal["sum", "mean"]
     sources: tuple[str, ...]  # the peer ranks whose messages make a step (empty: one peer)

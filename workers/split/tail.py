@@ -51,7 +51,7 @@ class SplitTail(SplitSide):
         super().__init__(settings, job, worker, rank, framework)
         self.act_flow = self.act_flows[rank]
         # Step s trains on the activation of micro-batch s, one piece from each head rank
-        # (workers.split.routing).
+        # (workers.split.shards).
         self.sources = job.head_ids() if job.head_ranks > 1 else ()
         # Per head rank: the activation flow's receiving end (the AQ-SGD mirror, when the head
         # sends deltas) and the gradient flow's sending end (schedule, rsvd warm start, error

@@ -14,7 +14,7 @@ from nebula_mq.settings import JobSettings, Settings, load_settings
 from workers.abnet.job import load_job
 from workers.plans import plan_for
 from workers.split.job import load_split_job
-from workers.split.routing import Ranks, rank_id
+from workers.split.shards import Ranks, rank_id
 
 
 @pytest.mark.parametrize(("heads", "tails"), [(1, 1), (2, 1), (1, 2), (2, 2), (3, 2), (4, 4)])

@@ -38,6 +38,13 @@ from dataclasses import dataclass
 from nebula_mq.errors import DataError
 
 
+def piece(rows: int, pieces: int, index: int) -> slice:
+    """Piece ``index`` of ``pieces`` equal pieces of ``rows`` rows, cut along the first axis; the
+    caller checks that they divide, as it knows which setting to name when they do not."""
+    size = rows // pieces
+    return slice(index * size, (index + 1) * size)
+
+
 def rank_id(base: str, rank: int) -> str:
     """Worker id of rank ``rank`` of a side whose rank 0 is ``base`` (rank 0 keeps the
     1 x 1 id, so a job's checkpoints stay where they were)."""
@@ -57,10 +64,8 @@ class Ranks:
     def shard(self, rows: int, head: int) -> slice:
         """Head rank ``head``'s rows of a global micro-batch of ``rows``."""
         self.check_batch(rows)
-        size = rows // self.heads
-        return slice(head * size, (head + 1) * size)
+        return piece(rows, self.heads, head)
 
     def piece(self, shard_rows: int, tail: int) -> slice:
         """Tail rank ``tail``'s rows of one head rank's shard."""
-        size = shard_rows // self.tails
-        return slice(tail * size, (tail + 1) * size)
+        return piece(shard_rows, self.tails, tail)
