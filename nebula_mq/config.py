@@ -21,11 +21,13 @@ the file (:func:`blame_env`).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
+import sys
 import tomllib
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -300,3 +302,21 @@ def load(cls: type[T], path: str | os.PathLike[str], environ: Mapping[str, str] 
         return build(cls, data, str(path))
     except ConfigError as exc:
         raise blame_env(exc, overrides) from None
+
+
+def load_function(source: str, key: str, target: str, home: Path | None) -> Callable[..., Any]:
+    """The function a job file names as ``"package.module:function"`` at ``key``, imported; its
+    module is looked for in ``home`` too (the user's modules sit next to their job file). A name
+    that is not one, or not importable, or not callable is a one-line ConfigError."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(source, key, "'package.module:function'", target or "<empty>")
+    if home is not None and str(home) not in sys.path:
+        sys.path.append(str(home))
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(source, key, "an importable 'module:function'", f"{target} ({exc})") from None
+    if not callable(function):
+        raise ConfigError(source, key, "a callable", target)
+    return function

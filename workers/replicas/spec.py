@@ -4,11 +4,10 @@ to the job file or in ``model_dir``."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import sys
 from pathlib import Path
 
+from nebula_mq import config
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import Settings
 from workers.replicas.job import ReplicaSpec, load_job
@@ -18,23 +17,15 @@ def load_spec(settings: Settings, c: int) -> ReplicaSpec:
     """The :class:`ReplicaSpec` the job's ``[replicas] model`` function makes for replica ``c``;
     anything else is a one-line ConfigError."""
     job = load_job(settings)
-    where, target = settings.source or "<settings>", job.model
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(where, "replicas.model", "'package.module:function'", target or "<empty>")
-    if settings.source:  # the user's module sits next to the job file, or in model_dir
-        home = str((Path(settings.source).resolve().parent / job.model_dir).resolve())
-        if home not in sys.path:
-            sys.path.append(home)
-    try:
-        builder = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(where, "replicas.model", "an importable 'module:function'", f"{target} ({exc})") from None
+    where = settings.source or "<settings>"
+    # The user's module sits next to the job file, or in model_dir (relative to the job file).
+    home = (Path(settings.source).resolve().parent / job.model_dir).resolve() if settings.source else None
+    builder = config.load_function(where, "replicas.model", job.model, home)
     try:
         inspect.signature(builder).bind(settings, c)
     except (TypeError, ValueError):
         raise ConfigError(where, "replicas.model", "a function(settings, cluster index) returning ReplicaSpec",
-                          target) from None
+                          job.model) from None
     spec = builder(settings, c)
     if not isinstance(spec, ReplicaSpec):
         raise ConfigError(where, "replicas.model", "a function returning ReplicaSpec", type(spec).__name__)

@@ -17,8 +17,6 @@ script, or built by a function named in the job file (``[split] head =
 from __future__ import annotations
 
 import hashlib
-import importlib
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,31 +232,11 @@ def load_spec(settings: Settings, side: Literal["tail"]) -> TailSpec: ...
 def load_spec(settings: Settings, side: str) -> HeadSpec | TailSpec:
     """The HeadSpec (``side`` "head") or TailSpec ("tail") the job's ``[split] <side>`` builder makes;
     anything else is a one-line ConfigError."""
-    spec = load_builder(settings, side)(settings)
+    where, job = settings.source or "<settings>", load_split_job(settings)
+    home = Path(settings.source).resolve().parent if settings.source else None
+    builder = config.load_function(where, f"split.{side}", job.head if side == "head" else job.tail, home)
+    spec = builder(settings)
     wanted = HeadSpec if side == "head" else TailSpec
     if not isinstance(spec, wanted):
-        raise ConfigError(settings.source or "<settings>", f"split.{side}", f"a function returning {wanted.__name__}",
-                          type(spec).__name__)
+        raise ConfigError(where, f"split.{side}", f"a function returning {wanted.__name__}", type(spec).__name__)
     return spec
-
-
-def load_builder(settings: Settings, key: str) -> Callable[[Settings], Any]:
-    """The ``module:function`` named by ``[split] <key>``, imported."""
-    where = settings.source or "<settings>"
-    target = getattr(load_split_job(settings), key)
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(where, f"split.{key}", "'package.module:function'", target or "<empty>")
-    # The user's modules usually sit next to their job file: importable from there too.
-    if settings.source:
-        home = str(Path(settings.source).resolve().parent)
-        if home not in sys.path:
-            sys.path.append(home)
-    try:
-        builder = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(where, f"split.{key}", "an importable 'module:function'",
-                          f"{target} ({exc})") from None
-    if not callable(builder):
-        raise ConfigError(where, f"split.{key}", "a callable", target)
-    return builder

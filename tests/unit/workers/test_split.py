@@ -110,24 +110,24 @@ def test_stop_and_resume_is_bit_identical(tmp_path: Path) -> None:
 
 def test_the_example_job_file_plans_both_roles_and_names_importable_builders(tmp_path: Path) -> None:
     from workers.plans import plan_for
-    from workers.split.job import HeadSpec, TailSpec, load_builder
+    from workers.split.job import HeadSpec, TailSpec, load_spec
 
     settings = load_settings(EXAMPLE / "job.toml")
     plan = plan_for(settings)
     assert {(p.role, p.cluster) for p in plan.processes} == {("split-head", "cluster-a"), ("split-tail", "cluster-b")}
     assert [f.name for f in plan.flows][0] == "activations"
-    assert isinstance(load_builder(settings, "head")(settings), HeadSpec)
-    assert isinstance(load_builder(settings, "tail")(settings), TailSpec)
+    assert isinstance(load_spec(settings, "head"), HeadSpec)
+    assert isinstance(load_spec(settings, "tail"), TailSpec)
 
 
 @pytest.mark.parametrize("target", ["", "nomodule", "no_such_module_xyz:build", "mlp:no_such_function"])
 def test_a_bad_builder_name_is_a_config_error(tmp_path: Path, target: str) -> None:
-    from workers.split.job import load_builder
+    from workers.split.job import load_spec
 
     settings = settings_for(tmp_path, steps=1)
     settings = Settings(job=settings.job, split={"head": target}, source=str(EXAMPLE / "job.toml"))
     with pytest.raises(ConfigError, match="split.head"):
-        load_builder(settings, "head")
+        load_spec(settings, "head")
 
 
 def test_bad_split_section_is_a_config_error(tmp_path: Path) -> None:
