@@ -75,13 +75,11 @@ def worker(tmp: Path, script: dict[int, Callable[[], None]]) -> Worker:
     return w
 
 
-def record_steps(w: Worker) -> float:
-    """Seconds that recording STEPS steps took."""
-    started = time.monotonic()
+def record_steps(w: Worker) -> None:
+    """Record STEPS steps, as a training loop does."""
     for step in range(1, STEPS + 1):
         w.step = step
         w.record_step({"loss": 1.0 / step})
-    return time.monotonic() - started
 
 
 def rows(w: Worker) -> list[dict[str, float]]:
@@ -92,20 +90,23 @@ def rows(w: Worker) -> list[dict[str, float]]:
 def test_a_slow_broker_delays_no_step_and_the_sampler_writes_its_rows_afterwards(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sampler, "QUEUE_SAMPLE_S", 0.01)
-    took: list[float] = []
     overlapped: list[bool] = []
+    answer = threading.Event()
 
     def body(w: Worker) -> int:
         w.record_step({"loss": 1.0})  # the sampler's first sample comes at the first step
-        assert probe(w).entered.wait(5), "the sampler never sampled"
-        took.append(record_steps(w))
+        assert probe(w).entered.wait(30), "the sampler never sampled"
+        record_steps(w)
         overlapped.append(probe(w).answering.is_set())
+        answer.set()
         return 0
 
-    w = worker(tmp_path, {1: lambda: time.sleep(2.0)})  # the broker takes 2 s to answer once
+    # The broker answers its first sample only once the steps are recorded: steps that waited
+    # for the sampler would find it answered (after the 30 s) instead, however loaded the machine.
+    w = worker(tmp_path, {1: lambda: answer.wait(30)})
     with capture_logs() as logs:
         assert w.lifecycle(lambda: body(w)) == 0
-    assert took[0] < 0.5 and overlapped == [True]  # the steps ran while the sampler waited
+    assert overlapped == [True]  # the steps ran while the sampler waited
     assert not [e for e in logs if e["log_level"] == "warning"]  # and no thread broke the probe's rule
     assert w.sampler.thread is not None and not w.sampler.thread.is_alive()  # joined as main left
     assert probe(w).closed and probe(w).owner is w.sampler.thread  # one thread read the broker: the sampler's
@@ -131,7 +132,7 @@ def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(
 
     def body(w: Worker) -> int:
         w.record_step({"loss": 1.0})
-        assert probe(w).entered.wait(5)
+        assert probe(w).entered.wait(30)
         return 0
 
     w = worker(tmp_path, {1: lambda: release.wait(30)})  # a broker that never answers
@@ -139,7 +140,7 @@ def test_a_sampler_stuck_on_the_broker_lets_the_worker_leave_within_its_bound(
         started = time.monotonic()
         with capture_logs() as logs:
             assert w.lifecycle(lambda: body(w)) == 0
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 15.0  # the bound, not the broker's 30 s
         assert [e for e in logs if e["event"] == "queue_sampler_stuck"]
         assert json.loads((tmp_path / "status" / "dec-0.json").read_text())["state"] == "finished"
     finally:
@@ -160,7 +161,7 @@ def test_failed_samples_are_logged_and_never_reach_training(tmp_path: Path, monk
         raise RuntimeError("a bug in the probe")
 
     def body(w: Worker) -> int:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while probe(w).calls < 6:
             assert time.monotonic() < deadline, "the sampler stopped sampling after a failure"
             record_steps(w)

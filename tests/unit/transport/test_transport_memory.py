@@ -46,4 +46,4 @@ def test_a_publish_to_a_broker_that_is_down_fails_at_once() -> None:
     t0 = time.monotonic()
     with pytest.raises(TransportError, match="test over"):
         transport.publisher().publish(queue, b"x", "m-1")
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10.0  # not its 30 s patience

@@ -51,7 +51,7 @@ def test_the_memory_publisher_waits_out_a_full_queue_as_the_rabbit_publisher_doe
     t0 = time.monotonic()
     with pytest.raises(BackpressureTimeout, match=r"not accepted within 0.3 s: queue .* is full"):
         pub.publish(queue, b"5", "m-2")
-    assert 0.25 < time.monotonic() - t0 < 2.0
+    assert 0.25 < time.monotonic() - t0 < 10.0  # the patience, then gives up: never waits for ever
     assert pub.stats.published == 1 and pub.stats.waits_full > 1 and pub.stats.waits_unroutable == 0
 
 

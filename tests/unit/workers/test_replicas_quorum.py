@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from nebula_mq.errors import CheckpointError, ConfigError, MalformedMessage
+from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import drivers
 from tests.fixtures.replicas import THREE, Duplicates, Rounds, build, hooks_of, replicas, settings_for
@@ -28,7 +29,14 @@ pytestmark = pytest.mark.paddle
 HERE: Any = object()  # a peer's message waiting: the coordinator looks only at which are there
 
 
-def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(tmp_path: Path) -> None:
+def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a and b go on without c to a step hold at event 4; c, started then, catches up from the
+    queues to the hold, and once it is lifted the three train each event from the same moment:
+    c's first pseudo-gradient comes while a still runs, whichever thread is faster."""
+    hold = tmp_path / "hold"
+    monkeypatch.setenv(HOLD_FILE_ENV, str(hold))  # read as each driver is made
+    set_hold(hold, 4)
     settings = settings_for(tmp_path, steps=10, quorum=2, quorum_wait_s=1.0)
     broker = MemoryBroker()
     inner_steps: list[int] = []  # c's
@@ -54,8 +62,10 @@ def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(tmp
     time.sleep(1.0)  # alone, the coordinator is below the quorum of 2: it waits
     assert roles[0].worker.step == 0 and not errors
     threads.append(started(units[1], errors))
-    wait_for(lambda: roles[0].worker.step >= 4, errors)  # a and b go on without c
+    wait_for(lambda: min(r.worker.step for r in roles[:2]) == 4, errors)  # a and b go on without c
     threads.append(started(units[2], errors))
+    wait_for(lambda: roles[2].worker.step == 4, errors)  # c caught up from the queues
+    set_hold(hold, None)
     for t in threads:
         t.join(120.0)
         assert not t.is_alive()
