@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench import free_port_base
+from nebula_mq.stack.layout import free_group_port
 
 DEFAULT_RANKS = "1x1,2x1,1x2,2x2"
 
@@ -62,7 +62,7 @@ def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> di
     given = settings.scenario_section()
     head_key = "encoder_ranks" if "encoder_ranks" in given else "head_ranks"
     tail_key = "decoder_ranks" if "decoder_ranks" in given else "tail_ranks"
-    port = free_port_base(heads + tails + 2)
+    port = free_group_port(heads + tails + 2)
     name = f"{heads}x{tails}"
     return {
         "NEBULA__JOB__ID": f"{settings.job.id}-scale-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),

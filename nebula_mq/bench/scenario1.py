@@ -24,10 +24,11 @@ import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench import free_port_base
+from nebula_mq.stack.layout import free_group_port
 
 CLUSTERS = ("cluster-a", "cluster-b")
 JOB = """
@@ -42,16 +43,28 @@ run_dir = "{run_dir}"
 prefetch = 8
 
 [electra]
-generator_clusters = ["{gen_cluster}"]
+generator_clusters = {gen_clusters}
 disc_cluster = "cluster-b"
 n_sub = {n}
-{lead_line}checkpoint_every = 1000
+{lead_line}checkpoint_every = {checkpoint_every}
 heldout = 64
 gloo_base_port = {port}
 
 [electra.model]
 preset = "{preset}"
 """
+
+
+def electra_job(job_id: str, steps: int, run_dir: str | Path, *, n_sub: int, port: int,
+                gen_clusters: Sequence[str] = ("cluster-b",), max_lead: int | None = None,
+                checkpoint_every: int = 1000, preset: str = "tiny") -> str:
+    """The text of an ELECTRA job file on a stack of cluster-a and cluster-b (and more generator
+    clusters): generators on ``gen_clusters``, a gloo group of ``n_sub`` discriminator ranks on
+    cluster-b at ``port``; ``max_lead`` None keeps the job's default. The benchmark's job, and
+    the tests'."""
+    return JOB.format(job_id=job_id, steps=steps, run_dir=run_dir, gen_clusters=json.dumps(list(gen_clusters)),
+                      n=n_sub, lead_line="" if max_lead is None else f"max_lead = {max_lead}\n",
+                      checkpoint_every=checkpoint_every, port=port, preset=preset)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,9 +87,8 @@ def run_job(stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cl
     from nebula_mq.bench.scaling import run_row
 
     config = root / f"{name}.toml"
-    text = JOB.format(job_id=f"s1-{name}-{os.getpid()}", steps=steps, run_dir=root / name, gen_cluster=gen_cluster,
-                      n=n, port=free_port_base(n),
-                      lead_line="" if max_lead is None else f"max_lead = {max_lead}\n", preset=preset)
+    text = electra_job(f"s1-{name}-{os.getpid()}", steps, root / name, n_sub=n, port=free_group_port(n),
+                       gen_clusters=(gen_cluster,), max_lead=max_lead, preset=preset)
     if init_from:
         text = text.replace("[electra.model]", f'init_from = "{init_from}"\n\n[electra.model]')
     if horizon:

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,9 +31,10 @@ DIST_OFFSET = 20000
 # Linux gives outgoing connections local ports from here up (ip_local_port_range). A port up
 # there can be taken by any client between a free-port check and a node's bind, or while a
 # node restarts: stacks that tools start for themselves stay below it, and so do the gloo
-# groups they run (12000-25900: between these bases and their dist ports).
+# groups they run (between these bases and their dist ports).
 EPHEMERAL_START = 32768
 TOOL_BASE_PORTS = range(6000, 12000, 50)  # their dist ports: 26000-31950 (+ cluster)
+GROUP_BASE_PORTS = range(12000, 25800, 17)  # a group's ranks take the ports above its base
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -170,12 +171,27 @@ def free_base_port(n: int, seed: int) -> int:
     """A base port for a stack of ``n`` nodes that a benchmark, a study or a test starts for
     itself: every one of its ports free now and below the ephemeral range. ``seed`` (a pid)
     spreads runs that start at the same time over different bases."""
-    count = len(TOOL_BASE_PORTS)
-    for k in range(count):
-        base = TOOL_BASE_PORTS[(seed * 37 + k) % count]
-        if all(port_free(p) for p in stack_ports(base, n)):
+    return _free_base(TOOL_BASE_PORTS, lambda base: stack_ports(base, n), seed, f"{n} nodes' ports")
+
+
+def free_group_port(n: int, seed: int | None = None) -> int:
+    """A base port with ``base .. base + n`` free now: a gloo group's store and ``n`` ranks, that
+    a benchmark, a study or a test starts. Below the ephemeral range, where an outgoing
+    connection could take a rank's port before the rank binds it (the root's store then never
+    starts), and apart from the tools' stacks. ``seed`` (the pid unless given) spreads groups
+    that start at the same time over different bases."""
+    return _free_base(GROUP_BASE_PORTS, lambda base: range(base, base + n + 1),
+                      os.getpid() if seed is None else seed, f"{n + 1} ports", reuse_addr=False)
+
+
+def _free_base(bases: range, ports: Callable[[int], Iterable[int]], seed: int, what: str,
+               reuse_addr: bool = True) -> int:
+    """The first of ``bases``, from one that ``seed`` picks on, whose ``ports`` are all free now."""
+    for k in range(len(bases)):
+        base = bases[(seed * 37 + k) % len(bases)]
+        if all(port_free(p, reuse_addr) for p in ports(base)):
             return base
-    raise StackError(f"no base port in {TOOL_BASE_PORTS.start}-{TOOL_BASE_PORTS.stop} with {n} nodes' ports free")
+    raise StackError(f"no base port in {bases.start}-{bases.stop} with {what} free")
 
 
 def port_free(port: int, reuse_addr: bool = True) -> bool:

@@ -47,11 +47,12 @@ def test_chaos_kills_a_discriminator_rank_with_its_group_and_ends_bit_identical(
     """A gloo rank restarted alone waits for ever in the rendezvous: chaos kills the
     root and restarts the whole discriminator group with it."""
     from nebula_mq.chaos.schedule import Fault
-    from tests.fixtures.jobs import ELECTRA_JOB, free_port_range
+    from nebula_mq.bench.scenario1 import electra_job
+    from nebula_mq.stack.layout import free_group_port
 
     config = tmp_path / "electra.toml"
-    config.write_text(ELECTRA_JOB.format(job_id="chaos-electra", steps=25, run_dir=tmp_path / "run",
-                                         port=free_port_range(2), n_sub=2, gen_cluster="cluster-a"))
+    config.write_text(electra_job("chaos-electra", 25, tmp_path / "run", n_sub=2, port=free_group_port(2),
+                                  gen_clusters=("cluster-a",), max_lead=2, checkpoint_every=5))
     logs: list[str] = []
     report = ChaosRunner(str(config), str(stack.run_dir), [Fault(8, "kill", "disc-root", 0.5)],
                          log=logs.append).run(300)

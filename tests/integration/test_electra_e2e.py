@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import (ELECTRA_JOB, column, final_checkpoint, free_port_range, provision_job_files,
-                                 start_worker, step_of, wait_all)
+from nebula_mq.bench.scenario1 import electra_job
+from nebula_mq.stack.layout import free_group_port
+from tests.fixtures.jobs import column, final_checkpoint, provision_job_files, start_worker, step_of, wait_all
 
 # One worker runs the module, so the clean run (a module fixture) is made once.
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.xdist_group("electra-e2e")]
@@ -31,8 +32,8 @@ STEPS = 30
 def write_job(stack: Any, tmp: Path, name: str, steps: int, n_sub: int = 2,
               gen_cluster: str = "cluster-a") -> dict[str, Path]:
     """Provision a job on the test stack; one job file per process (worker id -> path)."""
-    text = ELECTRA_JOB.format(job_id="placeholder", steps=steps, run_dir=tmp / name, n_sub=n_sub,
-                      port=free_port_range(n_sub), gen_cluster=gen_cluster)
+    text = electra_job("placeholder", steps, tmp / name, n_sub=n_sub, port=free_group_port(n_sub),
+                       gen_clusters=(gen_cluster,), max_lead=2, checkpoint_every=5)
     return provision_job_files(stack, tmp, name, text)
 
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, start_planned, start_worker, step_of,
-                                 wait_all)
+from nebula_mq.bench.scenario1 import electra_job
+from nebula_mq.stack.layout import free_group_port
+from tests.fixtures.jobs import column, final_checkpoint, start_planned, start_worker, step_of, wait_all
 from tests.fixtures.stack import THREE_NODES, StackHandle
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, THREE_NODES]
@@ -28,37 +29,16 @@ STEPS = 24
 WORKERS = {"disc-root": ("electra-root", 0), "disc-sub-1": ("electra-sub", 1),
            "gen-0": ("electra-generator", 0), "gen-1": ("electra-generator", 1)}
 
-JOB = """
-[job]
-id = "placeholder"
-scenario = "electra"
-seed = 7
-steps = {steps}
-run_dir = "{run_dir}"
-
-[transport]
-prefetch = 8
-
-[electra]
-generator_clusters = ["cluster-a", "cluster-c"]
-disc_cluster = "cluster-b"
-n_sub = 2
-max_lead = 2
-checkpoint_every = 5
-heldout = 64
-gloo_base_port = {port}
-
-[electra.model]
-preset = "tiny"
-
+# Two generators of their own, on cluster-a and cluster-c, added to the bench's ELECTRA job.
+GENERATORS = """
 [[electra.model.generators]]
-size = {{ hidden = 32, layers = 1, heads = 2, ffn = 64 }}
+size = { hidden = 32, layers = 1, heads = 2, ffn = 64 }
 lr = 2e-3
 task = "mlm"
 group = "north"
 
 [[electra.model.generators]]
-size = {{ hidden = 32, layers = 1, heads = 2, ffn = 64 }}
+size = { hidden = 32, layers = 1, heads = 2, ffn = 64 }
 lr = 2e-3
 task = "trtd"
 group = "south"
@@ -68,8 +48,9 @@ seed = 2
 
 def start_job(stack: StackHandle, tmp: Path, name: str) -> tuple[dict[str, Path], dict[str, subprocess.Popen[bytes]]]:
     # The plan: one process per generator, two discriminator ranks.
-    return start_planned(stack, tmp, name, JOB.format(steps=STEPS, run_dir=tmp / name, port=free_port_range(2)),
-                         WORKERS)
+    text = electra_job("placeholder", STEPS, tmp / name, n_sub=2, port=free_group_port(2),
+                       gen_clusters=("cluster-a", "cluster-c"), max_lead=2, checkpoint_every=5)
+    return start_planned(stack, tmp, name, text + GENERATORS, WORKERS)
 
 
 

@@ -17,9 +17,10 @@ import pytest
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
 from nebula_mq.settings import load_settings
+from nebula_mq.stack.layout import free_group_port
 from nebula_mq.transport.memory import MemoryBroker
-from tests.fixtures.jobs import (column, final_checkpoint, free_port_range, kill_all, run_chaos, start_planned,
-                                 start_worker, wait_all, wait_steps)
+from tests.fixtures.jobs import (column, final_checkpoint, kill_all, run_chaos, start_planned, start_worker, wait_all,
+                                 wait_steps)
 from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.pairs import SPLIT_EXAMPLE
 from tests.fixtures.replicas import run
@@ -55,7 +56,7 @@ def params(run_dir: Path, worker: str, kinds: tuple[str, ...] = ("model/param/",
 
 def job_file(tmp: Path, ranks: int) -> Path:
     config = tmp / f"ranks{ranks}.toml"
-    config.write_text(JOB.format(ranks=ranks, steps=STEPS, run_dir=tmp / f"run{ranks}", port=free_port_range(6)))
+    config.write_text(JOB.format(ranks=ranks, steps=STEPS, run_dir=tmp / f"run{ranks}", port=free_group_port(6)))
     return config
 
 
@@ -116,7 +117,7 @@ def test_a_quorum_goes_on_without_a_cluster_of_ranks_and_its_ranks_catch_up(
     hold = tmp_path / "hold"
     monkeypatch.setenv(HOLD_FILE_ENV, str(hold))
     set_hold(hold, 2)
-    text = JOB.format(ranks=2, steps=QUORUM_STEPS, run_dir=tmp_path / "quorum", port=free_port_range(6))
+    text = JOB.format(ranks=2, steps=QUORUM_STEPS, run_dir=tmp_path / "quorum", port=free_group_port(6))
     text = text.replace('id = "replicas-ranks-2"', "id = \"placeholder\"") + "quorum = 1\nquorum_wait_s = 2.0\n"
     workers = {"replica-0": 0, "replica-0-r1": 1, "replica-1": 2, "replica-1-r1": 3}
     cfgs, procs = start_planned(stack, tmp_path, "quorum", text, {w: ("replica", i) for w, i in workers.items()})

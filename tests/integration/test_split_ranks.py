@@ -14,8 +14,9 @@ import pytest
 
 from nebula_mq.chaos.schedule import Fault
 from nebula_mq.launch import JobProcesses
-from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, finish, free_port_range,
-                                 run_chaos, run_to_end, split_job)
+from nebula_mq.stack.layout import free_group_port
+from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, finish, run_chaos,
+                                 run_to_end, split_job)
 from tests.fixtures.lanes import CPU_HEAVY
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow, CPU_HEAVY]
@@ -53,7 +54,7 @@ def test_2x2_torch_ranks_train_the_1x1_model_with_identical_ranks(  # type: igno
     for heads, tails in ((1, 1), (2, 2)):
         name = f"split{heads}x{tails}"
         config = tmp_path / f"{name}.toml"
-        port = free_port_range(8)
+        port = free_group_port(8)
         ranks = (f"head_ranks = {heads}\ntail_ranks = {tails}\nhead_gloo_port = {port}\n"
                  f"tail_gloo_port = {port + 4}\ngroup_timeout_s = 60")
         config.write_text(split_job(f"ranks-{name}", tmp_path / name, steps=20, head=module, tail=module,
@@ -78,7 +79,7 @@ def test_2x2_abnet_under_chaos_ends_bit_identical_to_a_clean_2x2_run(stack, tmp_
     """A WAN cut, a broker restart, and SIGKILL of one rank on each side (its group is
     restarted from the group's lowest common checkpoint)."""
     config = tmp_path / "job.toml"
-    port = free_port_range(8)
+    port = free_group_port(8)
     ranks = (f"encoder_ranks = 2\ndecoder_ranks = 2\nhead_gloo_port = {port}\ntail_gloo_port = {port + 4}\n"
              "group_timeout_s = 60")
     total = 24
