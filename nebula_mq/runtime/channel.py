@@ -3,8 +3,9 @@
 :class:`Outbox` encodes tensors with their codecs, wraps them in an envelope
 and publishes it, confirmed, to the flow's queue on the local broker.
 :class:`Inbox` takes deliveries off a flow's queue and turns each into exactly
-one of: a :class:`Received` message for the role; a duplicate, acked and
-dropped; or a condemned message, dead-lettered with its reason (checksum,
+one of: a :class:`Received` message for the role (repeats included: the
+ordered inbox that counts the flow's progress drops them, ``runtime.ordered``);
+or a condemned message, dead-lettered with its reason (checksum,
 version, schema, authentication tag, replay window, codec, NaN, wrong job,
 wrong flow). Every envelope is signed with the job's HMAC key and, when the
 job asks for it, sealed with AES-GCM (``nebula_mq.security.auth``). The role never sees a
@@ -12,7 +13,7 @@ message it cannot trust, and the consumer keeps going.
 
 Message identity is ``job/flow/producer/seq`` (``topology.message_id``); ``seq``
 is the micro-batch index, so a worker that recomputes a micro-batch after a
-restart sends a message with the same id, which the receiver discards.
+restart sends a message with the same id, which the receiver's counter discards.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from nebula_mq.errors import NebulaError, NonFiniteTensor, UnknownJob, WireError
 from nebula_mq.runtime.hooks import MessageEvent
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.transport.base import Delivery
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.wire import Envelope, decode_envelope, encode_envelope, pack_tensors, unpack_tensors
 from nebula_mq.wire.envelope import TensorRecord
 from nebula_mq.wire.limits import check_outgoing
@@ -121,20 +121,16 @@ class Outbox:
 
 
 class Inbox:
-    """Trusted, deduplicated messages of one flow; see the module docstring."""
+    """Trusted messages of one flow; see the module docstring. Repeats are recognised where the
+    flow's progress is counted, by :class:`~nebula_mq.runtime.ordered.OrderedInbox`."""
 
-    def __init__(self, worker: Worker, flow: topology.Flow, dedupe: Deduplicator | None, *,
-                 held: int = 0) -> None:
-        """``dedupe``: the applied message ids, when nothing else keeps them (None when the
-        caller counts the flow's progress itself, as :class:`~nebula_mq.runtime.ordered.OrderedInbox`
-        does: a flow applied strictly in order needs one number, not a set of ids).
-        ``held``: deliveries the role keeps unacked on purpose (applied but not yet
+    def __init__(self, worker: Worker, flow: topology.Flow, *, held: int = 0) -> None:
+        """``held``: deliveries the role keeps unacked on purpose (applied but not yet
         checkpointed, or waiting for their turn). The prefetch must exceed it, or the
         broker stops delivering while the role waits for the message that would let
         it checkpoint: a deadlock."""
         self.worker = worker
         self.flow = flow
-        self.dedupe = dedupe
         self.allow_non_finite = worker.settings.codec.allow_non_finite  # [codec] allow_non_finite
         self.max_bytes = worker.settings.transport.max_message_bytes
         prefetch = worker.settings.transport.prefetch + held
@@ -166,14 +162,6 @@ class Inbox:
                                  f"{self.worker.settings.job.id!r}'s queue")
             if env.flow != self.flow.name:
                 raise UnknownJob(f"message of flow {env.flow!r} on flow {self.flow.name!r}")
-            if self.dedupe is not None and self.dedupe.seen(env.message_id, f"{env.flow}/{env.producer}", env.seq):
-                self.worker.hooks.on_duplicate(_event(env, 0, len(delivery.body)))
-                # Its effect is applied, but maybe only in memory: ack with the next
-                # checkpoint. Acking now would lose the message if the first copy's
-                # connection died (after a broker restart this copy is the only one
-                # left on the broker) and the worker crashed before checkpointing.
-                self.worker.ledger.defer(delivery)
-                return None
             tensors = unpack_tensors(env, max_decoded_bytes=self.worker.settings.transport.decoded_bytes_cap)
             if not self.allow_non_finite:
                 for name, arr in tensors.items():
@@ -201,16 +189,16 @@ class Inbox:
         self._dead_letter(received.delivery, exc)
 
     def discard_duplicate(self, received: Received) -> None:
-        """A repeat of something already applied or already held: ack it with the
-        next checkpoint (see ``_admit``), never apply it."""
+        """A repeat of something already applied or already held: ack it with the next
+        checkpoint, never apply it. Its effect is applied, but maybe only in memory: acking now
+        would lose the message if the first copy's connection died (after a broker restart
+        this copy is the only one left on the broker) and the worker crashed before
+        checkpointing."""
         self.worker.hooks.on_duplicate(_event(received.envelope, 0, len(received.delivery.body)))
         self.worker.ledger.defer(received.delivery)
 
     def applied(self, received: Received) -> None:
-        """The role applied the message's effect: remember it, ack with the next checkpoint."""
-        env = received.envelope
-        if self.dedupe is not None:
-            self.dedupe.record(env.message_id, f"{env.flow}/{env.producer}", env.seq)
+        """The role applied the message's effect: ack it with the next checkpoint."""
         self.worker.ledger.defer(received.delivery)
 
     def close(self) -> None:

@@ -2,14 +2,14 @@
 
 A checkpoint is everything a worker needs to resume as if it had never
 stopped: model and optimizer tensors, RNG states, and what it has already
-applied or consumed (deduplicator state, in-flight bookkeeping). It is written
+applied or consumed (its step, which restores each stream's counter). It is written
 into a temporary directory, fsynced, and renamed into place, so a SIGKILL at any
 instant leaves either the previous checkpoint or the new one, never half of one.
 
 This is the anchor of queue-level replay: a worker acks a message only after
 the checkpoint that contains its effect is on disk. Whatever it had not yet
 checkpointed is still unacked, so the broker delivers it again after a crash,
-and the deduplicator restored from the checkpoint discards what was applied.
+and the counters restored from the checkpoint's step discard what was applied.
 
 The digest is a SHA-256 over array names, dtypes, shapes and bytes (not over
 the zip container, whose timestamps vary), so two runs that computed the same

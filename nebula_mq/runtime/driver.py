@@ -28,8 +28,6 @@ import time
 from collections.abc import Mapping
 from typing import final
 
-from nebula_mq import topology
-from nebula_mq.errors import MalformedMessage
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.hold import StepHold
 from nebula_mq.runtime.logs import get_logger
@@ -60,7 +58,6 @@ class Driver:
         # When the last message came (or the wait began), whether one came at all, and when
         # the worker last said it waits (0: it has not said so since the last message).
         self.heard_at, self.heard_any, self.told_at = time.monotonic(), False, 0.0
-        self.waiting: list[list[Received]] = []
         self.hold = StepHold.from_environment()
 
     @property
@@ -136,35 +133,21 @@ class Driver:
         self.worker.commit(arrays, meta)
 
     def open_inbox(self) -> OrderedInbox:
-        inputs = self.role.inputs()
-        flows = [stripe for flow in inputs.flows for stripe in topology.stripe_flows(flow)]
-        window = self.window()
-        self.waiting = [[] for _ in range(inputs.streams)]
         self.idle_polls = 0
         self.heard_at, self.told_at = time.monotonic(), 0.0
-        first = self.worker.step * inputs.per_step
-        return OrderedInbox(self.worker, flows, inputs.streams, first, window,
-                              held=window.held * inputs.streams)
-
-    def stream_of(self, received: Received) -> int:
-        """Which source stream ``received`` belongs to; a stranger is malformed."""
-        sources = self.role.inputs().sources
-        if not sources:
-            return 0
-        try:
-            return sources.index(received.envelope.producer)
-        except ValueError:
-            raise MalformedMessage(f"producer {received.envelope.producer!r} is not one of this step's "
-                                   f"sources {list(sources)}") from None
+        return OrderedInbox(self.worker, self.role.inputs(), self.worker.step, self.window(),
+                            members=self.extras.members, admit=self.extras.admit,
+                            other=self.extras.handle_other)
 
     def advance(self, inbox: OrderedInbox) -> None:
-        """Let the role send, wait for the next message, apply every step it completes."""
+        """Let the role send, wait for the next message, apply every step the inbox finds
+        complete; a role deciding its steps' members (a quorum) may find one complete with
+        nothing new arrived (a wait that ran out)."""
         role = self.role
         role.produce(self.stopping)
         if self.stopping():
             return
-        received = inbox.next(timeout=POLL_S)
-        if received is None:
+        if not inbox.receive(timeout=POLL_S):
             self.idle_polls += 1
             self.tell_wait()
         else:
@@ -173,8 +156,12 @@ class Driver:
             if self.told_at:  # it had said it waits: no longer
                 self.told_at = 0.0
                 self.worker.waiting(None)
-            self.take(inbox, received)
-        self.apply_ready(inbox)
+        while not self.stopping() and (parts := inbox.next_step()) is not None:
+            self.finish_step(inbox, parts, role.apply(parts))
+            # What the role sends after this step goes out before the next step is applied,
+            # however many steps one arrival completes (out-of-order arrivals across stripes, a
+            # replay after a restart): what a role sends depends on its step, never on timing.
+            role.produce(self.stopping)
 
     def tell_wait(self) -> None:
         """After :data:`WAIT_NOTICE_S` without a message, and as often while it lasts: whom this
@@ -190,58 +177,12 @@ class Driver:
         log.warning("waiting", waiting_for=text, step=self.worker.step)
         self.worker.waiting(text)
 
-    def take(self, inbox: OrderedInbox, received: Received) -> None:
-        """Order ``received`` into its stream (or let the role handle it, or reject it)."""
-        if self.extras.handle_other(inbox, received):
-            return
-        try:
-            stream = self.stream_of(received)
-        except MalformedMessage as exc:
-            inbox.reject(received, exc)
-            return
-        self.waiting[stream] += inbox.take_from(stream, received, admit=self.extras.admit)
-
-    def taken(self) -> tuple[bool, ...] | None:
-        """The streams the next step takes (:meth:`RoleExtras.members`), or None while it waits."""
-        per_step = self.role.inputs().per_step
-        if self.extras.members is None:
-            return tuple(True for _ in self.waiting) if all(len(q) >= per_step for q in self.waiting) else None
-        return self.extras.members(tuple(q[0] if len(q) >= per_step else None for q in self.waiting))
-
-    def apply_ready(self, inbox: OrderedInbox) -> None:
-        """Apply every step that is ready; a role deciding its steps' members (a quorum) may
-        find one ready with nothing new arrived (a wait that ran out)."""
-        per_step = self.role.inputs().per_step
-        while not self.stopping() and (take := self.taken()) is not None:
-            parts: list[Received] = []
-            for k, queue in enumerate(self.waiting):
-                mine = self._pop(queue, per_step)
-                if take[k]:
-                    parts += mine
-                    continue
-                for dropped in mine:  # left out: acked with the step's checkpoint, never applied
-                    inbox.applied(dropped)
-                if len(mine) < per_step:
-                    queue += inbox.skip(k, per_step - len(mine))
-            self.finish_step(inbox, tuple(parts), self.role.apply(tuple(parts)))
-            # What the role sends after this step goes out before the next step is applied,
-            # however many steps one arrival completes (out-of-order arrivals across stripes, a
-            # replay after a restart): what a role sends depends on its step, never on timing.
-            self.role.produce(self.stopping)
-
-    @staticmethod
-    def _pop(queue: list[Received], n: int) -> list[Received]:
-        taken = queue[:n]
-        del queue[:n]
-        return taken
-
     def finish_step(self, inbox: OrderedInbox, parts: tuple[Received, ...], values: Mapping[str, float]) -> None:
         """Count the step, remember its messages (acked with the next checkpoint), record the
         values, and checkpoint on schedule and at the last step."""
         w = self.worker
         w.step += 1
-        for received in parts:
-            inbox.applied(received)
+        inbox.applied(*parts)
         w.record_step(values)
         if w.step % w.checkpoint_every == 0 or w.step == self.role.total:
             self.checkpoint()

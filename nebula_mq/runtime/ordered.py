@@ -1,10 +1,15 @@
-"""A role's messages, each applied once and strictly in order: the one inbox, its rules in one place.
+"""A role's steps, each message applied once and strictly in order: the one inbox, its rules in one place.
 
-The driver asks an :class:`OrderedInbox` for the messages whose turn has come and says
-when it has applied one; the inbox decides everything else:
+The driver asks an :class:`OrderedInbox` to wait for the next delivery
+(:meth:`OrderedInbox.receive`) and for the next complete step (:meth:`OrderedInbox.next_step`),
+applies that step and says so; the inbox decides everything else:
 
 * **trust** (:class:`~nebula_mq.runtime.channel.Inbox`, one per queue it reads):
   checksum, signature, schema, codec, NaN;
+* **streams**: one per producer in the role's ``sources`` (one from whoever publishes when
+  there are none); a producer that is not a source is a stranger, dead-lettered, and so is a
+  message the role's ``admit`` refuses; a message that is no step's (an evaluation batch) goes
+  to the role's ``other``;
 * **progress, order and dedupe**, with one counter per stream: the index of the next
   message to apply (:class:`InOrderBuffer`; the worker's step restores it). Early
   arrivals wait for their turn; anything below the counter, or a second copy of one
@@ -12,6 +17,10 @@ when it has applied one; the inbox decides everything else:
   an index the peer could not have sent yet is dead-lettered. The broker may redeliver
   (after a crash or a WAN drop), federation may duplicate (ack-mode on-confirm), and a
   redelivery may overtake newer messages: the counter turns all of it into one sequence;
+* **steps**: ``per_step`` consecutive messages of every stream make a step, streams in
+  ``sources`` order; a role that decides its steps' members (``members``, a quorum) may leave
+  streams out: what they hold for that step is acked with the next checkpoint, never
+  applied, and what has not come yet is skipped, so it is a repeat when it comes;
 * **flow control**: the broker's prefetch covers what the role holds on purpose,
   or the broker would stop delivering while the role waits for the very message
   that lets it checkpoint (a deadlock);
@@ -36,14 +45,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from nebula_mq import topology
-from nebula_mq.errors import NebulaError, OutOfWindow, ReplayedMessage
+from nebula_mq.errors import MalformedMessage, NebulaError, OutOfWindow, ReplayedMessage
 from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.lost_broker import BrokerWatch
+from nebula_mq.runtime.role import StepInputs
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
 
 T = TypeVar("T")
+
+# Which streams a step takes, given each stream's first message waiting for it (None where
+# none has come yet); None while the step must wait (``Extras.members``).
+Members = Callable[[tuple[Received | None, ...]], tuple[bool, ...] | None]
 
 # How long one queue is waited on before the next is looked at, when all are empty.
 POLL_S = 0.01
@@ -132,22 +146,32 @@ class InOrderBuffer(Generic[T]):
 
 
 class OrderedInbox:
-    """The queues a role reads (every stripe of every flow), as ordered streams: stream ``k`` is
-    applied in index order from ``first`` on its own counter (a split side: one stream per peer
-    rank; the ELECTRA root: one per generator). See the module docstring."""
+    """The queues a role reads (every stripe of every flow), as ordered streams, handed out a
+    step at a time: stream ``k`` is applied in index order from step ``first_step`` on its own
+    counter (a split side: one stream per peer rank; the ELECTRA root: one per generator).
+    See the module docstring."""
 
-    def __init__(self, worker: Worker, flows: Sequence[topology.Flow], streams: int, first: int,
-                 window: FlowWindow, held: int | None = None) -> None:
-        """``held``: deliveries held per queue (default ``window.held``: one stream)."""
+    def __init__(self, worker: Worker, inputs: StepInputs, first_step: int, window: FlowWindow, *,
+                 members: Members | None = None, admit: Callable[[Received], None] | None = None,
+                 other: Callable[[OrderedInbox, Received], bool] | None = None) -> None:
+        """``members``: which streams each step takes (default: every stream, once each has its
+        messages); ``admit``: raises a :class:`NebulaError` for a message to dead-letter;
+        ``other``: True when a message is not a step's and was settled or rejected there
+        (default: every message is a step's)."""
+        flows = [stripe for flow in inputs.flows for stripe in topology.stripe_flows(flow)]
         if not flows:
             raise ValueError("at least one flow")
         self.worker = worker
-        reserve = window.held if held is None else held
-        self.inboxes = [Inbox(worker, f, None, held=reserve) for f in flows]
+        self.sources, self.per_step = inputs.sources, inputs.per_step
+        self.members, self.admit, self.other = members, admit, other
+        self.inboxes = [Inbox(worker, f, held=window.held * inputs.streams) for f in flows]
         self._by_flow = {i.flow.name: i for i in self.inboxes}
         self._next = 0  # round robin over the queues, so no stream starves another
+        first = first_step * inputs.per_step
         self.orders: list[InOrderBuffer[Received]] = [InOrderBuffer(first, window=window.window)
-                                                       for _ in range(streams)]
+                                                       for _ in range(inputs.streams)]
+        # Each stream's messages whose turn has come, in order, waiting for their step.
+        self.waiting: list[list[Received]] = [[] for _ in range(inputs.streams)]
         self.watch = BrokerWatch(worker, [i.consumer for i in self.inboxes])
         # The same watch while this thread waits for the broker's confirms (ledger, outbox).
         self._unwatch = worker.transport.wait_checks.add(lambda: self.watch.check(self.needs))
@@ -156,6 +180,16 @@ class OrderedInbox:
         except BaseException:
             self.close()
             raise
+
+    def receive(self, timeout: float) -> bool:
+        """Wait for the next trusted, new delivery of any queue and order it into its stream
+        (unless ``other`` takes it); whether one came."""
+        received = self.next(timeout)
+        if received is None:
+            return False
+        if self.other is None or not self.other(self, received):
+            self.take(received)
+        return True
 
     def next(self, timeout: float) -> Received | None:
         """The next trusted, new delivery of any queue, not yet ordered (for a role that handles
@@ -199,8 +233,26 @@ class OrderedInbox:
     def _of(self, received: Received) -> Inbox:
         return self._by_flow[received.envelope.flow]  # the inbox checked the flow on admission
 
-    def take_from(self, stream: int, received: Received,
-                  admit: Callable[[Received], None] | None = None) -> list[Received]:
+    def take(self, received: Received) -> None:
+        """Order one delivery into its stream; a stranger's is dead-lettered."""
+        try:
+            stream = self.stream_of(received)
+        except MalformedMessage as exc:
+            self.reject(received, exc)
+            return
+        self.waiting[stream] += self.take_from(stream, received)
+
+    def stream_of(self, received: Received) -> int:
+        """Which source stream ``received`` belongs to; a stranger is malformed."""
+        if not self.sources:
+            return 0
+        try:
+            return self.sources.index(received.envelope.producer)
+        except ValueError:
+            raise MalformedMessage(f"producer {received.envelope.producer!r} is not one of this step's "
+                                   f"sources {list(self.sources)}") from None
+
+    def take_from(self, stream: int, received: Received) -> list[Received]:
         """Order one delivery of ``stream``; returns what became ready, in order. A repeat is
         acked with the next checkpoint and dropped; an impossible index is dead-lettered, and
         so is a message ``admit`` refuses (by raising a :class:`NebulaError`)."""
@@ -209,20 +261,41 @@ class OrderedInbox:
             self._of(received).discard_duplicate(received)
             return []
         try:
-            if admit is not None:
-                admit(received)
+            if self.admit is not None:
+                self.admit(received)
             order.push(received.micro_batch, received)
         except NebulaError as exc:  # refused by admit, or out of window
             self.reject(received, exc)
             return []
         return [r.item for r in order.pop_ready()]
 
-    def skip(self, stream: int, count: int) -> list[Received]:
-        """``stream``'s next ``count`` indices left out of a step (none of them held); returns
-        what became ready after them, in order."""
-        order = self.orders[stream]
-        order.skip(count)
-        return [r.item for r in order.pop_ready()]
+    def taken(self) -> tuple[bool, ...] | None:
+        """The streams the next step takes (``members``), or None while it waits."""
+        if self.members is None:
+            return tuple(True for _ in self.waiting) if all(len(q) >= self.per_step for q in self.waiting) else None
+        return self.members(tuple(q[0] if len(q) >= self.per_step else None for q in self.waiting))
+
+    def next_step(self) -> tuple[Received, ...] | None:
+        """The next complete step's messages (``per_step`` of each stream it takes, in stream
+        order), or None while it waits. A step with members left out may be complete with
+        nothing new arrived (a quorum's wait that ran out): what a left-out stream holds for it
+        is acked with the next checkpoint, never applied; what it has not had yet is skipped."""
+        take = self.taken()
+        if take is None:
+            return None
+        parts: list[Received] = []
+        for k, queue in enumerate(self.waiting):
+            mine = queue[:self.per_step]
+            del queue[:self.per_step]
+            if take[k]:
+                parts += mine
+                continue
+            self.applied(*mine)
+            if len(mine) < self.per_step:
+                order = self.orders[k]
+                order.skip(self.per_step - len(mine))
+                queue += [r.item for r in order.pop_ready()]
+        return tuple(parts)
 
     def settle_unordered(self, received: Received) -> None:
         """Ack now a message outside the ordered stream whose effect is already durable
@@ -233,9 +306,11 @@ class OrderedInbox:
         """Condemn a message the role finds unacceptable (dead-lettered with its reason)."""
         self._of(received).reject(received, exc)
 
-    def applied(self, received: Received) -> None:
-        """The role applied ``received``: acked with the next checkpoint."""
-        self._of(received).applied(received)
+    def applied(self, *done: Received) -> None:
+        """The role applied these messages (or its step left them out): acked with the next
+        checkpoint."""
+        for received in done:
+            self._of(received).applied(received)
 
     def close(self) -> None:
         self._unwatch()

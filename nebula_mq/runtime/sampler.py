@@ -21,9 +21,8 @@ Lifecycle (``Worker.main``): :meth:`QueueSampler.start` once the transport is op
 ``stop(final=True)`` as the worker leaves: the thread takes one last sample (a queue younger
 than the broker's statistics interval has no size yet, and the final sample gives even a short
 job one that has), closes the probe and ends; ``stop`` waits for that at most
-:data:`STOP_WAIT_S` seconds. A sampler whose thread never started (a worker driven step by
-step without ``main``, as unit tests do) samples on the stepping thread in
-:meth:`QueueSampler.tick`, at most every QUEUE_SAMPLE_S seconds.
+:data:`STOP_WAIT_S` seconds. A sampler whose thread never started (a worker stepped outside
+``lifecycle``) samples nothing: its stop only closes the probe.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class QueueSampler:
         self._stopping = False  # stop was called; the thread leaves its loop
         self._final = False  # stop asked for a last sample
         self._stopped = False
-        self._ticked: float | None = None  # when tick last sampled (monotonic)
 
     @property
     def running(self) -> bool:
@@ -101,22 +99,11 @@ class QueueSampler:
         self.thread.start()
 
     def tick(self) -> None:
-        """At each step. With a sampler thread, the first tick wakes it for its first sample
-        (and later ones do nothing): the caller never waits for the broker. A sampler without
-        a thread samples here, on the caller's thread, when the last sample is
-        :data:`QUEUE_SAMPLE_S` seconds old (or there is none). Nothing once stopped."""
-        if self._stopped:
-            return
-        if self.thread is not None:
-            if not self._stepped:
-                self._stepped = True
-                self._wake.set()
-            return
-        now = time.monotonic()
-        if self._ticked is not None and now - self._ticked < QUEUE_SAMPLE_S:
-            return
-        self._ticked = now
-        self.sample()
+        """At each step: the first tick wakes the sampler thread for a sample at the first step
+        (later ones do nothing), so the caller never waits for the broker."""
+        if self.thread is not None and not self._stopped and not self._stepped:
+            self._stepped = True
+            self._wake.set()
 
     def nudge(self) -> None:
         """Sample (and publish the worker's status) now rather than at the next interval: the
@@ -125,15 +112,13 @@ class QueueSampler:
             self._wake.set()
 
     def stop(self, final: bool = False, timeout: float | None = None) -> bool:
-        """Stop sampling, after one last sample when ``final``, and close the probe (on the
-        thread that used it). Waits for the thread at most ``timeout`` seconds (default
+        """Stop sampling, after one last sample when ``final`` (by a started thread), and close
+        the probe (on the thread that used it). Waits for the thread at most ``timeout`` seconds (default
         :data:`STOP_WAIT_S`); returns whether it has ended. Only the first call does anything."""
         if self._stopped:
             return not self.running
         self._stopped = True
         if self.thread is None:
-            if final:
-                self.sample()
             self._close_probe()
             return True
         self._final = final

@@ -213,5 +213,5 @@ class Worker:
     def record_step(self, values: Mapping[str, float]) -> None:
         """``self.step`` is done with ``values``: reported, and the hooks told."""
         self.status_file(lambda: self.report.record(self.step, values))  # its status write may be skipped
-        self.sampler.tick()  # samples here only for a worker driven without `lifecycle`; its status is this step's
+        self.sampler.tick()  # the first step wakes the sampler thread: the feed hears this step's status
         self.hooks.on_step(self.step, self.report.values)

@@ -15,8 +15,8 @@ Semantics every implementation honours:
   a lost confirm can duplicate a message, under the same ``message_id``.
 * Deliveries are acked by hand. Anything not acked when a consumer goes away
   (close, crash, connection loss) is delivered again, marked ``redelivered``.
-  Consumers discard repeats by ``message_id`` (see ``dedup.Deduplicator``);
-  federation repeats arrive with ``redelivered = False``.
+  Consumers discard repeats by identity (the runtime's ordered inbox, by each
+  stream's counter of ``seq``); federation repeats arrive with ``redelivered = False``.
 * ``Delivery.dead_letter`` moves a condemned message to the cluster's
   dead-letter queue (with the reason in headers) and only then acks it. A
   dead letter carries the AMQP ``user_id`` of the connection that condemned it

@@ -2,12 +2,12 @@
 
 Queue-level replay. A consumer acks a delivery only after the application has
 durably applied its effect (written the checkpoint that contains it, with the
-message id recorded in its ``Deduplicator``). Anything not durably applied is
+stream's counter past the message's index). Anything not durably applied is
 therefore still unacked when a WAN link drops, a consumer crashes (even
 ``kill -9``) or a broker restarts, and the broker delivers it again: the
 queues *are* the replay log, and no application-level resend exists. Repeats
 (redeliveries, publish retries after a lost confirm, federation link resets,
-which arrive with ``redelivered = False``) are discarded by message id.
+which arrive with ``redelivered = False``) are discarded by that counter.
 
 Layout (see ``nebula_mq.topology``): the producer side of a flow declares the
 bounded copy of its queue on the sending cluster, the consumer side of a

@@ -35,7 +35,6 @@ from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.worker import Worker
 from workers.base import role_worker
 from nebula_mq.settings import JobSettings, Settings
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -70,7 +69,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
         enc.transport.declare_dead_letter_queue()
         enc.transport.declare_flow(act, "producer")
         enc.transport.declare_flow(reply, "consumer")
-        return enc, Outbox(enc, act, "enc-s0"), Inbox(enc, reply, Deduplicator(), held=EVERY + 1)
+        return enc, Outbox(enc, act, "enc-s0"), Inbox(enc, reply, held=EVERY + 1)
 
     enc, enc_out, enc_in = encoder()
     dec = role_worker(settings, "t", "dec-t0", "abnet-decoder",
@@ -78,7 +77,7 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
     dec.transport.declare_dead_letter_queue()
     dec.transport.declare_flow(act, "consumer")
     reply_queue = dec.transport.declare_flow(reply, "producer")
-    dec_out, dec_in = Outbox(dec, reply, "dec-t0"), Inbox(dec, act, Deduplicator(), held=EVERY + 1)
+    dec_out, dec_in = Outbox(dec, reply, "dec-t0"), Inbox(dec, act, held=EVERY + 1)
     weights = {"w": np.zeros(8, np.float32)}
     for w in (enc, dec):
         w.report.status("running")

@@ -24,7 +24,6 @@ import pytest
 from nebula_mq import topology
 from nebula_mq.settings import TransportSettings
 from nebula_mq.topology import Flow
-from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.rabbit import RabbitTransport
 
 # The session fixture ``stack`` (a no-op when tests/conftest.py requires it too).
@@ -66,8 +65,9 @@ def job(stack: Any) -> Iterator[Job]:
     stack.clean_wan()
 
 
-def _drain(consumer: Any, dedup: Deduplicator, applied: list[str], want: int, timeout: float) -> int:
-    """Apply new messages until ``want`` are applied; returns how many repeats were discarded."""
+def _drain(consumer: Any, done: set[str], applied: list[str], want: int, timeout: float) -> int:
+    """Apply new messages until ``want`` are applied; returns how many repeats were discarded.
+    ``done``: the ids applied, the consumer's memory of repeats."""
     discarded = 0
     deadline = time.monotonic() + timeout
     while len(applied) < want:
@@ -75,10 +75,10 @@ def _drain(consumer: Any, dedup: Deduplicator, applied: list[str], want: int, ti
         d = consumer.get(timeout=1.0)
         if d is None:
             continue
-        if dedup.seen(d.message_id):
+        if d.message_id in done:
             discarded += 1
         else:
-            dedup.record(d.message_id)
+            done.add(d.message_id)
             applied.append(d.message_id)
         assert d.ack()
     return discarded
@@ -90,7 +90,7 @@ def test_cross_cluster_flow_over_tls_federation(job: Job) -> None:
             pub.publish(job.queue, b"x%d" % i, f"m{i}", {"i": i})
     applied: list[str] = []
     with job.consumer.consume(job.queue) as consumer:
-        _drain(consumer, Deduplicator(), applied, 20, timeout=60)
+        _drain(consumer, set(), applied, 20, timeout=60)
     assert applied == [f"m{i}" for i in range(20)]
 
 
@@ -120,12 +120,12 @@ def test_backpressure_crosses_the_wan_without_a_downstream_cap(job: Job) -> None
     assert upstream_max * size <= cap
     assert downstream_max < count - cap // size  # the downstream copy did not take it all
     seen: list[int] = []
-    dedup = Deduplicator()
+    done: set[str] = set()
     while len(seen) < count:
         d = consumer.get(timeout=30)
         assert d is not None, f"stuck after {len(seen)}"
-        if not dedup.seen(d.message_id):
-            dedup.record(d.message_id)
+        if d.message_id not in done:
+            done.add(d.message_id)
             seen.append(int.from_bytes(bytes(d.body)[:4], "big"))
         assert d.ack()
     producer.join(timeout=30)
@@ -137,12 +137,13 @@ def test_backpressure_crosses_the_wan_without_a_downstream_cap(job: Job) -> None
 
 def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
     wan = stack.stack
-    dedup, applied = Deduplicator(), []
+    done: set[str] = set()
+    applied: list[str] = []
     consumer = job.consumer.consume(job.queue)
     pub = job.producer.publisher()
     for i in range(10):
         pub.publish(job.queue, b"x", f"m{i}")
-    _drain(consumer, dedup, applied, 10, timeout=60)
+    _drain(consumer, done, applied, 10, timeout=60)
 
     wan.cut()
     for i in range(10, 30):  # the local broker takes them: the sender never notices the cut
@@ -151,7 +152,7 @@ def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
     depth = job.producer.queue_depth(job.queue)
     assert depth is not None and depth > 0  # held on the sending side during the outage
     wan.heal()
-    _drain(consumer, dedup, applied, 30, timeout=120)
+    _drain(consumer, done, applied, 30, timeout=120)
     assert sorted(applied, key=lambda m: int(m[1:])) == [f"m{i}" for i in range(30)]
     assert len(applied) == len(set(applied))
     assert consumer.get(timeout=2.0) is None
@@ -162,19 +163,17 @@ def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
 _CHILD = r"""
 import json, os, sys, time
 from nebula_mq.settings import BrokerSettings, TransportSettings
-from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.rabbit import RabbitTransport
 job, queue, ckpt, broker = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 t = RabbitTransport(BrokerSettings(**broker), TransportSettings(prefetch=3), job, "cluster-b")
-dedup, applied = Deduplicator(), []
+applied = []
 consumer = t.consume(queue)
 while True:
     d = consumer.get(timeout=60)
-    if not dedup.seen(d.message_id):
+    if d.message_id not in applied:
         applied.append(d.message_id)
-        dedup.record(d.message_id)
         with open(ckpt + ".tmp", "w") as fh:
-            json.dump({"applied": applied, "dedup": dedup.export_state()}, fh)
+            json.dump({"applied": applied}, fh)
         os.replace(ckpt + ".tmp", ckpt)
     if d.message_id == "m5":
         time.sleep(3600)  # killed here: applied and checkpointed, not acked
@@ -201,9 +200,8 @@ def test_exactly_once_across_kill_9_of_the_consumer(job: Job, tmp_path: Path) ->
 
     state = json.loads(ckpt.read_text())
     applied: list[str] = state["applied"]
-    dedup = Deduplicator.from_state(state["dedup"])
     with job.consumer.consume(job.queue) as consumer:
-        discarded = _drain(consumer, dedup, applied, 12, timeout=60)
+        discarded = _drain(consumer, set(applied), applied, 12, timeout=60)
         assert consumer.get(timeout=1.0) is None
     assert discarded >= 1  # m5 came back and was recognised
     assert applied == [f"m{i}" for i in range(12)]

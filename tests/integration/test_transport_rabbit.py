@@ -17,7 +17,6 @@ import pytest
 from nebula_mq.errors import AccessRefused, TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
-from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.rabbit import RabbitTransport
 
 pytestmark = pytest.mark.broker
@@ -41,26 +40,24 @@ def _local_queue(t: RabbitTransport) -> str:
 
 
 # A consumer process that applies messages exactly once: it records each id in
-# its checkpoint (with the deduplicator state) BEFORE acking. On "m5" it stops
+# its checkpoint (the ids applied: its memory of repeats) BEFORE acking. On "m5" it stops
 # after the checkpoint and before the ack: the worst moment to be killed.
 _CHILD = r"""
 import json, os, sys, time
 from nebula_mq.settings import BrokerSettings, TransportSettings
-from nebula_mq.transport import Deduplicator
 from nebula_mq.transport.rabbit import RabbitTransport
 job, queue, ckpt = sys.argv[1:4]
 t = RabbitTransport(BrokerSettings(host="127.0.0.1", port=5672, tls=False),
                     TransportSettings(prefetch=3), job, "a")
-dedup, applied = Deduplicator(), []
+applied = []
 consumer = t.consume(queue)
 while True:
     d = consumer.get(timeout=30)
-    if not dedup.seen(d.message_id):
+    if d.message_id not in applied:
         applied.append(d.message_id)
-        dedup.record(d.message_id)
         tmp = ckpt + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump({"applied": applied, "dedup": dedup.export_state()}, fh)
+            json.dump({"applied": applied}, fh)
         os.replace(tmp, ckpt)
     if d.message_id == "m5":
         time.sleep(3600)
@@ -89,14 +86,14 @@ def test_kill_9_consumer_replays_unacked_and_applies_exactly_once(
 
     state = json.loads(ckpt.read_text())
     applied: list[str] = state["applied"]
-    dedup = Deduplicator.from_state(state["dedup"])
+    done = set(applied)
     discarded: list[tuple[str, bool]] = []
     with transport.consume(q) as consumer:
         while (d := consumer.get(timeout=2.0)) is not None:
-            if dedup.seen(d.message_id):
+            if d.message_id in done:
                 discarded.append((d.message_id, d.redelivered))
             else:
-                dedup.record(d.message_id)
+                done.add(d.message_id)
                 applied.append(d.message_id)
             assert d.ack()
     assert ("m5", True) in discarded  # applied before the kill, replayed, discarded

@@ -11,9 +11,10 @@ import pytest
 
 from nebula_mq.codecs import FP16, Identity
 from nebula_mq.errors import OutOfWindow
-from nebula_mq.runtime.channel import Inbox, Outbox
+from nebula_mq.runtime.channel import Inbox, Outbox, Received
+from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.role import StepInputs
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from nebula_mq.runtime.worker import Worker
 from tests.fixtures.channels import FLOW, bare, connected, dead_letters, make
@@ -54,12 +55,14 @@ def test_hostile_inputs_are_dead_lettered_and_good_traffic_flows(pair: tuple[Wor
     for i, body in enumerate([bytes(corrupt), unsigned, other_job, nan, old, future, bytes(bad_codec),
                               bad_shape, good, good]):
         raw_publish(sender, body, f"m{i}")
-    inbox = Inbox(receiver, FLOW, Deduplicator())
-    got = inbox.get(timeout=1.0)
-    assert got is not None and got.micro_batch == 0
+    inbox = OrderedInbox(receiver, StepInputs((FLOW,)), 0, FlowWindow(ahead=4, unacked=2))
+    assert inbox.receive(timeout=1.0)
+    [got] = inbox.next_step() or ()
+    assert got.micro_batch == 0
     np.testing.assert_array_equal(got.tensors["x"], np.ones((2, 3), np.float32))
     inbox.applied(got)
-    assert inbox.get(timeout=0.2) is None  # the second copy of `good` is a duplicate
+    assert inbox.receive(timeout=1.0)  # the second copy of `good`: a repeat
+    assert inbox.next_step() is None and not inbox.receive(timeout=0.2)
     inbox.close()
     receiver.commit({}, {})
     dead_reasons = ["bad_checksum", "bad_tag", "unknown_job", "non_finite", "replayed", "replayed",
@@ -82,7 +85,7 @@ def test_sealed_payloads_round_trip_and_hide_tensors(tmp_path: Path) -> None:
     Outbox(sender, FLOW, "enc-0").send(step=0, micro_batch=0, tensors={"x": (secret, Identity())})
     queued = broker_bodies(broker, sender.transport.queue_for(FLOW))
     assert secret.tobytes() not in queued[0]
-    inbox = Inbox(receiver, FLOW, Deduplicator())
+    inbox = Inbox(receiver, FLOW)
     got = inbox.get(timeout=1.0)
     assert got is not None
     np.testing.assert_array_equal(got.tensors["x"], secret)
@@ -100,7 +103,7 @@ def test_every_channel_follows_the_jobs_allow_non_finite(tmp_path: Path, allow: 
     from nebula_mq.errors import NonFiniteTensor
 
     sender, receiver, _ = connected(tmp_path, allow_non_finite=allow)
-    outbox, inbox = Outbox(sender, FLOW, "enc-0"), Inbox(receiver, FLOW, Deduplicator())
+    outbox, inbox = Outbox(sender, FLOW, "enc-0"), Inbox(receiver, FLOW)
     nan = np.array([np.nan, 1.0], np.float32)
     if not allow:
         with pytest.raises(NonFiniteTensor):
@@ -117,33 +120,32 @@ def test_the_ordered_inbox_hands_out_each_message_once_in_order_and_condemns_the
     """Early arrivals wait for their turn, repeats are never handed out again, an index the peer
     could not have sent yet and a message the role refuses are dead-lettered with their reasons."""
     from nebula_mq.errors import MalformedMessage
-    from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+
+    def refuse_3(received: Received) -> None:
+        if received.micro_batch == 3:
+            raise MalformedMessage("not for this role")
 
     sender, receiver, _ = pair
     window = FlowWindow(ahead=4, unacked=2)
     assert (window.window, window.held) == (4, 6)  # one formula for the window and the prefetch reserve
     outbox = Outbox(sender, FLOW, "enc-0")
-    inbox = OrderedInbox(receiver, [FLOW], 1, 0, window)  # counts progress itself: no Deduplicator
+    inbox = OrderedInbox(receiver, StepInputs((FLOW,)), 0, window, admit=refuse_3)
     x = np.ones(2, np.float32)
     for mb in (2, 0, 9, 1, 0):  # 9 is beyond [0, 4); 0 comes twice
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (x, Identity())})
     got: list[int] = []
     for _ in range(50):
-        received = inbox.next(0.05)
-        for ready in inbox.take_from(0, received) if received is not None else []:
-            got.append(ready.micro_batch)
-            inbox.applied(ready)
+        inbox.receive(0.05)
+        while (step := inbox.next_step()) is not None:
+            got += [r.micro_batch for r in step]
+            inbox.applied(*step)
         if len(got) == 3:
             break
-    late = inbox.next(0.2)  # the second 0: a repeat, never handed out
-    assert got == [0, 1, 2] and (late is None or inbox.take_from(0, late) == [])
-
-    def refuse(received: object) -> None:
-        raise MalformedMessage("not for this role")
+    inbox.receive(0.2)  # the second 0: a repeat, never handed out
+    assert got == [0, 1, 2] and inbox.next_step() is None
 
     outbox.send(step=3, micro_batch=3, tensors={"x": (x, Identity())})
-    received = inbox.next(5.0)
-    assert received is not None and inbox.take_from(0, received, admit=refuse) == []
+    assert inbox.receive(5.0) and inbox.next_step() is None
     assert sorted(dead_letters(receiver)) == sorted([OutOfWindow.reason, MalformedMessage.reason])
 
 
@@ -189,7 +191,7 @@ def test_the_decoded_bytes_cap_comes_from_the_job_and_dead_letters_what_would_pa
     receiver.transport.declare_flow(FLOW, "consumer")
     receiver.transport.declare_dead_letter_queue()
     outbox = Outbox(sender, FLOW, "enc-0")
-    inbox = Inbox(receiver, FLOW, Deduplicator())
+    inbox = Inbox(receiver, FLOW)
     small, big = np.ones((4, 8), np.float32), np.ones((64, 64), np.float32)  # 128 B and 16 KiB decoded
     outbox.send(step=0, micro_batch=0, tensors={"x": (small, Identity())})
     outbox.send(step=1, micro_batch=1, tensors={"x": (big, FP16())})  # 8 KiB on the wire, 16 KiB decoded

@@ -16,6 +16,7 @@ from nebula_mq.runtime import lost_broker
 from nebula_mq.runtime.channel import Outbox
 from nebula_mq.runtime.lost_broker import BrokerWatch
 from nebula_mq.runtime.ordered import FlowWindow, OrderedInbox
+from nebula_mq.runtime.role import StepInputs
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.channels import FLOW, pair  # noqa: F401  (the fixture)
@@ -70,7 +71,7 @@ def test_an_outage_is_waited_out_and_a_refusal_must_repeat(pair: tuple[Worker, W
 def test_the_error_names_cluster_worker_range_and_checkpoint(pair: tuple[Worker, Worker, MemoryBroker]) -> None:  # noqa: F811
     sender, receiver, _ = pair
     receiver.store.save(2, {"w": np.zeros(1, np.float32)})
-    inbox = OrderedInbox(receiver, [FLOW], 1, 0, FlowWindow(ahead=4, unacked=2))
+    inbox = OrderedInbox(receiver, StepInputs((FLOW,)), 0, FlowWindow(ahead=4, unacked=2))
     outbox = Outbox(sender, FLOW, "enc-0")
     for mb in (0, 1, 3):  # 2 never comes
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.ones(2, np.float32), Identity())})
@@ -102,7 +103,7 @@ def test_a_wait_for_confirms_ends_in_the_same_error_on_the_inbox_thread_only(
     the broker comes back wiped must not wait out ``publish_patience_s``: the transport's wait
     checks run its inbox's watch, on the inbox's thread and until the inbox closes."""
     _, receiver, _ = pair
-    inbox = OrderedInbox(receiver, [FLOW], 1, 0, FlowWindow(ahead=4, unacked=2))
+    inbox = OrderedInbox(receiver, StepInputs((FLOW,)), 0, FlowWindow(ahead=4, unacked=2))
     link, clock = Link(connected=False), Clock()
     inbox.watch = BrokerWatch(receiver, [link], probe=lambda: "vhost nebula-x is gone", clock=clock)  # type: ignore[list-item]
     elsewhere: list[BaseException] = []

@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nebula_mq.codecs import Identity
 from nebula_mq.runtime.channel import Inbox, Outbox
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.transport.memory import MemoryBroker
 from nebula_mq.runtime.worker import Worker
 from tests.fixtures.channels import FLOW
@@ -24,9 +23,14 @@ def test_every_series_names_its_worker_and_the_queues_it_reads_are_sampled(
     for mb in range(3):
         outbox.send(step=mb, micro_batch=mb, tensors={"x": (np.ones(3, np.float32), Identity())})
     outbox.close()
-    inbox = Inbox(receiver, FLOW, Deduplicator())  # the worker now reads this queue
-    receiver.record_step({"loss": 1.5})  # samples the queues, writes the textfile
-    inbox.close()
+
+    def body() -> int:
+        Inbox(receiver, FLOW).close()  # the worker reads this queue
+        receiver.record_step({"loss": 1.5})
+        return 0
+
+    assert receiver.lifecycle(body) == 0  # the sampler's last sample: the queues as it left them
+    receiver.report.metrics.flush()
     assert receiver.report.metrics.textfile is not None
     samples = [s for f in text_string_to_metric_families(receiver.report.metrics.textfile.read_text()) for s in f.samples]
     assert samples and all({k: s.labels.get(k) for k in ("job", "worker", "role", "cluster")}
@@ -74,10 +78,14 @@ def test_a_dead_letter_queue_past_its_bound_raises_the_alarm_and_status_says_so(
     for i in range(3):
         pub.publish(sender.transport.queue_for(FLOW), b"not an envelope", f"junk-{i}")
     pub.close()
-    inbox = Inbox(receiver, FLOW, Deduplicator())
-    assert inbox.get(timeout=0.3) is None  # all three dead-lettered
-    inbox.close()
-    receiver.record_step({"loss": 1.0})
+
+    def body() -> int:
+        inbox = Inbox(receiver, FLOW)
+        assert inbox.get(timeout=0.3) is None  # all three dead-lettered
+        inbox.close()
+        return 0
+
+    assert receiver.lifecycle(body) == 0  # the sampler's last sample finds them
     alarm = receiver.report.metrics.of(receiver.report.metrics.dead_letter_alarm)._value.get()
     assert alarm == 1.0
     receiver.report.dead_letters(receiver.transport.dead_letter_queue, 0)  # drained: the alarm falls

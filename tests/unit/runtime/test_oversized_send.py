@@ -16,7 +16,6 @@ from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.hooks import Hook, MessageEvent
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import BROKER_MAX_MESSAGE_BYTES, TransportSettings, load_settings
-from nebula_mq.transport.dedup import Deduplicator
 from nebula_mq.wire.limits import MessageTooLarge
 from tests.fixtures.channels import FLOW, connected, dead_letters
 
@@ -52,7 +51,7 @@ def test_an_oversized_envelope_is_refused_before_it_is_published(tmp_path: Path,
     # The codec it names fits, on the same outbox.
     mid = outbox.send(step=0, micro_batch=7, tensors={"h": (x, FP16())})
     outbox.flush()
-    got = Inbox(receiver, FLOW, Deduplicator()).get(timeout=1.0)
+    got = Inbox(receiver, FLOW).get(timeout=1.0)
     assert got is not None and got.message_id == mid and published.ids == [mid]
     assert dead_letters(receiver) == []
 

@@ -175,33 +175,23 @@ def test_failed_samples_are_logged_and_never_reach_training(tmp_path: Path, monk
     assert rows(w)  # and sampling went on
 
 
-def test_a_worker_stepped_without_main_samples_on_its_own_thread_and_survives_failures(tmp_path: Path) -> None:
-    def broker_error() -> None:
-        raise TransportError("management API: HTTP 503")
-
-    w = worker(tmp_path, {1: broker_error})
-    with capture_logs() as logs:
-        record_steps(w)  # the first step's sample fails; the next is due QUEUE_SAMPLE_S later
-    assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["queue_sample_failed"]
-    assert w.sampler.thread is None and rows(w) == []
-    w.sampler.stop(final=True)  # a last sample, on this thread
-    assert {row["queue"] for row in rows(w)} == {w.transport.queue_for(FLOW), w.transport.dead_letter_queue}
-    assert probe(w).closed
-
-
 def test_the_status_goes_out_when_the_queues_cannot_be_read(tmp_path: Path) -> None:
     """A rank on a host that cannot reach the broker's management API is still heard by the
     job's status feed, without queue depths."""
     def refused() -> None:
         raise TransportError("management API GET queues: [Errno 111] Connection refused")
 
-    w = worker(tmp_path, {1: refused})
+    def body(w: Worker) -> int:
+        w.record_step({"loss": 1.0})
+        assert probe(w).entered.wait(5), "the sampler never sampled"
+        return 0
+
+    w = worker(tmp_path, {1: refused})  # the first sample fails
     with capture_logs() as logs:
-        record_steps(w)  # the first step's sample fails
+        assert w.lifecycle(lambda: body(w)) == 0
     assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["queue_sample_failed"]
-    [(exchange, key, body)] = probe(w).published
-    status = json.loads(body)
-    assert key == "dec-0" and status["worker"] == "dec-0" and status["queues"] == {}, status
-    assert exchange == w.sampler.status_exchange and rows(w) == []
-    w.sampler.stop(final=True)
-    assert len(probe(w).published) == 2 and json.loads(probe(w).published[1][2])["queues"], probe(w).published
+    published = probe(w).published
+    assert {(x, key) for x, key, _ in published} == {(w.sampler.status_exchange, "dec-0")}
+    first, last = json.loads(published[0][2]), json.loads(published[-1][2])
+    assert first["worker"] == "dec-0" and first["queues"] == {}, published
+    assert last["state"] == "finished" and last["queues"][w.transport.queue_for(FLOW)] == {"messages": 3, "bytes": 300}
