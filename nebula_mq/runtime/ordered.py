@@ -48,16 +48,12 @@ from nebula_mq import topology
 from nebula_mq.errors import MalformedMessage, NebulaError, OutOfWindow, ReplayedMessage
 from nebula_mq.runtime.channel import Inbox, Received
 from nebula_mq.runtime.lost_broker import BrokerWatch
-from nebula_mq.runtime.role import StepInputs
+from nebula_mq.runtime.role import Members, StepInputs
 
 if TYPE_CHECKING:
     from nebula_mq.runtime.worker import Worker
 
 T = TypeVar("T")
-
-# Which streams a step takes, given each stream's first message waiting for it (None where
-# none has come yet); None while the step must wait (``Extras.members``).
-Members = Callable[[tuple[Received | None, ...]], tuple[bool, ...] | None]
 
 # How long one queue is waited on before the next is looked at, when all are empty.
 POLL_S = 0.01
@@ -154,10 +150,10 @@ class OrderedInbox:
     def __init__(self, worker: Worker, inputs: StepInputs, first_step: int, window: FlowWindow, *,
                  members: Members | None = None, admit: Callable[[Received], None] | None = None,
                  other: Callable[[OrderedInbox, Received], bool] | None = None) -> None:
-        """``members``: which streams each step takes (default: every stream, once each has its
-        messages); ``admit``: raises a :class:`NebulaError` for a message to dead-letter;
-        ``other``: True when a message is not a step's and was settled or rejected there
-        (default: every message is a step's)."""
+        """The role's hooks (``runtime.role.Extras``): ``members``, which streams each step
+        takes (default: every stream, once each has its messages); ``admit``, raises a
+        :class:`NebulaError` for a message to dead-letter; ``other``, True when a message is not
+        a step's and was settled or rejected there (default: every message is a step's)."""
         flows = [stripe for flow in inputs.flows for stripe in topology.stripe_flows(flow)]
         if not flows:
             raise ValueError("at least one flow")
