@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -49,6 +49,14 @@ def _drain(t: RabbitTransport, queue: str, want: int, timeout: float = 30.0) -> 
     return got
 
 
+def _until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Wait until ``condition()``: as long as a loaded machine takes, failing at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
 def test_the_window_bounds_what_is_in_flight_and_flush_returns_once_all_are_held(transport: RabbitTransport) -> None:
     q = transport.declare_flow(Flow("f", "a", "a"), "producer")
     pub = transport.publisher()
@@ -68,9 +76,10 @@ def test_nacked_publishes_are_sent_again_until_the_queue_has_room_and_none_is_lo
     pub = transport.publisher()
     size, count = 256 * 1024, 12  # 3 MiB through a 1 MiB queue, 8 in flight
     handles = [pub.publish_async(q, i.to_bytes(4, "big") * (size // 4), f"m{i}") for i in range(count)]
-    time.sleep(1.0)  # the consumer is "computing": the queue fills, the broker nacks the rest
+    # The consumer is "computing": the queue fills, the broker nacks the rest.
+    _until(lambda: pub.stats.waits_full > 0, "the broker never refused a publish to the full queue")
     assert transport.queue_depth(q) * size <= MiB  # type: ignore[operator]
-    assert pub.stats.waits_full > 0 and pub.in_flight > 0
+    assert pub.in_flight > 0
     got = _drain(transport, q, count)
     pub.flush(timeout=30)
     assert all(h.done() for h in handles)
@@ -83,8 +92,8 @@ def test_returned_publishes_are_sent_again_once_the_queue_exists(transport: Rabb
     q = transport.queue_for(flow)
     pub = transport.publisher()
     handle = pub.publish_async(q, b"early", "early-1")
-    time.sleep(0.5)
-    assert not handle.done() and pub.stats.waits_unroutable > 0  # mandatory: returned, not dropped
+    _until(lambda: pub.stats.waits_unroutable > 0, "the publish never came back unroutable")
+    assert not handle.done()  # mandatory: returned, not dropped
     transport.declare_flow(flow, "producer")
     handle.wait(timeout=15)
     assert _drain(transport, q, 1) == ["early-1"]

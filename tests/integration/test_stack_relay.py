@@ -132,7 +132,9 @@ def test_small_message_on_an_idle_slow_link_takes_its_serialisation_time(tmp_pat
 
     serialisation = nbytes * 8 / (rate_mbit * 1e6)
     for elapsed in asyncio.run(run()):
-        assert 0.9 * serialisation <= elapsed <= serialisation + 0.1
+        # No saved-up credit: never faster than the link. The upper bound only says the relay adds
+        # no wait of its own, with room for a loaded machine's slow connects.
+        assert 0.9 * serialisation <= elapsed <= serialisation + 0.5
 
 
 def test_two_connections_share_the_cap_fairly(tmp_path: Path) -> None:
