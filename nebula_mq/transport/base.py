@@ -30,7 +30,7 @@ import abc
 import concurrent.futures
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypedDict, Unpack
 
 import structlog
 
@@ -136,34 +136,28 @@ class Outgoing:
     user_id: str | None = None
 
 
+class PublishOptions(TypedDict, total=False):
+    """What a publish may add to its message beside its queue, body and id (:class:`Outgoing`)."""
+
+    headers: Mapping[str, Any] | None
+    correlation_id: str | None
+    reply_to: str | None
+
+
 class Publisher(Closeable):
     """Confirmed, persistent publishes to a queue of the local broker; each implementation
     submits an :class:`Outgoing` (``_submit``)."""
 
-    def publish_async(
-        self,
-        queue: str,
-        body: bytes | memoryview,
-        message_id: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-    ) -> PublishHandle:
+    def publish_async(self, queue: str, body: bytes | memoryview, message_id: str,
+                      **options: Unpack[PublishOptions]) -> PublishHandle:
         """Submit a message; its handle's ``wait`` returns once the broker holds it (a publisher
         with a window of confirms returns at once, one without it once the broker confirmed)."""
-        return self._submit(Outgoing(queue, body, message_id, headers, correlation_id, reply_to))
+        return self._submit(Outgoing(queue, body, message_id, **options))
 
-    def publish(
-        self,
-        queue: str,
-        body: bytes | memoryview,
-        message_id: str,
-        headers: Mapping[str, Any] | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-    ) -> None:
+    def publish(self, queue: str, body: bytes | memoryview, message_id: str,
+                **options: Unpack[PublishOptions]) -> None:
         """Block until the broker confirmed the message (see module docstring)."""
-        self._submit(Outgoing(queue, body, message_id, headers, correlation_id, reply_to)).wait()
+        self.publish_async(queue, body, message_id, **options).wait()
 
     @abc.abstractmethod
     def _submit(self, message: Outgoing) -> PublishHandle:

@@ -87,7 +87,7 @@ def _drain(consumer: Any, done: set[str], applied: list[str], want: int, timeout
 def test_cross_cluster_flow_over_tls_federation(job: Job) -> None:
     with job.producer.publisher() as pub:
         for i in range(20):
-            pub.publish(job.queue, b"x%d" % i, f"m{i}", {"i": i})
+            pub.publish(job.queue, b"x%d" % i, f"m{i}", headers={"i": i})
     applied: list[str] = []
     with job.consumer.consume(job.queue) as consumer:
         _drain(consumer, set(), applied, 20, timeout=60)
