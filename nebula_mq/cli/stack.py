@@ -10,16 +10,12 @@ from typing import Any
 from nebula_mq.cli.options import add_stack_option
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    add_stack_option(p)
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("stack", help="start, inspect or stop the local broker stack")
     sub = parser.add_subparsers(dest="stack_cmd", metavar="CMD", required=True)
     up = sub.add_parser("up", help="start every node and relay, wait until ready; running nodes reload their "
                                    "certificates (after `certs import-ca`)")
-    _add_common(up)
+    add_stack_option(up)
     up.add_argument("--clusters", default=None,
                     help="comma-separated cluster names (default: the saved stack's, else cluster-a,cluster-b)")
     up.add_argument("--base-port", type=int, default=None,
@@ -42,7 +38,7 @@ def register(subparsers: Any) -> None:
     for name, func, text in (("status", _status, "print each node's state"),
                              ("down", _down, "stop every node and relay")):
         p = sub.add_parser(name, help=text)
-        _add_common(p)
+        add_stack_option(p)
         p.set_defaults(func=func)
     trust = sub.add_parser("trust", help="trust a peer cluster, read from its broker and checked against the "
                                          "fingerprint its `stack up` printed (its CA and CRL; no file to carry)")
@@ -53,12 +49,12 @@ def register(subparsers: Any) -> None:
                        help="the peer CA's fingerprint, as the peer's `stack up` printed it")
     trust.add_argument("--cluster", default=None, metavar="NAME",
                        help="the cluster of this stack that trusts the peer (default: the stack's only one)")
-    _add_common(trust)
+    add_stack_option(trust)
     trust.set_defaults(func=_trust)
     restart = sub.add_parser("restart", help="stop and start one cluster's broker node (workers reconnect and "
                                              "federation links come back; queued messages survive)")
     restart.add_argument("cluster", metavar="CLUSTER", help="the cluster whose node to restart (see `stack status`)")
-    _add_common(restart)
+    add_stack_option(restart)
     restart.set_defaults(func=_restart)
 
 
