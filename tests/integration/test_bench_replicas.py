@@ -16,33 +16,19 @@ from typing import Any
 import pytest
 
 from nebula_mq.cli import main
+from tests.fixtures.jobs import copy_split_example
 from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.replicas import job_text
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.slow]
-
-JOB = """
-[job]
-id = "bench-replicas"
-scenario = "replicas"
-seed = 7
-steps = 8
-run_dir = "{run_dir}"
-
-[replicas]
-clusters = ["cluster-a", "cluster-b"]
-inner_steps = 4
-codec = "int8"
-model = "mlp_replicas:build_replica"
-checkpoint_every = 2
-"""
 
 
 @pytest.mark.timeout(300)
 def test_quick_replicas_bench_runs_diloco_and_streaming_on_the_same_samples(
         stack: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for name in ("mlp.py", "mlp_data.py", "mlp_replicas.py"):
-        shutil.copy(SPLIT_EXAMPLE / name, tmp_path)
-    (tmp_path / "job.toml").write_text(JOB.format(run_dir=tmp_path / "run"))
+    copy_split_example(tmp_path)
+    shutil.copy(SPLIT_EXAMPLE / "mlp_replicas.py", tmp_path)
+    (tmp_path / "job.toml").write_text(job_text("bench-replicas", tmp_path / "run", 8, codec="int8", checkpoint_every=2))
 
     before = stack.wan_shapes()
     out = tmp_path / "replicas.json"

@@ -26,17 +26,17 @@ import os
 import shutil
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.fixtures.jobs import final_checkpoint, split_job, step_of, worker_status
+from tests.fixtures.jobs import final_checkpoint, split_job, wait_steps, worker_status
 from tests.fixtures.lanes import CPU_HEAVY
 from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts, short_way
 from tests.fixtures.pairs import SPLIT_EXAMPLE
+from tests.fixtures.replicas import job_text
 from tests.fixtures.up import finish_ups, log_of, place_job, run_dir, up_every_host
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
@@ -126,11 +126,8 @@ def test_four_hosts_one_command_each_and_a_killed_remote_rank_ends_bit_identical
     killed = _job(dcs, "killed", ranks=2)
     procs = up_every_host(hosts, dcs, killed, ranks=2)
     run_a = run_dir(dcs, killed, "cluster-a")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and step_of(run_a, "head-0-r1") < 5:
-        time.sleep(0.1)
+    wait_steps(run_a, 5, ["head-0-r1"], timeout=180)
     victim = worker_status(run_a, "head-0-r1")
-    assert int(victim.get("step", 0)) >= 5, victim
     os.kill(int(victim["pid"]), signal.SIGKILL)  # head rank 1, on a2: not the broker's host
     finish_ups(procs, dcs, killed)
     log_a2 = log_of(dcs, killed, "a2.example.org").read_text()
@@ -185,34 +182,11 @@ def test_a_job_file_edited_on_one_side_only_is_refused_in_one_line_naming_what_d
 REPLICAS = {"cluster-a": ("replica-0", "replica-0-r1"), "cluster-b": ("replica-1", "replica-1-r1")}
 REPLICAS_STEPS = 8  # sync events
 GLOO_PORT = 29400  # each host has its own port space: the default ports are free there
-REPLICAS_JOB = """
-[job]
-id = "{job_id}"
-scenario = "replicas"
-seed = 7
-steps = {steps}
-run_dir = "{run_dir}"
-
-[replicas]
-clusters = ["cluster-a", "cluster-b"]
-inner_steps = 4
-codec = "int8"
-model = "mlp_replicas:build_replica"
-checkpoint_every = 3
-ranks = 2
-gloo_port = {gloo_port}
-group_timeout_s = 30
-
-[replicas.hosts]
-cluster-a = ["{a[0]}", "{a[1]}"]
-cluster-b = ["{b[0]}", "{b[1]}"]
-"""
-
-
 def _replicas_job(dcs: dict[str, Path], name: str) -> str:
     a, b = NAMES
-    text = REPLICAS_JOB.format(job_id=f"{name}{os.getpid()}", steps=REPLICAS_STEPS, gloo_port=GLOO_PORT, a=a, b=b,
-                               run_dir=name)
+    text = job_text(f"{name}{os.getpid()}", name, REPLICAS_STEPS, codec="int8", checkpoint_every=3, ranks=2,
+                    gloo_port=GLOO_PORT, group_timeout_s=30,
+                    hosts={"cluster-a": [a[0], a[1]], "cluster-b": [b[0], b[1]]})
     return place_job(dcs, name, federation(text))
 
 
@@ -237,11 +211,8 @@ def test_replica_ranks_on_four_hosts_one_command_each_and_a_killed_remote_rank(f
     killed = _replicas_job(dcs, "rkilled")
     procs = up_every_host(hosts, dcs, killed, ranks=2)
     run_b = run_dir(dcs, killed, "cluster-b")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and step_of(run_b, "replica-1-r1") < 3:
-        time.sleep(0.1)
+    wait_steps(run_b, 3, ["replica-1-r1"], timeout=180)
     victim = worker_status(run_b, "replica-1-r1")
-    assert int(victim.get("step", 0)) >= 3, victim
     os.kill(int(victim["pid"]), signal.SIGKILL)  # cluster-b's rank 1, on b2: not the broker's host
     finish_ups(procs, dcs, killed)
     log_b2 = log_of(dcs, killed, "b2.example.org").read_text()

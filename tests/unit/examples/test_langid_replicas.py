@@ -15,7 +15,7 @@ import pytest
 from nebula_mq.settings import Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.pairs import drivers
-from tests.fixtures.replicas import Rounds, hooks_of
+from tests.fixtures.replicas import Rounds, hooks_of, job_text
 from tests.fixtures.threads import history, run_workers
 from workers.registry import load_job_settings
 from workers.replicas.job import ReplicaSpec, load_job
@@ -25,28 +25,6 @@ torch = pytest.importorskip("torch")
 from tests.fixtures.langid import EXAMPLE, WORDS, evaluate  # noqa: E402  (after torch)
 import langid_data  # noqa: E402
 import langid_replicas  # noqa: E402
-
-JOB = """\
-[job]
-id = "unit-langid-replicas"
-scenario = "replicas"
-seed = 7
-steps = {events}
-run_dir = "{run_dir}"
-
-[replicas]
-clusters = ["cluster-a", "cluster-b"]
-inner_steps = 4
-inner_lr = 0.01
-codec = "int8"
-error_feedback = true
-fragments = 2
-overlap_steps = 1
-model = "langid_replicas:build_replica"
-framework = "torch"
-checkpoint_every = 4
-"""
-
 
 @pytest.fixture(scope="module")
 def data() -> langid_data.LangData:
@@ -58,7 +36,9 @@ def data() -> langid_data.LangData:
 
 def job_settings(tmp_path: Path, rounds: int = 2) -> tuple[Path, Settings]:
     job = tmp_path / "replicas.toml"
-    job.write_text(JOB.format(events=2 * rounds, run_dir=tmp_path / "run"))  # two fragments: 2 events a round
+    job.write_text(job_text("unit-langid-replicas", tmp_path / "run", 2 * rounds,  # two fragments: 2 events a round
+                            inner_lr=0.01, codec="int8", error_feedback=True, fragments=2, overlap_steps=1,
+                            model="langid_replicas:build_replica", framework="torch", checkpoint_every=4))
     return job, load_job_settings(job)
 
 
