@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ import pytest
 
 from nebula_mq.bench.scenario1 import electra_job
 from nebula_mq.stack.layout import free_group_port
-from tests.fixtures.jobs import column, final_checkpoint, provision_job_files, start_worker, step_of, wait_all
+from tests.fixtures.jobs import (column, final_checkpoint, provision_job_files, start_worker, step_of, wait_all,
+                                 wait_steps)
 
 # One worker runs the module, so the clean run (a module fixture) is made once.
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, pytest.mark.xdist_group("electra-e2e")]
@@ -82,9 +82,7 @@ def test_electra_generator_killed_and_restarted_ends_bit_identical(stack: Any, t
     cfg = write_job(stack, tmp_path, "chaos", steps)
     run_dir = tmp_path / "chaos"
     procs = start_all(cfg, tmp_path, "chaos")
-    deadline = time.monotonic() + 120
-    while step_of(run_dir, "gen") < 8 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_steps(run_dir, 8, ["gen"])
     os.kill(procs["gen"].pid, signal.SIGKILL)
     procs["gen"].wait()
     procs["gen"] = start("electra-generator", cfg["gen"], tmp_path / "chaos-gen.log")
@@ -104,9 +102,7 @@ def test_electra_sub_discriminator_crash_restarts_the_group_from_its_checkpoint(
     cfg = write_job(stack, tmp_path, "crash", steps)
     run_dir = tmp_path / "crash"
     procs = start_all(cfg, tmp_path, "crash")
-    deadline = time.monotonic() + 120
-    while step_of(run_dir, "disc-sub-1") < 8 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_steps(run_dir, 8, ["disc-sub-1"])
     for worker in ("disc-sub-1", "disc-root"):  # the root would only time out in the all-reduce
         os.kill(procs[worker].pid, signal.SIGKILL)
         procs[worker].wait()

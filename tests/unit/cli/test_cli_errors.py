@@ -13,21 +13,9 @@ import pytest
 
 from nebula_mq.cli import main
 from nebula_mq.stack.layout import plan
+from tests.fixtures.jobs import ABNET_JOB
 
 ROOT = Path(__file__).resolve().parents[3]
-
-JOB = """
-[job]
-id = "cli-errors"
-scenario = "abnet"
-steps = 20
-run_dir = "{run_dir}"
-
-[abnet]
-preset = "tiny"
-src_cluster = "cluster-a"
-tgt_cluster = "cluster-b"
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +29,8 @@ def _no_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture()
 def job(tmp_path: Path) -> Path:
     path = tmp_path / "job.toml"
-    path.write_text(JOB.format(run_dir=tmp_path / "run"))
+    path.write_text(ABNET_JOB.format(job_id="cli-errors", seed=7, steps=20, run_dir=tmp_path / "run", batch_size=8,
+                                     extra=""))
     return path
 
 
