@@ -9,7 +9,6 @@ the job's key ring (``nebula_mq.security.auth.load_message_auth``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nebula_mq.runtime.hooks import Hook, MessageEvent
@@ -45,21 +44,15 @@ class WorkerIdentity:
     role: str
     checkpoint_every: int = 10
 
-    def worker(self, transport: Transport, auth: EnvelopeAuth | None = None, hooks: Sequence[Hook] = ()) -> Worker:
+    def worker(self, transport: Transport, auth: EnvelopeAuth | None = None) -> Worker:
         """The :class:`Worker` over ``transport``, authenticated with ``auth`` or else the job's
         key (``<run_dir>/keys/job.key``), its dead letters audited (:class:`DeadLetterAudit`)."""
         settings = self.settings
         audit = DeadLetterAudit(AuditLog(settings.run_dir / "audit" / "audit.jsonl"), self.worker_id)
-        return Worker(settings, self.cluster, self.worker_id, transport, (audit, *hooks), self.checkpoint_every,
+        return Worker(settings, self.cluster, self.worker_id, transport, (audit,), self.checkpoint_every,
                       auth=auth if auth is not None else load_message_auth(settings, self.worker_id), role=self.role)
 
     def broker_worker(self) -> Worker:
         """The worker over the transport to its cluster's RabbitMQ broker: an entry point's."""
         return self.worker(make_transport(self.settings, self.cluster))
 
-
-def role_worker(settings: Settings, cluster: str, worker_id: str, role: str, transport: Transport,
-                hooks: Sequence[Hook] = (), checkpoint_every: int = 10) -> Worker:
-    """The worker of ``WorkerIdentity(settings, cluster, worker_id, role, checkpoint_every)``
-    over ``transport``, with the job's key."""
-    return WorkerIdentity(settings, cluster, worker_id, role, checkpoint_every).worker(transport, hooks=hooks)

@@ -77,7 +77,7 @@ def make_transport(settings: Settings, cluster: str) -> Transport:
 @final
 class Worker:
     """One worker process: identity, transport, ledger, reporter, sampler, agreement, step. A
-    role's entry point builds one (``workers.base.role_worker``) and gives it to the role and
+    role's entry point builds one (``workers.base.WorkerIdentity``) and gives it to the role and
     to the driver (``runtime.driver.drive``); the role reads it and never assigns into it."""
 
     def __init__(

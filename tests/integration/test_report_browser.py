@@ -33,7 +33,7 @@ from nebula_mq.runtime import metrics as metrics_module
 from nebula_mq.runtime import reporter as reporter_module
 from nebula_mq.runtime.channel import Inbox, Outbox
 from nebula_mq.runtime.worker import Worker
-from workers.base import role_worker
+from workers.base import WorkerIdentity
 from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 
@@ -64,16 +64,16 @@ def build_run_dir(run_dir: Path, clock: VirtualClock) -> None:
 
     # Workers whose steps the test drives itself (both sides in one thread).
     def encoder() -> tuple[Worker, Outbox, Inbox]:
-        enc = role_worker(settings, "s", "enc-s0", "abnet-encoder",
-                          MemoryTransport(broker, settings.transport, "report-demo", "s"), checkpoint_every=EVERY)
+        enc = WorkerIdentity(settings, "s", "enc-s0", "abnet-encoder", EVERY).worker(
+            MemoryTransport(broker, settings.transport, "report-demo", "s"))
         enc.transport.declare_dead_letter_queue()
         enc.transport.declare_flow(act, "producer")
         enc.transport.declare_flow(reply, "consumer")
         return enc, Outbox(enc, act, "enc-s0"), Inbox(enc, reply, held=EVERY + 1)
 
     enc, enc_out, enc_in = encoder()
-    dec = role_worker(settings, "t", "dec-t0", "abnet-decoder",
-                      MemoryTransport(broker, settings.transport, "report-demo", "t"), checkpoint_every=EVERY)
+    dec = WorkerIdentity(settings, "t", "dec-t0", "abnet-decoder", EVERY).worker(
+        MemoryTransport(broker, settings.transport, "report-demo", "t"))
     dec.transport.declare_dead_letter_queue()
     dec.transport.declare_flow(act, "consumer")
     reply_queue = dec.transport.declare_flow(reply, "producer")

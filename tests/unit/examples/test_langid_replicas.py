@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from nebula_mq.settings import Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import drivers
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import drivers, memory_worker
 from tests.fixtures.replicas import Rounds, hooks_of, job_text
 from tests.fixtures.threads import history, run_workers
 from workers.registry import load_job_settings
@@ -92,7 +92,7 @@ def run_two(settings: Settings, data: langid_data.LangData) -> list[Any]:
     roles = []
     for c, cluster in enumerate(job.clusters):
         spec: ReplicaSpec = langid_replicas.build_replica(settings, c, data)
-        worker = Replica.identity(settings, c).worker(MemoryTransport(broker, settings.transport, settings.job.id, cluster))
+        worker = memory_worker(Replica.identity(settings, c), broker)
         roles.append(Replica(settings, spec, c, worker))
         roles[-1].worker.hooks.add(Rounds(roles[-1]))
     run_workers(drivers(*roles))

@@ -21,7 +21,7 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import JobSettings, Settings, TransportSettings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
 from tests.fixtures.channels import FLOW, dead_letters, make
-from workers.base import role_worker
+from workers.base import WorkerIdentity
 
 STEPS = 6
 
@@ -33,8 +33,8 @@ class Summing:
                  sources: tuple[str, ...] = ()) -> None:
         settings = Settings(job=JobSettings(id="chan", run_dir=str(tmp), steps=STEPS),
                             transport=TransportSettings(publish_patience_s=5.0))
-        self.worker = role_worker(settings, "t", "dec-0", "test-sum",
-                                  MemoryTransport(broker, settings.transport, "chan", "t"), checkpoint_every=4)
+        self.worker = WorkerIdentity(settings, "t", "dec-0", "test-sum", 4).worker(
+            MemoryTransport(broker, settings.transport, "chan", "t"))
         self.total, self.in_flight, self.sources = STEPS, 2, sources
         self.sum = 0.0
         self.applied: list[int] = []

@@ -12,8 +12,8 @@ import pytest
 from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import abnet_settings, electra_settings, run_abnet_pair, run_electra_pair
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import abnet_settings, electra_settings, memory_worker, run_abnet_pair, run_electra_pair
 from tests.fixtures.threads import history
 
 pytestmark = pytest.mark.paddle
@@ -100,7 +100,7 @@ def test_an_encoder_init_that_names_no_discriminator_is_a_config_error(tmp_path:
         init = Path(__file__).resolve().parents[3] / "config" / "demo.toml"
     settings = with_init(abnet_settings(tmp_path / "abnet", steps=4), str(init))
     with pytest.raises(ConfigError, match="abnet.encoder_init"):
-        AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
+        AbnetEncoder(settings, memory_worker(AbnetEncoder.identity(settings), MemoryBroker()))
 
 
 def test_an_override_given_for_the_abnet_job_does_not_reach_the_scenario_i_file_it_names(

@@ -13,9 +13,9 @@ import pytest
 
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import abnet_settings as tiny_settings
-from tests.fixtures.pairs import assert_resume_matches_clean
+from tests.fixtures.pairs import assert_resume_matches_clean, memory_worker
 from tests.fixtures.pairs import run_abnet_pair as run_pair
 from tests.fixtures.threads import history
 
@@ -138,7 +138,7 @@ def test_a_collapsed_encoder_stops_the_job_or_warns(tmp_path: Path, on_collapse:
 
     base = tiny_settings(tmp_path, steps=4)
     settings = dataclasses.replace(base, abnet={**base.section("abnet"), "on_collapse": on_collapse})
-    enc = AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
+    enc = AbnetEncoder(settings, memory_worker(AbnetEncoder.identity(settings), MemoryBroker()))
     mask = np.ones((2, 5), dtype=np.float32)
     reply = (types.SimpleNamespace(meta={"loss": 2.5}),)  # the step's one reply
     healthy = Forward(np.arange(2), paddle.randn([2, 5, 8]), {"src_mask": mask})

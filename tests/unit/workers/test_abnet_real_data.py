@@ -25,8 +25,8 @@ import pytest
 pytest.importorskip("paddle")
 
 from nebula_mq.settings import CodecSettings, JobSettings, Settings, TransportSettings  # noqa: E402
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
-from tests.fixtures.pairs import drivers, CLUSTERS_ST  # noqa: E402
+from nebula_mq.transport.memory import MemoryBroker  # noqa: E402
+from tests.fixtures.pairs import drivers, memory_worker, CLUSTERS_ST  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
 
 pytestmark = pytest.mark.paddle
@@ -130,8 +130,8 @@ def trained_split_job(real_corpus: Path, tmp_path_factory: pytest.TempPathFactor
 
     settings = split_settings(real_corpus, tmp_path_factory.mktemp("split-real"), steps=6)
     broker = MemoryBroker()
-    enc = AbnetEncoder(settings, AbnetEncoder.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
-    dec = AbnetDecoder(settings, AbnetDecoder.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
+    enc = AbnetEncoder(settings, memory_worker(AbnetEncoder.identity(settings), broker))
+    dec = AbnetDecoder(settings, memory_worker(AbnetDecoder.identity(settings), broker))
     run_workers(drivers(dec, enc), timeout=300)
     return settings
 

@@ -20,8 +20,8 @@ from nebula_mq.models.electra import XLMR_SPECIALS  # noqa: E402
 from nebula_mq.models.pretrained import load_e5_small  # noqa: E402
 from nebula_mq.runtime.checkpoint import CheckpointStore  # noqa: E402
 from nebula_mq.settings import JobSettings, Settings, TransportSettings  # noqa: E402
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport  # noqa: E402
-from tests.fixtures.pairs import drivers  # noqa: E402
+from nebula_mq.transport.memory import MemoryBroker  # noqa: E402
+from tests.fixtures.pairs import drivers, memory_worker  # noqa: E402
 from tests.fixtures.threads import history, run_workers  # noqa: E402
 from workers.electra.data import load_data  # noqa: E402
 from workers.electra.job import load_job  # noqa: E402
@@ -74,10 +74,8 @@ def test_every_discriminator_rank_starts_from_e5_small_rows_of_the_corpus_vocabu
     assert data.kept[data.cfg.mask_id] == XLMR_SPECIALS["mask"] and data.kept[data.cfg.pad_id] == XLMR_SPECIALS["pad"]
     reference = load_e5_small(layers=2, keep_ids=data.kept).tensors
     broker = MemoryBroker()
-    root = ElectraRoot(settings, ElectraRoot.identity(settings, 0).worker(
-        MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b")))
-    sub = ElectraSub(settings, ElectraSub.identity(settings, 1).worker(
-        MemoryTransport(broker, settings.transport, "unit-pretrained", "cluster-b")), 1)
+    root = ElectraRoot(settings, memory_worker(ElectraRoot.identity(settings, 0), broker))
+    sub = ElectraSub(settings, memory_worker(ElectraSub.identity(settings, 1), broker), 1)
     ours = encoder_arrays(root)
     np.testing.assert_array_equal(ours["embeddings.word.weight"], reference["embeddings.word"])
     np.testing.assert_array_equal(ours["layers.1.attention.query.weight"], reference["layers.1.attention.query.weight"])
@@ -93,9 +91,8 @@ def test_a_pretrained_job_trains_checkpoints_and_resumes_from_its_checkpoint(tmp
 
     def run(steps: int) -> list[Any]:
         s = settings_for(tmp_path, steps)
-        roles = [ElectraRoot(s, ElectraRoot.identity(s, 0).worker(MemoryTransport(broker, s.transport, s.job.id, "cluster-b"))),
-                 ElectraGenerator(s, ElectraGenerator.identity(s).worker(
-                     MemoryTransport(broker, s.transport, s.job.id, "cluster-a")))]
+        roles = [ElectraRoot(s, memory_worker(ElectraRoot.identity(s, 0), broker)),
+                 ElectraGenerator(s, memory_worker(ElectraGenerator.identity(s), broker))]
         run_workers(drivers(*roles), timeout=300)
         return roles
 

@@ -19,8 +19,8 @@ from nebula_mq.report.parse import read_history
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.hooks import Hook
 from nebula_mq.settings import Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import SPLIT_EXAMPLE, drivers, run_split_pair, split_settings
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import SPLIT_EXAMPLE, drivers, memory_worker, run_split_pair, split_settings
 from tests.unit.runtime.full_disk import fill, tmpfs
 
 pytestmark = pytest.mark.paddle
@@ -53,8 +53,8 @@ def run_until_failure(settings: Settings, broker: MemoryBroker, ballast: Path) -
     from workers.split.head import SpecHead
     from workers.split.tail import SpecTail
 
-    tail = SpecTail(settings, mlp.build_tail(settings), SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
-    head = SpecHead(settings, mlp.build_head(settings), SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
+    tail = SpecTail(settings, mlp.build_tail(settings), memory_worker(SpecTail.identity(settings), broker))
+    head = SpecHead(settings, mlp.build_head(settings), memory_worker(SpecHead.identity(settings), broker))
     head.worker.hooks.add(Ballast(ballast, FULL_AT))
     units = drivers(tail, head)
     errors: dict[str, BaseException] = {}

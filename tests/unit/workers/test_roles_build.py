@@ -14,8 +14,8 @@ from nebula_mq.runtime.worker import Worker
 from nebula_mq.security.auth import MessageAuth
 from nebula_mq.security.keys import JobKey, KeyRing
 from nebula_mq.settings import Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import SPLIT_EXAMPLE, abnet_settings, electra_settings, split_settings
+from nebula_mq.transport.memory import MemoryBroker
+from tests.fixtures.pairs import SPLIT_EXAMPLE, abnet_settings, electra_settings, memory_worker, split_settings
 from tests.fixtures.replicas import settings_for as replicas_settings
 from workers.base import WorkerIdentity
 
@@ -24,10 +24,8 @@ sys.path.insert(0, str(SPLIT_EXAMPLE))  # the example's `mlp` and `mlp_replicas`
 
 def given(identity: WorkerIdentity, broker: MemoryBroker) -> Worker:
     """The worker of ``identity`` over ``broker``, signing with a key that lives in memory."""
-    settings = identity.settings
-    ring = KeyRing(settings.job.id, 0, (JobKey(b"k" * 8, b"s" * 32, 0),))
-    transport = MemoryTransport(broker, settings.transport, settings.job.id, identity.cluster)
-    return identity.worker(transport, auth=MessageAuth(ring, consumer=identity.worker_id))
+    ring = KeyRing(identity.settings.job.id, 0, (JobKey(b"k" * 8, b"s" * 32, 0),))
+    return memory_worker(identity, broker, MessageAuth(ring, consumer=identity.worker_id))
 
 
 def no_key_file_and_nothing_declared(settings: Settings, broker: MemoryBroker) -> None:

@@ -16,7 +16,7 @@ from nebula_mq.errors import ConfigError
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import JobSettings, Settings, load_settings
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
-from tests.fixtures.pairs import drivers, SPLIT_EXAMPLE as EXAMPLE
+from tests.fixtures.pairs import drivers, memory_worker, SPLIT_EXAMPLE as EXAMPLE
 from tests.fixtures.pairs import assert_resume_matches_clean
 from tests.fixtures.pairs import run_split_pair as run_pair
 from tests.fixtures.pairs import split_settings as settings_for
@@ -95,8 +95,8 @@ def test_both_sides_on_one_cluster_train_bit_identically_to_two_clusters(tmp_pat
     one = Settings(job=one.job, codec=one.codec, transport=one.transport,
                    split={**one.section("split"), "tail_cluster": "s"})
     broker = MemoryBroker()
-    tail = SpecTail(one, mlp.build_tail(one), SpecTail.identity(one).worker(MemoryTransport(broker, one.transport, one.job.id, "s")))
-    head = SpecHead(one, mlp.build_head(one), SpecHead.identity(one).worker(MemoryTransport(broker, one.transport, one.job.id, "s")))
+    tail = SpecTail(one, mlp.build_tail(one), memory_worker(SpecTail.identity(one), broker))
+    head = SpecHead(one, mlp.build_head(one), memory_worker(SpecHead.identity(one), broker))
     assert not any(f.crosses_clusters for f in (*head.act_flows, *head.reply_flows))
     run_workers(drivers(tail, head))
     for worker in ("head-0", "tail-0"):
@@ -193,9 +193,9 @@ def test_a_worker_that_dies_fails_the_run_at_once_and_leaves_no_thread_waiting(t
         return ids, x[ids]
 
     tail = SpecTail(settings, mlp.build_tail(settings),  # type: ignore[arg-type]
-                    SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
+                    memory_worker(SpecTail.identity(settings), broker))
     head = SpecHead(settings, HeadSpec(model=mlp.bottom(), inputs=inputs),
-                    SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
+                    memory_worker(SpecHead.identity(settings), broker))
     before = set(threading.enumerate())
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="head-0 failed.*micro-batch 4"):
@@ -214,14 +214,12 @@ def test_the_head_applies_only_replies_that_correlate_with_its_request(tmp_path:
     from nebula_mq import topology
     from nebula_mq.errors import MalformedMessage
     from nebula_mq.runtime.channel import Received
-    from nebula_mq.transport.memory import MemoryTransport
     from nebula_mq.wire import Envelope
     from workers.split.head import SpecHead
 
     settings = settings_for(tmp_path, steps=4)
     head = SpecHead(settings, mlp.build_head(settings),  # type: ignore[arg-type]
-                    SpecHead.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport,
-                                                                       settings.job.id, "s")))
+                    memory_worker(SpecHead.identity(settings), MemoryBroker()))
 
     def reply(mb: int, correlation_id: str | None) -> Received:
         env = Envelope(settings.job.id, head.reply_flow.name, mb, mb, mb, "tail-0", ())
@@ -246,8 +244,8 @@ def test_the_tail_replies_before_its_optimizer_step(tmp_path: Path) -> None:
 
     settings = settings_for(tmp_path, steps=6)
     broker = MemoryBroker()
-    tail = SpecTail(settings, mlp.build_tail(settings), SpecTail.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "t")))
-    head = SpecHead(settings, mlp.build_head(settings), SpecHead.identity(settings).worker(MemoryTransport(broker, settings.transport, settings.job.id, "s")))
+    tail = SpecTail(settings, mlp.build_tail(settings), memory_worker(SpecTail.identity(settings), broker))
+    head = SpecHead(settings, mlp.build_head(settings), memory_worker(SpecHead.identity(settings), broker))
     replied: list[int] = []
     replied_before_step: list[list[int]] = []
 

@@ -14,9 +14,9 @@ import pytest
 from nebula_mq.errors import ConfigError, ModelError, NonFiniteTensor
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.settings import Settings
-from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from nebula_mq.transport.memory import MemoryBroker
 
-from tests.fixtures.pairs import SPLIT_EXAMPLE, assert_resume_matches_clean, split_pair
+from tests.fixtures.pairs import SPLIT_EXAMPLE, assert_resume_matches_clean, memory_worker, split_pair
 from tests.fixtures.pairs import split_settings as settings_for
 from tests.fixtures.threads import history
 
@@ -91,7 +91,7 @@ def _head(tmp_path: Path, spec: Any, **split: Any) -> Any:
     if split:
         settings = Settings(job=settings.job, codec=settings.codec, transport=settings.transport,
                             split={**settings.section("split"), **split})
-    return SpecHead(settings, spec, SpecHead.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "s")))
+    return SpecHead(settings, spec, memory_worker(SpecHead.identity(settings), MemoryBroker()))
 
 
 def test_a_model_of_neither_framework_is_a_config_error_naming_the_side(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def _tail(tmp_path: Path, model: Any, loss: Any) -> Any:
 
     settings = settings_for(tmp_path, steps=4)
     spec = TailSpec(model=model, loss=loss, targets=lambda ids: np.zeros((len(ids), 1), np.float32))
-    return SpecTail(settings, spec, SpecTail.identity(settings).worker(MemoryTransport(MemoryBroker(), settings.transport, settings.job.id, "t")))
+    return SpecTail(settings, spec, memory_worker(SpecTail.identity(settings), MemoryBroker()))
 
 
 def test_a_tail_loss_that_is_not_a_scalar_is_a_model_error_naming_the_worker(tmp_path: Path) -> None:
