@@ -97,7 +97,10 @@ def find(events: list[Event], start: int, call: bool, file: str, function: str,
 def delivered(events: list[Event], start: int, mb: int) -> int:
     """The index of the first return, at or after ``start``, that hands over micro-batch ``mb``
     as a :class:`Received` (whichever function of ours it is)."""
-    return next(i for i in range(start, len(events)) if not events[i].call and events[i].micro_batch == mb)
+    for i in range(start, len(events)):
+        if not events[i].call and events[i].micro_batch == mb:
+            return i
+    raise AssertionError(f"no Received of micro-batch {mb} returned after event {start}")
 
 
 def returned(events: list[Event], call: int) -> int:
@@ -110,6 +113,8 @@ def called_from(events: list[Event], index: int, caller: str) -> int:
     """The call, among those open at ``index``, that a function of ``caller`` made: the whole
     of what ``caller`` asked for when it led to ``index``."""
     depth, i = events[index].depth, index
+    if not events[i].call:  # a return: from the call it ends
+        i = next(j for j in range(i - 1, -1, -1) if events[j].call and events[j].depth == depth)
     while True:
         parent = next(j for j in range(i - 1, -1, -1) if events[j].call and events[j].depth == depth - 1)
         if events[parent].file == caller:
