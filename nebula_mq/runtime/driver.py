@@ -143,8 +143,7 @@ class Driver:
         """Let the role send, wait for the next message, apply every step the inbox finds
         complete; a role deciding its steps' members (a quorum) may find one complete with
         nothing new arrived (a wait that ran out)."""
-        role = self.role
-        role.produce(self.stopping)
+        self.produce()
         if self.stopping():
             return
         if not inbox.receive(timeout=POLL_S):
@@ -157,11 +156,24 @@ class Driver:
                 self.told_at = 0.0
                 self.worker.waiting(None)
         while not self.stopping() and (parts := inbox.next_step()) is not None:
-            self.finish_step(inbox, parts, role.apply(parts))
+            self.finish_step(inbox, parts, self.apply(parts))
             # What the role sends after this step goes out before the next step is applied,
             # however many steps one arrival completes (out-of-order arrivals across stripes, a
             # replay after a restart): what a role sends depends on its step, never on timing.
-            role.produce(self.stopping)
+            self.produce()
+
+    def produce(self) -> None:
+        """The role's :meth:`~StepRole.produce`, its time the worker's compute."""
+        t0 = time.perf_counter()
+        self.role.produce(self.stopping)
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
+
+    def apply(self, parts: tuple[Received, ...]) -> Mapping[str, float]:
+        """The role's :meth:`~StepRole.apply` of one step, its time the worker's compute."""
+        t0 = time.perf_counter()
+        values = self.role.apply(parts)
+        self.worker.hooks.on_compute(time.perf_counter() - t0)
+        return values
 
     def tell_wait(self) -> None:
         """After :data:`WAIT_NOTICE_S` without a message, and as often while it lasts: whom this
