@@ -4,7 +4,7 @@ Only a cluster's rank 0 holds one (``workers.replicas.ranks``). Each event's pse
 is encoded once (``workers.replicas.compression``: error feedback kept per parameter) and
 published to every other cluster as micro-batch ``event``, with the digest of the outer
 weights it started from; the coordinator's choice of the event's members
-(``workers.replicas.quorum``) or the election's messages (``workers.replicas.election``) go on
+(``nebula_mq.membership.quorum``) or the election's messages (``membership.election``) go on
 flows of their own. On the way in, every member's
 pseudo-gradient is checked against this replica's outer weights, decoded and averaged in
 cluster order, this replica's own included as the others decode it.
@@ -21,14 +21,14 @@ import numpy as np
 from nebula_mq.codecs import parse_codec
 from nebula_mq.codecs.flow import EncodedTensors
 from nebula_mq.errors import WorkerError
+from nebula_mq.membership.election import ACCEPT, KIND
+from nebula_mq.membership.election import PRODUCER as ELECTION
+from nebula_mq.membership.quorum import MEMBERS, PRODUCER, Members, bits
 from nebula_mq.runtime.channel import Outbox, Received
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.compression import PseudoGradientCompression
-from workers.replicas.election import ACCEPT, KIND
-from workers.replicas.election import PRODUCER as ELECTION
 from workers.replicas.job import ReplicasJob, elect_flow, pseudograd_flow, quorum_flow
 from workers.replicas.outer import Arrays, average
-from workers.replicas.quorum import MEMBERS, PRODUCER, Members, bits
 
 RAW = parse_codec("none")  # what goes as it is: the election's integers, the averages to a cluster's ranks
 START = "start"  # the meta key of a pseudo-gradient's message: the digest of the weights it started from

@@ -21,6 +21,7 @@ import numpy as np
 
 from nebula_mq import config, topology
 from nebula_mq.config import PATH, InvalidField
+from nebula_mq.membership.election import FLOW as ELECTION_FLOW
 from nebula_mq.models.frameworks import FRAMEWORKS
 from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import Settings
@@ -97,7 +98,7 @@ class ReplicasJob:
     # Clusters a sync event needs to go on, the first cluster (the coordinator) counted; 0 =
     # every cluster (wait for a cluster that is away). Below that, a cluster whose update has
     # not come within quorum_wait_s is left out of the event, and catches up from the
-    # queues when it is back (workers.replicas.quorum).
+    # queues when it is back (nebula_mq.membership.quorum).
     quorum: int = 0
     # With a quorum: seconds the coordinator waits for a missing cluster's pseudo-gradient,
     # from when its own is sent, before the event goes on without it.
@@ -209,7 +210,7 @@ class ReplicasJob:
 
     @property
     def elected(self) -> bool:
-        """Whether every event's members are agreed by election (workers.replicas.election)."""
+        """Whether every event's members are agreed by election (nebula_mq.membership.election)."""
         return self.coordinator == "elected"
 
     @property
@@ -219,7 +220,7 @@ class ReplicasJob:
 
     @property
     def first_chooses(self) -> bool:
-        """Whether the first cluster alone chooses every event's members (workers.replicas.quorum)."""
+        """Whether the first cluster alone chooses every event's members (nebula_mq.membership.quorum)."""
         return self.goes_on_without and not self.elected
 
     def flows(self) -> tuple[topology.Flow, ...]:
@@ -272,8 +273,8 @@ def quorum_flow(job: ReplicasJob, dst: int) -> topology.Flow:
 
 
 def elect_flow(job: ReplicasJob, src: int, dst: int) -> topology.Flow:
-    """Replica ``src``'s election messages to replica ``dst`` (workers.replicas.election)."""
-    return topology.Flow(f"elect-{src}-{dst}", job.clusters[src], job.clusters[dst])
+    """Replica ``src``'s election messages to replica ``dst`` (nebula_mq.membership.election)."""
+    return topology.Flow(ELECTION_FLOW.format(src=src, dst=dst), job.clusters[src], job.clusters[dst])
 
 
 def load_job(settings: Settings) -> ReplicasJob:

@@ -15,7 +15,7 @@ the WAN), and each of them takes the same outer step from it, so every rank of e
 holds the same outer weights. That flow is the other ranks' one ordered stream: exactly once,
 acked with the checkpoints the group writes together.
 
-With a quorum (``workers.replicas.quorum``) rank 0 alone knows whether its cluster trains an
+With a quorum (``nebula_mq.membership.quorum``) rank 0 alone knows whether its cluster trains an
 event: a cluster catching up applies the events it was left out of without training them, and
 when it trains again depends on timing. So rank 0 tells the other ranks, on the same flow, for
 every event it did not train before the group's checkpoint: ``train`` (sent before it trains
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from nebula_mq.errors import WorkerError
+from nebula_mq.membership.quorum import MEMBERS, Members, bits, members_of
 from nebula_mq.models.frameworks import Framework, Group
 from nebula_mq.runtime.agreement import Agreement
 from nebula_mq.runtime.channel import Outbox, Received
@@ -43,7 +44,6 @@ from nebula_mq.runtime.ordered import OrderedInbox
 from nebula_mq.runtime.worker import Worker
 from workers.replicas.exchange import RAW, check_start
 from workers.replicas.job import ReplicasJob, rank_flow, replica_id
-from workers.replicas.quorum import MEMBERS, Members, bits, members_of
 from workers.split.shards import piece
 
 LEFT = "left"  # the meta key of rank 0's word that it left without its group (a stop while it waited)

@@ -10,7 +10,7 @@ outer step (``workers.replicas.schedule``: Streaming DiLoCo). Event ``s`` of rep
    other cluster; then, with overlap, the inner steps up to ``apply_at(s)``;
 2. the driver's inbox gathers event ``s``'s pseudo-gradient of every other replica (one
    ordered stream each: repeats dropped, nothing applied twice) or, with a quorum, of the
-   event's members (``workers.replicas.quorum``: who they are, and how a cluster left out
+   event's members (``nebula_mq.membership.quorum``: who they are, and how a cluster left out
    catches up);
 3. :meth:`Replica.apply`: the average of the members' decoded pseudo-gradients in cluster
    order, its own included as decoded, and the fragment's outer step
@@ -34,14 +34,15 @@ from typing import Any
 import numpy as np
 
 from nebula_mq.errors import WorkerError
+from nebula_mq.membership.quorum import Membership
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import Checkpoint
 from nebula_mq.runtime.driver import Extras, StepInputs, StopCheck, drive
 from nebula_mq.runtime.logs import bind_context
 from nebula_mq.runtime.ordered import OrderedInbox
-from nebula_mq.settings import Settings
 from nebula_mq.runtime.worker import Worker
+from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.base import WorkerIdentity
 from workers.registry import role
@@ -50,7 +51,6 @@ from workers.replicas.exchange import START, WanExchange
 from workers.replicas.job import ROLE, ReplicaSpec, load_job, replica_id
 from workers.replicas.spec import load_spec
 from workers.replicas.outer import Arrays, OuterNesterov, digest, mixed
-from workers.replicas.quorum import Membership
 from workers.replicas.ranks import SKIP, TRAIN, ClusterRanks
 from workers.replicas.schedule import SyncSchedule, partition
 from workers.split.job import micro_batch_seed

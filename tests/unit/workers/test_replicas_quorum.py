@@ -1,7 +1,7 @@
-"""A replicas job with a quorum (workers/replicas/quorum.py): the coordinator's choice of each
-event's members, logged before it is published; a job that waits below the quorum, goes on
-without a cluster that is away, and a cluster that catches up from the queues and rejoins,
-every replica on the same outer weights after every event."""
+"""A replicas job with a quorum (nebula_mq/membership/quorum.py, tested alone in
+tests/unit/membership): a job that waits below the quorum, goes on without a cluster that is
+away, and a cluster that catches up from the queues and rejoins, every replica on the same
+outer weights after every event; a replica left out ends the event the same trained or not."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nebula_mq.errors import CheckpointError, ConfigError, MalformedMessage
+from nebula_mq.errors import ConfigError
+from nebula_mq.membership.quorum import read_choices
 from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.pairs import drivers
@@ -22,11 +23,8 @@ from tests.fixtures.threads import started, wait_for
 from workers.replicas.exchange import START
 from workers.replicas.job import ReplicaSpec, ReplicasJob, load_job
 from workers.replicas.outer import digest
-from workers.replicas.quorum import Membership, members_of, read_choices
 
 pytestmark = pytest.mark.paddle
-
-HERE: Any = object()  # a peer's message waiting: the coordinator looks only at which are there
 
 
 def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(
@@ -84,61 +82,6 @@ def test_a_quorum_waits_goes_on_without_a_cluster_and_the_cluster_catches_up(
     assert skipped >= 2, sorted(set(inner_steps))  # events it caught up on without training
     logged = read_choices(tmp_path / "checkpoints" / "replica-0" / "quorum.jsonl")
     assert sorted(logged) == list(range(10)) and logged[0] == (0, 1)
-
-
-def test_the_coordinator_chooses_each_event_once_and_a_restart_keeps_its_choice(tmp_path: Path) -> None:
-    job = ReplicasJob(clusters=THREE, quorum=2, quorum_wait_s=5.0)
-    now = [100.0]
-    coordinator = Membership(job, 0, tmp_path, clock=lambda: now[0])
-    assert coordinator.members(0, True, (HERE, None)) is None  # the wait starts
-    now[0] += 4.9
-    assert coordinator.members(0, True, (HERE, None)) is None
-    now[0] += 0.1
-    assert coordinator.members(0, True, (HERE, None)) == (0, 1)
-    assert coordinator.members(1, False, (HERE, HERE)) is None  # its own is not sent yet
-    assert coordinator.members(1, True, (HERE, HERE)) == (0, 1, 2)  # all there: no wait
-    assert set(coordinator.chosen) == {1}  # event 0's choice is in the log, not kept in memory
-    now[0] += 10.0
-    coordinator.members(2, True, (None, None))
-    now[0] += 10.0
-    assert coordinator.members(2, True, (None, None)) is None  # alone is below the quorum
-
-    restarted = Membership(job, 0, tmp_path, clock=lambda: now[0])
-    assert restarted.members(0, True, (None, HERE)) is None  # its choice's member b is not back yet
-    assert restarted.members(0, True, (HERE, HERE)) == (0, 1)  # c came meanwhile: still left out
-    log = tmp_path / "quorum.jsonl"
-    log.write_text(log.read_text() + '{"event": 2, "memb')  # cut short by a crash: never published
-    again = Membership(job, 0, tmp_path, clock=lambda: now[0])
-    assert again.members(2, True, (HERE, HERE)) == (0, 1, 2)  # logged on a line of its own
-    assert read_choices(log) == {0: (0, 1), 1: (0, 1, 2), 2: (0, 1, 2)}
-    log.write_text('{"event": 0, "memb\n{"event": 1, "members": [0, 1]}\n')
-    with pytest.raises(CheckpointError, match="line 1"):
-        read_choices(log)
-
-
-def test_a_replica_left_out_trains_again_once_nothing_says_it_is_left_out() -> None:
-    follower = Membership(ReplicasJob(clusters=THREE, quorum=2), 2, Path("unused"))
-    assert follower.sources == ("quorum",) and follower.may_produce()
-    follower.left_out()
-    assert not follower.may_produce()
-    choice: Any = type("Choice", (), {"meta": {"members": 0b011}})()
-    assert follower.members(5, False, (HERE, HERE, choice)) == (0, 1)  # applied without training
-    assert not follower.may_produce()
-    assert follower.members(6, False, (None, None, None)) is None
-    assert not follower.may_produce()  # the choice may still be on its way from the queue
-    time.sleep(0.11)
-    assert follower.members(6, False, (None, None, None)) is None
-    assert follower.may_produce()  # none came for a moment: it trains and sends event 6
-    follower.produced()
-    assert follower.members(6, True, (HERE, None, choice)) is None  # b's is still to come
-    assert follower.members(6, True, (HERE, HERE, choice)) == (0, 1)
-
-
-@pytest.mark.parametrize("value", [0b110, 0b001, 0, 0b1011, -1, "3", True, 3.0, None, [0, 1]])
-def test_a_choice_that_is_not_members_is_malformed(value: object) -> None:
-    assert members_of({"members": 0b101}, 3, 2) == (0, 2)
-    with pytest.raises(MalformedMessage, match="choice of members"):
-        members_of({"members": value}, 3, 2)
 
 
 @pytest.mark.parametrize(("section", "key"), [({"quorum": 4}, "replicas.quorum"), ({"quorum": -1}, "replicas.quorum"),

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from nebula_mq.errors import ConfigError, MalformedMessage
+from nebula_mq.membership.quorum import MEMBERS
 from nebula_mq.transport.memory import MemoryBroker
 from tests.fixtures.replicas import THREE, build, settings_for
 from workers.replicas.exchange import START
 from workers.replicas.outer import digest
 from workers.replicas.plan import plan
-from workers.replicas.quorum import MEMBERS
 from workers.replicas.ranks import LEFT, LIFE, SKIP, TRAIN, WORD
 
 pytestmark = pytest.mark.paddle

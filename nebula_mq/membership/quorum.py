@@ -22,15 +22,12 @@ both kept in its queues, without training; once none has come for a moment (``SE
 queue is drained), it trains and sends again, and the coordinator takes it in as soon as its
 pseudo-gradient comes within the wait. It never downloads the weights.
 
-With ranks inside a cluster (``workers.replicas.ranks``) all of this is rank 0's; the others
-train an event on its word and learn the event's members from its average.
-
 With ``[replicas] coordinator = "first"`` (the default) the coordinator must be there:
 without it the others wait (its checkpoint and its log resume it). With ``"elected"`` the
-clusters agree on every event's members by Paxos (``workers.replicas.election``): whichever
-cluster leads proposes them, and when it is away a majority of the others elect the next.
-While a cluster is away every event waits ``quorum_wait_s`` for it, and a cluster slower than
-the coordinator by more than that each event stays left out.
+clusters agree on every event's members by Paxos (``election``), and a majority goes on while
+any one is away. Either way, while a cluster is away every event waits ``quorum_wait_s`` for
+it, and a cluster slower than the coordinator by more than that each event stays left out.
+With ranks, all of this is rank 0's (the package docstring: lives and words).
 """
 
 from __future__ import annotations
@@ -38,17 +35,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nebula_mq.errors import CheckpointError, MalformedMessage
+from nebula_mq.membership import durable_log
+from nebula_mq.membership.election import FLOW, Election, Send
+from nebula_mq.membership.election import PRODUCER as ELECTION
 from nebula_mq.runtime.channel import Received
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.ordered import OrderedInbox
-from workers.replicas import jsonlog
-from workers.replicas.election import PRODUCER as ELECTION
-from workers.replicas.election import Election, Send
-from workers.replicas.job import ReplicasJob, elect_flow
 
 log = get_logger(__name__)
 
@@ -61,9 +57,9 @@ SETTLE_S = 0.1
 
 
 def read_choices(path: Path) -> dict[int, Members]:
-    """The choices a coordinator logged (``jsonlog``: a last line cut short is cut off)."""
+    """The choices a coordinator logged (``durable_log``: a last line cut short is cut off)."""
     choices: dict[int, Members] = {}
-    for number, entry in jsonlog.read(path, "a choice of members"):
+    for number, entry in durable_log.read(path, "a choice of members"):
         try:
             choices[int(entry["event"])] = tuple(int(c) for c in entry[MEMBERS])
         except (ValueError, KeyError, TypeError):
@@ -89,10 +85,34 @@ def members_of(meta: Mapping[str, Any], clusters: int, need: int, first: bool = 
     return members
 
 
+class QuorumJob(Protocol):
+    """What a cluster's membership reads of its job (``workers.replicas.job.ReplicasJob`` is one)."""
+
+    @property
+    def n(self) -> int: ...  # the clusters, 0 to n - 1
+
+    @property
+    def quorum(self) -> int: ...  # the clusters an event needs, the coordinator counted; 0: all
+
+    @property
+    def quorum_wait_s(self) -> float: ...
+
+    @property
+    def coordinator_wait_s(self) -> float: ...
+
+    @property
+    def elected(self) -> bool: ...  # every event's members agreed by election
+
+    @property
+    def goes_on_without(self) -> bool: ...  # a quorum below every cluster
+
+    def peers(self, c: int) -> tuple[int, ...]: ...
+
+
 class Membership:
     """Replica ``index``'s side of the choices (see the module docstring)."""
 
-    def __init__(self, job: ReplicasJob, index: int, log_dir: Path, send: Send | None = None,
+    def __init__(self, job: QuorumJob, index: int, log_dir: Path, send: Send | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``send``: the election's messages out (rank 0's, with an elected coordinator)."""
         self.n, self.index, self.peers = job.n, index, job.peers(index)
@@ -100,7 +120,7 @@ class Membership:
         self.active = job.goes_on_without
         self.election = None if send is None or not job.elected else Election(
             job.n, index, self.election_log(log_dir), job.coordinator_wait_s, send, self.check_elected, clock)
-        self.senders = {elect_flow(job, d, index).name: d for d in self.peers}
+        self.senders = {FLOW.format(src=d, dst=index): d for d in self.peers}
         self.coordinator = index == 0 and not job.elected
         self.log_path = log_dir / "quorum.jsonl"
         self.chosen = read_choices(self.log_path) if self.active and self.coordinator else {}
@@ -240,4 +260,4 @@ class Membership:
     def record(self, event: int, members: Members) -> None:
         """Log a choice durably before anyone is told of it."""
         self.chosen[event] = members
-        jsonlog.append(self.log_path, {"event": event, MEMBERS: list(members)})
+        durable_log.append(self.log_path, {"event": event, MEMBERS: list(members)})

@@ -1,8 +1,9 @@
-"""Append-only logs of JSON lines, each durable before anyone is told of it: what a replica
-decided, kept beside its checkpoints (the coordinator's choices, the election's records)."""
+"""Append-only logs of JSON lines, each durable before anyone is told of it: what a cluster
+decided, beside its checkpoints (the coordinator's choices, ``quorum.jsonl``; ``election.jsonl``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -29,15 +30,9 @@ def append(path: Path, record: Mapping[str, Any]) -> None:
             fsync_dir(path.parent)
     except OSError as e:
         if end is not None:
-            _cut_back(path, end)
+            with contextlib.suppress(OSError):  # the disk refuses this too: read() drops a last line cut short
+                os.truncate(path, end)
         raise CheckpointError(f"{path}: cannot append a record: {e.strerror or e}") from None
-
-
-def _cut_back(path: Path, size: int) -> None:
-    try:
-        os.truncate(path, size)
-    except OSError:
-        pass  # the disk refuses this too; read() drops a last line cut short
 
 
 def read(path: Path, what: str) -> list[tuple[int, Any]]:

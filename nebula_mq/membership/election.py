@@ -17,10 +17,10 @@ chooses afresh where none was: the rule that keeps any choice that may have been
 cluster behind the one it tells is sent the decisions it lacks (``decided``); otherwise the
 messages kept in its queues tell it. A leader that restarts asks for the promises again.
 
-What a cluster promised, accepted and decided is fsynced to a log beside its checkpoints before
-it says so (a cluster must never lose it: ``workers.replicas.quorum`` refuses to resume without
-it). Votes are not logged: a cluster that restarts learns what it lacks from the answers to its
-view. With two clusters the one left cannot tell a cut from a death: the config needs three.
+What a cluster promised, accepted and decided is fsynced to ``election.jsonl`` before it says
+so (it must never lose it: ``quorum`` refuses to resume without it). Votes are not logged: a
+cluster that restarts learns what it lacks from the answers to its view. With two clusters the
+one left cannot tell a cut from a death: the config needs three.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 
 from nebula_mq.errors import CheckpointError, MalformedMessage, WorkerError
+from nebula_mq.membership import durable_log
 from nebula_mq.runtime.logs import get_logger
-from workers.replicas import jsonlog
 
 log = get_logger(__name__)
 
-PRODUCER = "election"  # the producer of election messages, on the flows elect-<c>-<d>
+PRODUCER = "election"  # the producer of election messages, on the flows FLOW names
+FLOW = "elect-{src}-{dst}"  # the flow of cluster src's election messages to cluster dst
 KIND = "elect"  # their meta key: what the message is
 ACCEPT, ACCEPTED, VIEW, DECIDED = "accept", "accepted", "view", "decided"
 ENTRIES = "entries"  # a view's accepted (event, epoch, members) rows; decided's members, in order
@@ -70,7 +71,7 @@ class Election:
         self.waiting: dict[int, float] = {}  # event -> when this cluster began to wait for its decision
         self.rng = random.Random(index)
         self.patience = wait_s * (1 + self.rng.random() / 2)  # this wait's, drawn again after each
-        for number, record in jsonlog.read(log_path, "an election record"):
+        for number, record in durable_log.read(log_path, "an election record"):
             try:
                 self._replay({str(k): int(v) for k, v in record.items()})
             except (ValueError, TypeError, AttributeError, KeyError):
@@ -187,7 +188,7 @@ class Election:
     # ------------------------------------------------------------------ the protocol's steps
 
     def _promise(self, epoch: int) -> None:
-        jsonlog.append(self.log_path, {"promise": epoch})
+        durable_log.append(self.log_path, {"promise": epoch})
         self.promised = epoch
         self.waiting[self.next] = self.clock()  # the new leader's turn: a whole wait before the next
         self.patience = self.wait_s * (1 + self.rng.random() / 2)
@@ -228,7 +229,7 @@ class Election:
             self._promise(epoch)  # it has waited long too, or the epoch's leader is there: it joins
 
     def _accept(self, event: int, epoch: int, members: int) -> None:
-        jsonlog.append(self.log_path, {"accept": event, "epoch": epoch, "members": members})
+        durable_log.append(self.log_path, {"accept": event, "epoch": epoch, "members": members})
         self.promised = max(self.promised, epoch)
         self.accepted[event] = (epoch, members)
         self._vote(event, epoch, members, self.index)
@@ -247,7 +248,7 @@ class Election:
             if known != members:  # Paxos rules it out: a bug, or a log edited by hand
                 raise WorkerError(f"event {event} decided with members {known:#b} and {members:#b}")
             return
-        jsonlog.append(self.log_path, {"decide": event, "members": members})
+        durable_log.append(self.log_path, {"decide": event, "members": members})
         self._decided(event, members)
         log.info("decided", sync_event=event, members=members)
 
