@@ -38,6 +38,7 @@ from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
 from workers.split.job import HeadSpec, Placement, SplitJob, load_spec, load_split_job
+from workers.split.shards import piece
 
 log = get_logger(__name__)
 
@@ -93,7 +94,7 @@ class SplitHead(SplitSide):
 
     def shard_rows(self, rows: int) -> slice:
         """This rank's rows of a global micro-batch of ``rows`` samples."""
-        return self.routing.shard(rows, self.rank)
+        return self.ranks.shard(rows, self.rank)
 
     def delta_compression(self) -> bool:
         """Send activations as deltas from each sample's last reconstruction (AQ-SGD)."""
@@ -149,10 +150,10 @@ class SplitHead(SplitSide):
         half = self.fw.narrow_fp16(fwd.activation) if all(o.takes_fp16(mb) for o in self.outgoing) else None
         activation = half if half is not None else self.fw.numpy(fwd.activation)
         for j, (outbox, outgoing) in enumerate(zip(self.outboxes, self.outgoing)):
-            rows = self.routing.piece(len(fwd.sample_ids), j)
-            piece = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
+            rows = piece(len(fwd.sample_ids), self.ranks.tails, j)
+            share = Forward(fwd.sample_ids[rows], fwd.activation, {k: v[rows] for k, v in fwd.side.items()})
             with named_tensor_errors(f"{self.worker_id}: the activation of micro-batch {mb}"):
-                encoded, meta = outgoing.encode(mb, self.message(mb, piece, activation[rows]), self.samples(piece),
+                encoded, meta = outgoing.encode(mb, self.message(mb, share, activation[rows]), self.samples(share),
                                                 narrowed=half is not None)
             outbox.send(step=mb, micro_batch=mb, encoded=encoded, meta=meta, reply_to=self.reply_queue)
 

@@ -65,7 +65,3 @@ class Ranks:
         """Head rank ``head``'s rows of a global micro-batch of ``rows``."""
         self.check_batch(rows)
         return piece(rows, self.heads, head)
-
-    def piece(self, shard_rows: int, tail: int) -> slice:
-        """Tail rank ``tail``'s rows of one head rank's shard."""
-        return piece(shard_rows, self.tails, tail)

@@ -97,7 +97,7 @@ class SplitSide(ABC):
         head = self.side == "head"
         self.settings, self.worker, self.worker_id = settings, worker, worker.worker_id
         self.placement, self.rank, self.world = job, rank, len(job.head_ids() if head else job.tail_ids())
-        self.routing = job.ranks
+        self.ranks = job.ranks
         self.in_flight = job.in_flight
         self.total = settings.job.steps
         self.act_flows, self.reply_flows = job.activation_flows(), job.reply_flows()

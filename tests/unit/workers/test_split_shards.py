@@ -14,7 +14,7 @@ from nebula_mq.settings import JobSettings, Settings, load_settings
 from workers.abnet.job import load_job
 from workers.plans import plan_for
 from workers.split.job import load_split_job
-from workers.split.shards import Ranks, rank_id
+from workers.split.shards import Ranks, piece, rank_id
 
 
 @pytest.mark.parametrize(("heads", "tails"), [(1, 1), (2, 1), (1, 2), (2, 2), (3, 2), (4, 4)])
@@ -26,7 +26,7 @@ def test_every_sample_of_a_micro_batch_goes_to_exactly_one_head_and_one_tail_ran
         shard = rows[ranks.shard(batch, i)]
         assert len(shard) == batch // heads
         for j in range(tails):
-            seen[j] += list(shard[ranks.piece(len(shard), j)])
+            seen[j] += list(shard[piece(len(shard), tails, j)])  # tail rank j's piece of the shard
     assert sorted(r for piece in seen.values() for r in piece) == list(range(batch))
     assert {len(piece) for piece in seen.values()} == {batch // tails}  # equal shares: the mean holds
 
