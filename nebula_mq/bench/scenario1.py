@@ -30,7 +30,6 @@ from typing import Any
 
 from nebula_mq.stack.layout import free_group_port
 
-CLUSTERS = ("cluster-a", "cluster-b")
 JOB = """
 [job]
 id = "{job_id}"
@@ -201,8 +200,7 @@ def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import Stack
-    from nebula_mq.stack.layout import free_base_port
+    from nebula_mq.bench.wan_jobs import bench_stack
 
     ns = [int(x) for x in str(getattr(args, "n", "1,2")).split(",")]
     steps = 24 if args.quick else int(getattr(args, "steps", 40))
@@ -215,33 +213,30 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError("<command line>", "--repeats", "a whole number >= 1", repeats)
     root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
-    stack_dir = str(root / "stack")
-    stack = Stack(stack_dir, CLUSTERS, base_port=free_base_port(len(CLUSTERS), os.getpid()),
-                  prefix=f"s1b{os.getpid()}")
     results: list[dict[str, Any]] = []
     try:
-        stack.up()
-        for repeat in range(repeats):
-            for n in ns:
-                row: dict[str, Any] = {"n": n, "repeat": repeat}
-                # Each pair side by side, in turn first: a drift of the shared host favours neither.
-                pair = (("inside", "cluster-b"), ("across", "cluster-a"))
-                for where, gen_cluster in pair if repeat % 2 == 0 else pair[::-1]:
-                    if where == "across":
-                        stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
-                    run_dir = run_job(stack_dir, root, f"{where}-n{n}-r{repeat}", n=n, steps=steps,
-                                      gen_cluster=gen_cluster, max_lead=lead, preset=preset)
-                    row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
-                row["ratio"] = row["across"] / row["inside"]
-                row["busy_ratio"] = root_busy(row["across_detail"]) / max(1e-9, root_busy(row["inside_detail"]))
-                results.append(row)
-                print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
-                      f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
-                print(where_time_goes(row), flush=True)
-        hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
-                        delay=delay, rate_mbit=rate_mbit)
+        with bench_stack(None) as (stack, _):  # a stack of its own (cluster-a, cluster-b) on free ports
+            stack_dir = str(stack.layout.run_dir)
+            for repeat in range(repeats):
+                for n in ns:
+                    row: dict[str, Any] = {"n": n, "repeat": repeat}
+                    # Each pair side by side, in turn first: a drift of the shared host favours neither.
+                    pair = (("inside", "cluster-b"), ("across", "cluster-a"))
+                    for where, gen_cluster in pair if repeat % 2 == 0 else pair[::-1]:
+                        if where == "across":
+                            stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
+                        run_dir = run_job(stack_dir, root, f"{where}-n{n}-r{repeat}", n=n, steps=steps,
+                                          gen_cluster=gen_cluster, max_lead=lead, preset=preset)
+                        row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
+                    row["ratio"] = row["across"] / row["inside"]
+                    row["busy_ratio"] = root_busy(row["across_detail"]) / max(1e-9, root_busy(row["inside_detail"]))
+                    results.append(row)
+                    print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
+                          f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+                    print(where_time_goes(row), flush=True)
+            hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
+                            delay=delay, rate_mbit=rate_mbit)
     finally:
-        stack.down()
         if not os.environ.get("NEBULA_KEEP_BENCH"):
             shutil.rmtree(root, ignore_errors=True)
     table = by_n(results)
