@@ -60,7 +60,14 @@ def test_the_memory_publisher_sends_again_once_the_queue_exists() -> None:
     transport = MemoryTransport(broker, TransportSettings(publish_patience_s=10), "job", "cluster-a")
     queue = transport.queue_for(FLOW)
     pub = transport.publisher()
-    threading.Timer(0.2, lambda: transport.declare_flow(FLOW, "producer")).start()
+
+    def declare_once_returned() -> None:  # the queue comes while the publish waits, whichever is faster
+        deadline = time.monotonic() + 30
+        while pub.stats.waits_unroutable == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        transport.declare_flow(FLOW, "producer")
+
+    threading.Thread(target=declare_once_returned, daemon=True).start()
     pub.publish(queue, b"late", "m-1")
     assert pub.stats.published == 1 and pub.stats.waits_unroutable > 0
     assert transport.queue_depth(queue) == 1
@@ -72,9 +79,8 @@ def test_the_window_bounds_messages_and_bytes_and_frees_room_on_settle() -> None
     assert window.admit("a", 4, lambda: handed.append("a"))
     assert window.admit("b", 4, lambda: handed.append("b"))
     threading.Timer(0.2, window.settle, ("a",)).start()
-    t0 = time.monotonic()
-    assert window.admit("c", 6, lambda: handed.append("c"))  # waited for "a"
-    assert time.monotonic() - t0 >= 0.15
+    assert window.admit("c", 6, lambda: handed.append("c"))
+    # Waited for "a", however late the timer fired: never three outstanding at once.
     assert handed == ["a", "b", "c"] and len(window) == 2 and window.max_in_flight == 2
     window.close()
     assert not window.admit("d", 1, lambda: handed.append("d")) and handed[-1] == "c"
