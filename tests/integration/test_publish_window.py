@@ -15,6 +15,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 from nebula_mq.transport.base import PublishHandle
 from nebula_mq.transport.rabbit import RabbitTransport
+from tests.fixtures.exactly_once import apply_once
 from tests.fixtures.stack import StackHandle
 
 pytestmark = pytest.mark.broker
@@ -199,14 +200,8 @@ def test_a_broker_restart_with_confirms_outstanding_loses_nothing_and_applies_ea
             while (producer.is_alive() or len(applied) < len(ids)) and not failures:
                 assert time.monotonic() < deadline, f"only {len(applied)} of {len(ids)} applied"
                 d = consumer.get(timeout=1)
-                if d is None:
-                    continue
-                if d.message_id in done:
-                    duplicates += 1
-                else:
-                    done.add(d.message_id)
-                    applied.append(d.message_id)
-                assert d.ack()
+                if d is not None:
+                    duplicates += apply_once(d, done, applied)
             producer.join(timeout=120)
             assert not producer.is_alive() and not failures, failures
             # Anything still on its way would be a repeat: it may come, it is never applied.

@@ -7,15 +7,9 @@ one fresh job (own vhost, users, upstream, policy) per test.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +19,7 @@ from nebula_mq import topology
 from nebula_mq.settings import TransportSettings
 from nebula_mq.topology import Flow
 from nebula_mq.transport.rabbit import RabbitTransport
+from tests.fixtures.exactly_once import applied_before_kill_at_m5, apply_once
 
 # The session fixture ``stack`` (a no-op when tests/conftest.py requires it too).
 pytest_plugins = ["tests.fixtures.stack"]
@@ -73,14 +68,8 @@ def _drain(consumer: Any, done: set[str], applied: list[str], want: int, timeout
     while len(applied) < want:
         assert time.monotonic() < deadline, f"only {len(applied)}/{want} applied"
         d = consumer.get(timeout=1.0)
-        if d is None:
-            continue
-        if d.message_id in done:
-            discarded += 1
-        else:
-            done.add(d.message_id)
-            applied.append(d.message_id)
-        assert d.ack()
+        if d is not None:
+            discarded += apply_once(d, done, applied)
     return discarded
 
 
@@ -164,46 +153,11 @@ def test_exactly_once_across_a_wan_cut(job: Job, stack: Any) -> None:
     pub.close()
 
 
-_CHILD = r"""
-import json, os, sys, time
-from nebula_mq.settings import BrokerSettings, TransportSettings
-from nebula_mq.transport.rabbit import RabbitTransport
-job, queue, ckpt, broker = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-t = RabbitTransport(BrokerSettings(**broker), TransportSettings(prefetch=3), job, "cluster-b")
-applied = []
-consumer = t.consume(queue)
-while True:
-    d = consumer.get(timeout=60)
-    if d.message_id not in applied:
-        applied.append(d.message_id)
-        with open(ckpt + ".tmp", "w") as fh:
-            json.dump({"applied": applied}, fh)
-        os.replace(ckpt + ".tmp", ckpt)
-    if d.message_id == "m5":
-        time.sleep(3600)  # killed here: applied and checkpointed, not acked
-    d.ack()
-"""
-
-
 def test_exactly_once_across_kill_9_of_the_consumer(job: Job, tmp_path: Path) -> None:
     with job.producer.publisher() as pub:
         for i in range(12):
             pub.publish(job.queue, b"x", f"m{i}")
-    ckpt = tmp_path / "ckpt.json"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, job.id, job.queue, str(ckpt),
-         json.dumps(asdict(job.consumer_broker))],
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
-    deadline = time.monotonic() + 60
-    while not (ckpt.exists() and "m5" in json.loads(ckpt.read_text())["applied"]):
-        assert time.monotonic() < deadline and child.poll() is None, "child did not get to m5"
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-
-    state = json.loads(ckpt.read_text())
-    applied: list[str] = state["applied"]
+    applied = applied_before_kill_at_m5(job.id, "cluster-b", job.queue, job.consumer_broker, tmp_path)
     with job.consumer.consume(job.queue) as consumer:
         discarded = _drain(consumer, set(applied), applied, 12, timeout=60)
         assert consumer.get(timeout=1.0) is None

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,6 +14,7 @@ from nebula_mq.errors import AccessRefused, TransportError
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 from nebula_mq.transport.rabbit import RabbitTransport
+from tests.fixtures.exactly_once import applied_before_kill_at_m5, apply_once
 
 pytestmark = pytest.mark.broker
 
@@ -39,32 +36,6 @@ def _local_queue(t: RabbitTransport) -> str:
     return t.declare_flow(Flow("f", "a", "a"), "producer")
 
 
-# A consumer process that applies messages exactly once: it records each id in
-# its checkpoint (the ids applied: its memory of repeats) BEFORE acking. On "m5" it stops
-# after the checkpoint and before the ack: the worst moment to be killed.
-_CHILD = r"""
-import json, os, sys, time
-from nebula_mq.settings import BrokerSettings, TransportSettings
-from nebula_mq.transport.rabbit import RabbitTransport
-job, queue, ckpt = sys.argv[1:4]
-t = RabbitTransport(BrokerSettings(host="127.0.0.1", port=5672, tls=False),
-                    TransportSettings(prefetch=3), job, "a")
-applied = []
-consumer = t.consume(queue)
-while True:
-    d = consumer.get(timeout=30)
-    if d.message_id not in applied:
-        applied.append(d.message_id)
-        tmp = ckpt + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"applied": applied}, fh)
-        os.replace(tmp, ckpt)
-    if d.message_id == "m5":
-        time.sleep(3600)
-    d.ack()
-"""
-
-
 def test_kill_9_consumer_replays_unacked_and_applies_exactly_once(
     transport: RabbitTransport, tmp_path: Path
 ) -> None:
@@ -72,30 +43,13 @@ def test_kill_9_consumer_replays_unacked_and_applies_exactly_once(
     with transport.publisher() as pub:
         for i in range(10):
             pub.publish(q, b"x%d" % i, f"m{i}")
-    ckpt = tmp_path / "ckpt.json"
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, transport.job_id, q, str(ckpt)],
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-    )
-    deadline = time.monotonic() + 30
-    while not (ckpt.exists() and "m5" in json.loads(ckpt.read_text())["applied"]):
-        assert time.monotonic() < deadline and child.poll() is None, "child did not get to m5"
-        time.sleep(0.05)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-
-    state = json.loads(ckpt.read_text())
-    applied: list[str] = state["applied"]
+    applied = applied_before_kill_at_m5(transport.job_id, "a", q, DEFAULT_NODE, tmp_path)
     done = set(applied)
     discarded: list[tuple[str, bool]] = []
     with transport.consume(q) as consumer:
         while (d := consumer.get(timeout=2.0)) is not None:
-            if d.message_id in done:
+            if apply_once(d, done, applied):
                 discarded.append((d.message_id, d.redelivered))
-            else:
-                done.add(d.message_id)
-                applied.append(d.message_id)
-            assert d.ack()
     assert ("m5", True) in discarded  # applied before the kill, replayed, discarded
     assert applied == [f"m{i}" for i in range(10)]
     assert transport.queue_depth(q) == 0
