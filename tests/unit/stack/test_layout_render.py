@@ -96,6 +96,25 @@ def test_a_tools_stack_takes_free_ports_below_the_ephemeral_range() -> None:
     assert other != base and other in TOOL_BASE_PORTS
 
 
+def test_a_gloo_group_takes_free_ports_between_the_tools_stacks_and_their_dist_ports() -> None:
+    """A group's store and ranks (base .. base + n) come from above the tools' stacks and below
+    their dist ports, all free; a base one of whose ports is taken is passed over."""
+    import os
+    import socket
+
+    from nebula_mq.stack.layout import GROUP_BASE_PORTS, TOOL_BASE_PORTS, free_group_port, stack_ports
+
+    base = free_group_port(4)
+    assert base in GROUP_BASE_PORTS and base == free_group_port(4, os.getpid())
+    nodes, dist = stack_ports(TOOL_BASE_PORTS[-1], 3)[:9], stack_ports(TOOL_BASE_PORTS[0], 3)[9:]
+    assert max(nodes) < base and base + 4 < min(dist)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", base + 2))
+        holder.listen()
+        other = free_group_port(4)
+    assert other != base and base + 2 not in range(other, other + 5)
+
+
 def test_port_free_sees_a_listener_and_with_reuse_addr_off_a_closed_connection():
     """``port_free`` is the one probe of the stacks, the benchmarks' gloo groups and the test
     fixtures: a listening port is taken either way; one that a closed connection leaves in
