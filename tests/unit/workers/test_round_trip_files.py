@@ -191,10 +191,11 @@ def test_the_page_lists_the_files_one_micro_batch_meets_in_the_order_it_meets_th
         round_trip: tuple[list[str], list[str], set[str]]) -> None:
     there, back, _ = round_trip
     page_there, page_back, _ = listed()
-    assert page_there == there, ("the way there (head -> tail) in docs/architecture.md is not the traced one;"
-                                 " traced, in order of first entry:\n" + "\n".join(there))
-    assert page_back == back, ("the way back (gradient -> head) in docs/architecture.md is not the traced one;"
-                               " traced, in order of first entry:\n" + "\n".join(back))
+    wrong = [f"the way {leg} in docs/architecture.md is not the traced one; traced, in order of first "
+             "entry:\n" + "\n".join(f"{i}. {f}" for i, f in enumerate(traced, 1))
+             for leg, page, traced in (("there (head -> tail)", page_there, there),
+                                       ("back (gradient -> head)", page_back, back)) if page != traced]
+    assert not wrong, "\n\n".join(wrong)
 
 
 def test_the_observers_left_off_the_page_exist_and_run_on_the_way(
