@@ -234,15 +234,15 @@ def _envelope(h: Any, blob: memoryview, tag: bytes, region: memoryview, max_deco
     )
 
 
-def pack_tensors(tensors: Mapping[str, np.ndarray], codec: Any, *, roles: Mapping[str, str] | None = None,
-                 states: Mapping[str, Any] | None = None, allow_non_finite: bool = False) -> tuple[TensorRecord, ...]:
-    """Encode named tensors into records. ``codec``: one Codec, or a name -> Codec map."""
+def pack_tensors(tensors: Mapping[str, np.ndarray], codec: Any, *,
+                 allow_non_finite: bool = False) -> tuple[TensorRecord, ...]:
+    """Encode named tensors into records. ``codec``: one Codec, or a name -> Codec map. A flow
+    whose codec keeps state or picks by role encodes through its ``FlowCompression`` instead."""
     out = []
     for name, x in tensors.items():
         c = codec[name] if isinstance(codec, Mapping) else codec
         arr = np.asarray(x)
-        enc = c.encode(arr, allow_non_finite=allow_non_finite, role=(roles or {}).get(name),
-                       state=(states or {}).get(name))
+        enc = c.encode(arr, allow_non_finite=allow_non_finite)
         out.append(TensorRecord(name, tuple(arr.shape), arr.dtype.name, c.spec, enc))
     return tuple(out)
 
