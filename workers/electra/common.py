@@ -90,6 +90,9 @@ class ElectraJob:
     # it below the kernel's ephemeral range (Linux: 32768-60999), where outgoing connections
     # could take it.
     gloo_base_port: int = 29100
+    # A collective (or the rendezvous) that has not completed after this long means a rank
+    # is gone: the rank exits, and the group restarts from its last common checkpoint.
+    group_timeout_s: float = 300.0
     # Hot start: a previous job's run_dir whose checkpoints seed workers that have none.
     init_from: str = ""
 
@@ -100,6 +103,8 @@ class ElectraJob:
             raise ValueError("n_sub >= 1")
         if self.max_lead < 0 or self.checkpoint_every < 1 or self.heldout < 0 or self.max_vocab < 0:
             raise ValueError("max_lead >= 0, checkpoint_every >= 1, heldout >= 0, max_vocab >= 0")
+        if not self.group_timeout_s > 0:
+            raise ValueError("group_timeout_s > 0")
         if not self.generator_clusters:
             raise ValueError("at least one generator cluster")
         if any(not h.strip() or ":" in h for h in self.disc_hosts):

@@ -30,7 +30,6 @@ without its group (its peers are stopping too: ``runtime.agreement``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,11 +106,9 @@ class DiscriminatorRank:
     def join_group(self) -> None:
         if self.world == 1:
             return
-        from nebula_mq.models.data_parallel import init_group
+        from nebula_mq.models.frameworks.paddle_backend import PaddleFramework
 
-        address = self.job.group_address(self.world)
-        os.environ.update(address.bind_env(self.rank))
-        self.group = init_group(self.rank, self.world, address.endpoints, master=address.master)
+        self.group = PaddleFramework().join_group(self.rank, self.job.group_address(self.world), self.job.group_timeout_s)
         self.trainer.gradient_sync = self.group
         self.worker.join(self.group)
 
