@@ -30,7 +30,7 @@ from nebula_mq.runtime.driver import Extras, drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from workers.abnet.job import (EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
+from workers.abnet.job import (DECODER_ROLE, EVAL_KIND, adapter_optimizer, learning_rate, load_job, load_side, model_config,
                                   target_keep_ids)
 from workers.abnet.evaluation import Evaluation
 from workers.registry import role
@@ -44,7 +44,7 @@ class AbnetDecoder(SplitTail):
     """The split tail (loop, ordering, checkpoints in ``workers.split.tail``) specialised
     to the ABNet decoder: targets, AQ-SGD mirror, error feedback and evaluation."""
 
-    role = "abnet-decoder"
+    role = DECODER_ROLE
     state_prefix = "decoder"
     activation_name = "enc_out"
     model: DecoderSide
@@ -107,7 +107,7 @@ class AbnetDecoder(SplitTail):
         return self.model.loss_and_grad(activation, tensors["src_mask"], targets)
 
 
-@role("abnet-decoder")
+@role(DECODER_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the decoder rank (``[abnet] decoder_ranks``)."""
     worker = AbnetDecoder.identity(settings, worker_index).broker_worker()

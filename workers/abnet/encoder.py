@@ -35,7 +35,7 @@ from nebula_mq.runtime.driver import Extras, drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from workers.abnet.job import (EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
+from workers.abnet.job import (ENCODER_ROLE, EVAL_KIND, adapter_optimizer, eval_producer, learning_rate, load_job, load_side,
                                   model_config)
 from workers.registry import role
 from workers.split.head import Forward, SplitHead
@@ -52,7 +52,7 @@ class AbnetEncoder(SplitHead):
     """The split head (loop, window, recompute, checkpoints in ``workers.split.head``)
     specialised to the ABNet encoder: its data, AQ-SGD deltas and evaluation."""
 
-    role = "abnet-encoder"
+    role = ENCODER_ROLE
     state_prefix = "encoder"
     activation_name = "enc_out"
 
@@ -155,7 +155,7 @@ class AbnetEncoder(SplitHead):
         log.info("evaluation_sent", batches=batches, samples=n)
 
 
-@role("abnet-encoder")
+@role(ENCODER_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the encoder rank (``[abnet] encoder_ranks``)."""
     worker = AbnetEncoder.identity(settings, worker_index).broker_worker()

@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # paddle is imported by the workers only; the launcher reads 
 
     from nebula_mq.models.abnet_config import ABNetConfig
 
+# The roles' registered names: what plans launch and `worker --role` takes.
+ENCODER_ROLE = "abnet-encoder"
+DECODER_ROLE = "abnet-decoder"
+
 
 def eval_producer(head_id: str) -> str:
     """Producer id of an encoder's evaluation messages: a dedupe stream of their own."""

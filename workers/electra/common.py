@@ -40,6 +40,11 @@ from nebula_mq.settings import Settings
 
 MAX_AUTO_N = 8
 
+# The roles' registered names: what plans launch and `worker --role` takes.
+GENERATOR_ROLE = "electra-generator"
+ROOT_ROLE = "electra-root"
+SUB_ROLE = "electra-sub"
+
 # Paddle names parameters and optimiser accumulators from a process-global
 # generator that the trainers swap in and out; roles that share a process
 # (unit tests, threads) must not interleave inside a trainer call.

@@ -24,7 +24,7 @@ from nebula_mq import topology
 from nebula_mq.errors import ConfigError
 from nebula_mq.settings import Settings
 from nebula_mq.topology import Flow, FlowKind
-from workers.electra.common import ElectraJob, disc_rank_id, generator_id
+from workers.electra.common import GENERATOR_ROLE, ROOT_ROLE, SUB_ROLE, ElectraJob, disc_rank_id, generator_id
 from workers.electra.job import load_job
 from workers.processes import Plan, Process
 
@@ -107,13 +107,13 @@ def processes(settings: Settings) -> Plan:
     # Each process may touch exactly its flows (least-privilege broker permissions).
     group = "discriminators" if job.n > 1 else ""  # one gloo group: restarted as a whole
     hosts = job.disc_hosts or ("",) * job.n
-    procs = [Process("electra-root", job.disc_cluster, disc_rank_id(0), 0,
+    procs = [Process(ROOT_ROLE, job.disc_cluster, disc_rank_id(0), 0,
                      publishes=(*sync_flows(job), *subs), consumes=results_flows(job), restart_group=group,
                      host=hosts[0])]
-    procs += [Process("electra-sub", job.disc_cluster, disc_rank_id(r), r,
+    procs += [Process(SUB_ROLE, job.disc_cluster, disc_rank_id(r), r,
                       consumes=(sub_discriminator_flow(r),), restart_group=group, host=hosts[r])
               for r in range(1, job.n)]
-    procs += [Process("electra-generator", job.cluster_of(g or 0), "gen" if g is None else generator_id(g),
+    procs += [Process(GENERATOR_ROLE, job.cluster_of(g or 0), "gen" if g is None else generator_id(g),
                       g or 0, publishes=(electra_results_flow(g),),
                       consumes=(electra_sync_flow(g),))
               for g in generator_slots(job)]

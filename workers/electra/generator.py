@@ -50,7 +50,7 @@ from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from workers.base import WorkerIdentity
-from workers.electra.common import PADDLE_TURN, generator_id, generator_worker_id
+from workers.electra.common import GENERATOR_ROLE, PADDLE_TURN, generator_id, generator_worker_id
 from workers.electra.data import load_streams
 from workers.electra.flows import electra_results_flow, electra_sync_flow, flow_named, flows
 from workers.electra.job import load_job
@@ -58,7 +58,6 @@ from workers.registry import role
 
 log = get_logger(__name__)
 
-ROLE = "electra-generator"
 # Of the discriminator's values a sync token brings, those the generator's history records.
 DISC_VALUES = ("rtd_loss", "rtd_acc")
 
@@ -74,7 +73,7 @@ class ElectraGenerator:
         slot = index if job.process_per_generator else None
         if slot is not None and not 0 <= slot < len(job.generator_clusters):
             raise WorkerError(f"generator {index} outside 0..{len(job.generator_clusters) - 1}")
-        return WorkerIdentity(settings, job.cluster_of(slot or 0), generator_worker_id(job, slot or 0), ROLE,
+        return WorkerIdentity(settings, job.cluster_of(slot or 0), generator_worker_id(job, slot or 0), GENERATOR_ROLE,
                               job.checkpoint_every)
 
     def __init__(self, settings: Settings, worker: Worker, index: int = 0) -> None:
@@ -197,7 +196,7 @@ class ElectraGenerator:
         self.unsynced[s] = {**{k: v / count for k, v in sums.items()}, "synced": float(self.worker.step)}
 
 
-@role("electra-generator")
+@role(GENERATOR_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``worker_index``: the generator, when each has a process of its own (else unused)."""
     worker = ElectraGenerator.identity(settings, worker_index).broker_worker()

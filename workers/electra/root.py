@@ -31,21 +31,20 @@ from nebula_mq.runtime.driver import Extras, StepInputs, drive
 from nebula_mq.runtime.logs import get_logger
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
-from workers.electra.common import generator_id
+from workers.electra.common import ROOT_ROLE, generator_id
 from workers.electra.flows import flow_named, results_flows, sub_discriminator_flow, sync_flows
 from workers.electra.sub import DiscriminatorRank
 from workers.registry import role
 
 log = get_logger(__name__)
 
-ROLE = "electra-root"
 
 
 class ElectraRoot(DiscriminatorRank):
     """Rank 0: reads every generator's stream, scatters the other ranks' shares, trains on
     its own and sends the sync tokens."""
 
-    role = ROLE
+    role = ROOT_ROLE
 
     def __init__(self, settings: Settings, worker: Worker) -> None:
         """``worker``: of ``ElectraRoot.identity(settings, 0)``."""
@@ -109,7 +108,7 @@ class ElectraRoot(DiscriminatorRank):
         return values
 
 
-@role("electra-root")
+@role(ROOT_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     worker = ElectraRoot.identity(settings, 0).broker_worker()
     return drive(worker, ElectraRoot(settings, worker))

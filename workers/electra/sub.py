@@ -45,7 +45,7 @@ from nebula_mq.runtime.logs import bind_context, get_logger
 from nebula_mq.runtime.worker import Worker
 from nebula_mq.settings import Settings
 from workers.base import WorkerIdentity
-from workers.electra.common import PADDLE_TURN, disc_rank_id
+from workers.electra.common import PADDLE_TURN, SUB_ROLE, disc_rank_id
 from workers.electra.data import load_data, pretrained_discriminator
 from workers.electra.flows import flow_named, flows, sub_discriminator_flow
 from workers.electra.job import load_job
@@ -53,7 +53,6 @@ from workers.registry import role
 
 log = get_logger(__name__)
 
-ROLE = "electra-sub"
 METRICS = ("disc_loss", "rtd_loss", "clm_loss", "rtd_acc", "clm_acc", "mlm_loss", "total_loss")
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ class ElectraSub(DiscriminatorRank):
     """Rank >= 1: trains on the shares the root scatters to ``sub-disc-<rank>``, the K of a
     step in a row (``micro_batch = step * K + generator``, the driver's cursor)."""
 
-    role = ROLE
+    role = SUB_ROLE
 
     def __init__(self, settings: Settings, worker: Worker, rank: int) -> None:
         super().__init__(settings, worker, rank)
@@ -184,7 +183,7 @@ class ElectraSub(DiscriminatorRank):
         return self.train(list(parts))
 
 
-@role("electra-sub")
+@role(SUB_ROLE)
 def main(settings: Settings, worker_index: int = 1) -> int:
     """``worker_index`` is the rank (1..n_sub-1); rank 0 is ``electra-root``."""
     worker = ElectraSub.identity(settings, worker_index).broker_worker()

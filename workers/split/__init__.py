@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from nebula_mq.settings import Settings
 from nebula_mq.transport.base import Transport
 from workers.registry import load_job_settings
-from workers.split.job import HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
+from workers.split.job import HEAD_ROLE, TAIL_ROLE, HeadSpec, InputsFn, LossFn, OptimizerFn, TailSpec, TargetsFn
 from workers.split.trained import export, load, predict
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def run_head(job: str | os.PathLike[str] | Settings, *, model: object, inputs: I
         worker = identity.worker(transport) if transport is not None else identity.broker_worker()
         return SpecHead(settings, HeadSpec(model, inputs, optimizer_fn), worker, rank)
 
-    return _run(job, "split-head", rank, side, transport is None, stack, broker_host)
+    return _run(job, HEAD_ROLE, rank, side, transport is None, stack, broker_host)
 
 
 def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: LossFn, targets: TargetsFn,
@@ -88,7 +88,7 @@ def run_tail(job: str | os.PathLike[str] | Settings, *, model: object, loss: Los
         worker = identity.worker(transport) if transport is not None else identity.broker_worker()
         return SpecTail(settings, TailSpec(model, loss, targets, optimizer_fn, baseline), worker, rank)
 
-    return _run(job, "split-tail", rank, side, transport is None, stack, broker_host)
+    return _run(job, TAIL_ROLE, rank, side, transport is None, stack, broker_host)
 
 
 def _run(job: str | os.PathLike[str] | Settings, role: str, rank: int, make: Callable[[Settings], SplitSide],

@@ -37,7 +37,7 @@ from nebula_mq.settings import Settings
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
-from workers.split.job import HeadSpec, Placement, SplitJob, load_spec, load_split_job
+from workers.split.job import HEAD_ROLE, HeadSpec, Placement, SplitJob, load_spec, load_split_job
 from workers.split.shards import piece
 
 log = get_logger(__name__)
@@ -57,7 +57,7 @@ class SplitHead(SplitSide):
     """The head's step: send activations up to the window, apply gradients in order.
     Subclasses say what a micro-batch is (:meth:`forward`)."""
 
-    role = "split-head"
+    role = HEAD_ROLE
     side = "head"
     state_prefix = "head"
     gradient_op = "sum"  # each head rank holds its shard's part of the global gradient
@@ -217,7 +217,7 @@ class SpecHead(SplitHead):
             super().backward(activation, grad)
 
 
-@role("split-head")
+@role(HEAD_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-head --index RANK``: the spec comes from ``[split] head``."""
     worker = SpecHead.identity(settings, worker_index).broker_worker()

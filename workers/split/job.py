@@ -31,6 +31,10 @@ from nebula_mq.models.group_address import GroupAddress
 from nebula_mq.settings import DEVICE_PATTERN, Settings
 from workers.split.shards import Ranks, rank_id
 
+# The roles' registered names: what plans launch and `worker --role` takes.
+HEAD_ROLE = "split-head"
+TAIL_ROLE = "split-tail"
+
 # head(micro_batch) -> (sample_ids int64 [B], input arrays...): deterministic in the
 # micro-batch index (a resumed head must rebuild exactly what a clean one sent).
 InputsFn = Callable[[int], Sequence[np.ndarray]]

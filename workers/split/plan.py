@@ -6,7 +6,7 @@ from nebula_mq import topology
 from nebula_mq.settings import Settings
 from workers.processes import Plan, Process
 from workers.registry import Scenario, declare
-from workers.split.job import Placement, SplitJob, load_split_job
+from workers.split.job import HEAD_ROLE, TAIL_ROLE, Placement, SplitJob, load_split_job
 
 
 def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
@@ -31,7 +31,7 @@ def side_processes(job: Placement, head_role: str, tail_role: str) -> Plan:
 
 
 def plan(settings: Settings) -> Plan:
-    return side_processes(load_split_job(settings), "split-head", "split-tail")
+    return side_processes(load_split_job(settings), HEAD_ROLE, TAIL_ROLE)
 
 
 SCENARIO = declare(Scenario("split", SplitJob, load_split_job, plan, role_modules=("head", "tail"),

@@ -32,7 +32,7 @@ from nebula_mq.settings import Settings
 from workers.registry import role
 from nebula_mq.models.frameworks import Framework, framework_of, user_code
 from workers.split.side import SplitSide, named_tensor_errors, peer_prefix
-from workers.split.job import Placement, SplitJob, TailSpec, load_spec, load_split_job
+from workers.split.job import TAIL_ROLE, Placement, SplitJob, TailSpec, load_spec, load_split_job
 
 log = get_logger(__name__)
 
@@ -41,7 +41,7 @@ class SplitTail(SplitSide):
     """The tail's step: train on the next activation, reply with its gradient. Subclasses
     say how a micro-batch is trained (:meth:`loss_and_grad`)."""
 
-    role = "split-tail"
+    role = TAIL_ROLE
     side = "tail"
     state_prefix = "tail"
     gradient_op = "mean"  # every tail rank trains on an equal share of the micro-batch
@@ -177,7 +177,7 @@ class SpecTail(SplitTail):
         return value, self.fw.grad(x, me)
 
 
-@role("split-tail")
+@role(TAIL_ROLE)
 def main(settings: Settings, worker_index: int = 0) -> int:
     """``nebula-mq worker --role split-tail --index RANK``: the spec comes from ``[split] tail``."""
     worker = SpecTail.identity(settings, worker_index).broker_worker()
