@@ -64,7 +64,8 @@ def test_round_trip_keeps_body_and_properties(make_transport: MakeTransport) -> 
     q = _local(t)
     with t.publisher() as pub:
         for i in range(5):
-            pub.publish(q, memoryview(b"body-%d" % i), f"m{i}", {"step": i}, f"c{i}", "reply-q")
+            pub.publish(q, memoryview(b"body-%d" % i), f"m{i}", headers={"step": i}, correlation_id=f"c{i}",
+                        reply_to="reply-q")
     with t.consume(q) as consumer:
         for i in range(5):
             d = consumer.get(timeout=5)
@@ -175,7 +176,7 @@ def test_dead_letter_moves_message_with_reason_and_consumer_continues(
     q = _local(t)
     dlq = t.declare_dead_letter_queue()
     with t.publisher() as pub:
-        pub.publish(q, b"poison", "bad", {"origin": "gen"})
+        pub.publish(q, b"poison", "bad", headers={"origin": "gen"})
         pub.publish(q, b"fine", "good")
     with t.consume(q) as consumer:
         bad = consumer.get(timeout=5)
