@@ -1,8 +1,8 @@
 """Hosts on one machine: a network namespace each, joined by veth pairs.
 
-:func:`host_pair` makes two :class:`Host` objects joined by a link the kernel shapes;
-:func:`cluster_hosts` makes two clusters of hosts (see there): a shaped WAN link between their
-first hosts, an unshaped LAN in each. Each host has its own address on its link, its own
+:func:`host_pair` makes two :class:`Host` objects joined by a link the kernel shapes (the
+tests make clusters of hosts from the same parts: ``tests.fixtures.netns.cluster_hosts``).
+Each host has its own address on its link, its own
 loopback (its own epmd and port space) and its own ``/etc/hosts`` (``ip netns exec``
 bind-mounts ``/etc/netns/<ns>/hosts``) naming the hosts it reaches, so programs in a namespace
 reach another host by name, as on separate machines. A shaped link is shaped with ``tc tbf``
@@ -64,9 +64,6 @@ class Host:
         """``nebula-mq ARGS`` run on this host (in folder ``cwd``)."""
         return self.run(sys.executable, "-m", "nebula_mq", *args, timeout=timeout, check=check, cwd=cwd)
 
-    def popen(self, args: Sequence[str], log: Path, cwd: Path | None = None) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd(*args), stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=cwd)
-
     def tx_bytes(self) -> int:
         return int(self.run("cat", f"/sys/class/net/{self.dev}/statistics/tx_bytes").stdout)
 
@@ -77,7 +74,8 @@ class Host:
                  "burst", str(burst), "latency", "50ms")
 
 
-def _sh(*args: str) -> None:
+def run_here(*args: str) -> None:
+    """Run a command in this (the root) namespace; StackError when it fails."""
     out = subprocess.run(args, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise StackError(f"{' '.join(args)} failed: {out.stderr.strip()[-500:]}")
@@ -91,7 +89,7 @@ def unusable_reason() -> str:
         return "iproute2 (ip, tc) is not installed"
     probe = f"nblprobe{os.getpid()}"
     try:
-        _sh("ip", "netns", "add", probe)
+        run_here("ip", "netns", "add", probe)
     except (StackError, OSError) as exc:
         return f"`ip netns add` fails here ({exc})"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
@@ -112,11 +110,11 @@ def host_pair(tag: str, names: tuple[str, str], rate_mbit: float = DEFAULT_RATE_
     here = [f"nbl{pid}h{i}" for i in range(2)]
     try:
         for h in hosts:
-            _namespace(h, {x.hostname: x.address for x in hosts})
+            add_namespace(h, {x.hostname: x.address for x in hosts})
         a, b = hosts
-        _sh("ip", "link", "add", a.dev, "type", "veth", "peer", "name", b.dev)
+        run_here("ip", "link", "add", a.dev, "type", "veth", "peer", "name", b.dev)
         for h in hosts:
-            _sh("ip", "link", "set", h.dev, "netns", h.ns)
+            run_here("ip", "link", "set", h.dev, "netns", h.ns)
             h.run("ip", "link", "set", "lo", "up")
             h.run("ip", "addr", "add", f"{h.address}/30", "dev", h.dev)
             h.run("ip", "link", "set", h.dev, "up")
@@ -124,85 +122,28 @@ def host_pair(tag: str, names: tuple[str, str], rate_mbit: float = DEFAULT_RATE_
         if reach_from_here:
             for i, h in enumerate(hosts):
                 inner = f"{h.dev}l"
-                _sh("ip", "link", "add", here[i], "type", "veth", "peer", "name", inner)
-                _sh("ip", "link", "set", inner, "netns", h.ns)
-                _sh("ip", "addr", "add", f"{net}.{4 * i + 5}/30", "dev", here[i])
-                _sh("ip", "link", "set", here[i], "up")
+                run_here("ip", "link", "add", here[i], "type", "veth", "peer", "name", inner)
+                run_here("ip", "link", "set", inner, "netns", h.ns)
+                run_here("ip", "addr", "add", f"{net}.{4 * i + 5}/30", "dev", here[i])
+                run_here("ip", "link", "set", here[i], "up")
                 h.run("ip", "addr", "add", f"{h.local_address}/30", "dev", inner)
                 h.run("ip", "link", "set", inner, "up")
         yield a, b
     finally:
-        _remove(hosts)
+        remove_hosts(hosts)
         for dev in here:  # gone with its peer's namespace; only a half-made pair is left behind
             subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
 
 
-@contextmanager
-def cluster_hosts(tag: str, clusters: Sequence[Sequence[str]],
-                  rate_mbit: float = DEFAULT_RATE_MBIT) -> Iterator[list[list[Host]]]:
-    """Two clusters of hosts, named ``clusters[i]``: the first host of each is its switch server
-    (the broker's host), on the WAN link to the other cluster's first host, shaped to
-    ``rate_mbit`` each way; the other hosts of a cluster share an unshaped LAN with its first
-    host (a bridge there). Each host's ``/etc/hosts`` names its cluster's hosts by their LAN
-    addresses and both first hosts by their WAN addresses; a first host is reached at that
-    address from its LAN too (a route over the LAN), so one name serves its broker and its
-    ranks. Only the first hosts can reach the other cluster."""
-    why = unusable_reason()
-    if why:
-        raise StackError(f"cannot make network namespaces: {why}")
-    if len(clusters) != 2 or any(not names for names in clusters):
-        raise StackError("cluster_hosts: two clusters of at least one host each")
-    pid = os.getpid() % 10000
-    net = f"10.{150 + pid % 50}.{(pid % 80) * 3}"
-    wan = [f"{net}.{i + 1}" for i in range(2)]  # a /30
-    lan = [f"10.{150 + pid % 50}.{(pid % 80) * 3 + 1 + c}" for c in range(2)]  # a /24 each
-    hosts = [[Host(f"nbl-{tag}{pid}-{c}{j}", f"nbl{pid}{c}{j}", wan[c] if j == 0 else f"{lan[c]}.{j + 1}", name)
-              for j, name in enumerate(names)] for c, names in enumerate(clusters)]
-    firsts = {hs[0].hostname: hs[0].address for hs in hosts}
-    try:
-        for c, hs in enumerate(hosts):
-            for h in hs:
-                _namespace(h, {**{x.hostname: x.address for x in hs}, **firsts})
-        a, b = hosts[0][0], hosts[1][0]
-        _sh("ip", "link", "add", a.dev, "type", "veth", "peer", "name", b.dev)
-        for c, hs in enumerate(hosts):
-            first = hs[0]
-            _sh("ip", "link", "set", first.dev, "netns", first.ns)
-            first.run("ip", "link", "set", "lo", "up")
-            first.run("ip", "addr", "add", f"{first.address}/30", "dev", first.dev)
-            first.run("ip", "link", "set", first.dev, "up")
-            first.shape(rate_mbit)
-            bridge = f"{first.dev}br"
-            first.run("ip", "link", "add", bridge, "type", "bridge")
-            first.run("ip", "addr", "add", f"{lan[c]}.1/24", "dev", bridge)
-            first.run("ip", "link", "set", bridge, "up")
-            for h in hs[1:]:
-                _sh("ip", "link", "add", h.dev, "type", "veth", "peer", "name", f"{h.dev}p")
-                _sh("ip", "link", "set", h.dev, "netns", h.ns)
-                _sh("ip", "link", "set", f"{h.dev}p", "netns", first.ns)
-                first.run("ip", "link", "set", f"{h.dev}p", "master", bridge)
-                first.run("ip", "link", "set", f"{h.dev}p", "up")
-                h.run("ip", "link", "set", "lo", "up")
-                h.run("ip", "addr", "add", f"{h.address}/24", "dev", h.dev)
-                h.run("ip", "link", "set", h.dev, "up")
-                h.run("ip", "route", "add", f"{first.address}/32", "via", f"{lan[c]}.1")
-        yield hosts
-    finally:
-        _remove([h for hs in hosts for h in hs])
-        for dev in (hosts[0][0].dev, *(d for hs in hosts for h in hs[1:] for d in (h.dev, f"{h.dev}p"))):
-            # gone with its namespace; only a pair half-made (still here) is left behind
-            subprocess.run(["ip", "link", "del", dev], capture_output=True, timeout=30)
-
-
-def _namespace(h: Host, names: dict[str, str]) -> None:
+def add_namespace(h: Host, names: dict[str, str]) -> None:
     """The namespace of ``h``, with an ``/etc/hosts`` of ``names`` (hostname -> address)."""
-    _sh("ip", "netns", "add", h.ns)
+    run_here("ip", "netns", "add", h.ns)
     etc = Path("/etc/netns") / h.ns
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "hosts").write_text("127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in names.items()))
 
 
-def _remove(hosts: Sequence[Host]) -> None:
+def remove_hosts(hosts: Sequence[Host]) -> None:
     for h in hosts:
         _kill_all(h)
         subprocess.run(["ip", "netns", "del", h.ns], capture_output=True, timeout=30)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
@@ -286,13 +285,3 @@ def _exited(node: NodeLayout, wait_s: float) -> bool:
     while is_running(node) and time.monotonic() < deadline:
         time.sleep(0.1)
     return not is_running(node)
-
-
-def wipe_data(node: NodeLayout) -> None:
-    """Delete a stopped node's data (its mnesia directory: vhosts, users, permissions, queues and
-    the message store), as a lost disk or a re-installed host would; the next ``start`` boots it
-    empty. Its configuration and certificates stay."""
-    if is_running(node):
-        raise StackError(f"{node.node}: stop it before wiping its data")
-    shutil.rmtree(node.mnesia_base, ignore_errors=True)
-    node.mnesia_base.mkdir(parents=True, exist_ok=True)

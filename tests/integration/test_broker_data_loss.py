@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -24,6 +25,7 @@ from nebula_mq.launch import JobProcesses
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.lost_broker import INCARNATION_FILE
 from nebula_mq.stack import node as nodes
+from nebula_mq.stack.layout import NodeLayout
 from tests.fixtures.jobs import copy_split_example, split_job
 from tests.fixtures.stack import CLUSTERS, running_stack
 
@@ -34,6 +36,15 @@ WIPE_AT_STEP = 12  # the tail's step when cluster-b's node is stopped (it checkp
 START_S = 60.0  # for the workers to import paddle and reach WIPE_AT_STEP
 STOP_S = 40.0  # from the restarted node to the tail's exit: the watch needs ~5 s of it
 RESTART_S = 60.0  # a restarted tail: paddle's import, then the check at its inbox's opening
+
+
+def wipe_data(node: NodeLayout) -> None:
+    """Delete a stopped node's data (its mnesia directory: vhosts, users, permissions, queues and
+    the message store), as a lost disk or a re-installed host would; the next ``start`` boots it
+    empty. Its configuration and certificates stay."""
+    assert not nodes.is_running(node), f"{node.node}: stop it before wiping its data"
+    shutil.rmtree(node.mnesia_base, ignore_errors=True)
+    node.mnesia_base.mkdir(parents=True, exist_ok=True)
 
 
 def errors(log: Path) -> list[dict[str, str]]:
@@ -73,7 +84,7 @@ def test_a_wiped_broker_stops_the_waiting_side_with_the_missing_range(tmp_path: 
             node = handle.stack.layout.node(B)
             nodes.stop(node)
             stopped_at = steps(job, "tail-0")
-            nodes.wipe_data(node)  # vhosts, users, queues, messages
+            wipe_data(node)  # vhosts, users, queues, messages
             nodes.start(node)
             tail = job.children["tail-0"]
             try:

@@ -34,7 +34,7 @@ import pytest
 
 from tests.fixtures.jobs import final_checkpoint, split_job, wait_steps, worker_status
 from tests.fixtures.lanes import CPU_HEAVY
-from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts, short_way
+from tests.fixtures.netns import CLUSTERS, PORT, Host, cluster_broker_hosts, popen, short_way
 from tests.fixtures.pairs import SPLIT_EXAMPLE
 from tests.fixtures.replicas import job_text
 from tests.fixtures.up import finish_ups, log_of, place_job, run_dir, up_every_host
@@ -283,8 +283,8 @@ def test_a_users_own_scripts_run_as_the_two_sides_with_no_broker_table_and_no_ce
         for name, body in (("mine.py", OWN_MODEL), ("head.py", OWN_HEAD), ("tail.py", OWN_TAIL)):
             (folder / name).write_text(body)
     env = ["env", f"PYTHONPATH={Path(__file__).resolve().parents[2]}"]
-    procs = {c: hosts[c][0].popen([*env, sys.executable, script, job], log_of(dcs, job, hosts[c][0].hostname),
-                                  cwd=dcs[c])
+    procs = {c: popen(hosts[c][0], [*env, sys.executable, script, job], log_of(dcs, job, hosts[c][0].hostname),
+                      cwd=dcs[c])
              for c, script in (("cluster-b", "tail.py"), ("cluster-a", "head.py"))}
     try:
         codes = {c: p.wait(240) for c, p in procs.items()}

@@ -17,7 +17,7 @@ import pytest
 from nebula_mq import topology
 from tests.fixtures.jobs import copy_split_example, final_checkpoint, split_job, wait_all
 from tests.fixtures.lanes import CPU_HEAVY
-from tests.fixtures.netns import Host, two_hosts
+from tests.fixtures.netns import Host, popen, two_hosts
 
 pytestmark = [pytest.mark.broker, pytest.mark.paddle, CPU_HEAVY]
 
@@ -50,8 +50,8 @@ def _job(tmp: Path, name: str, broker: Host, head_hosts: tuple[str, str], stack:
 
 def _worker(host: Host, files: dict[str, Path], worker: str, tmp: Path, name: str):  # type: ignore[no-untyped-def]
     role, index = ("split-tail", 0) if worker == "tail-0" else ("split-head", 0 if worker == "head-0" else 1)
-    return host.popen([sys.executable, "-m", "nebula_mq", "worker", "--role", role, "--index", str(index),
-                       "--config", str(files[worker])], tmp / f"{name}-{worker}.log")
+    return popen(host, [sys.executable, "-m", "nebula_mq", "worker", "--role", role, "--index", str(index),
+                        "--config", str(files[worker])], tmp / f"{name}-{worker}.log")
 
 
 def _train(a: Host, tmp: Path, name: str, rank1_on: Host, stack: Path, model: str) -> Path:
