@@ -6,8 +6,8 @@ or one rank waits for ever in a collective the others never enter:
 
 * **where to start**: the newest checkpoint every rank holds (a MIN over the ranks), so
   a rank that rolls back still finds every message it needs unacked;
-* **when to stop**: each rank's stop request rides in the step's collective (a vote);
-  the group stops at the step where any rank asked;
+* **when to stop**: each rank's stop request rides in the step's collective (a vote,
+  :meth:`Agreement.voted`); the group stops at the step where any rank asked;
 * **when to ack**: every rank holds a checkpoint before any rank acks what it covers
   (a barrier between the checkpoint and its acks, ``Worker.commit``);
 * **leaving alone**: a rank asked to stop that has had nothing to apply for
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import numpy as np
 
 from nebula_mq.errors import CheckpointError
 from nebula_mq.runtime.signals import StopFlag
@@ -55,10 +57,6 @@ class Agreement:
         self.leaves_alone = leaves_alone or (lambda: True)
         self.agreed_stop = False  # a rank of the group voted to stop at the last step
 
-    @property
-    def alone(self) -> bool:
-        return self.group is None
-
     def start_step(self, steps: Sequence[int], worker_id: str) -> int | None:
         """The checkpoint to resume from, of the ``steps`` this worker holds (None: start over)."""
         if self.group is None:
@@ -71,13 +69,13 @@ class Agreement:
                                   f"(it has {list(steps)}); restore the group's checkpoints or start over")
         return start
 
-    def vote(self) -> float:
-        """This rank's stop vote, to ride in the step's collective (summed over the ranks)."""
-        return float(self.stop.is_set())
-
-    def count(self, votes: float) -> None:
-        """The sum of the step's votes came back: the group stops after this step if any."""
-        self.agreed_stop = votes > 0
+    def voted(self, collective: Callable[[list[float]], np.ndarray], *riders: float) -> np.ndarray:
+        """The step's ``collective`` (a sum over the ranks of the values it is given) run on this
+        rank's stop vote, then ``riders``: the group stops after this step if any rank asked.
+        Returns the riders summed."""
+        summed = collective([float(self.stop.is_set()), *riders])
+        self.agreed_stop = float(summed[0]) > 0
+        return summed[1:]
 
     def stopping(self, idle_polls: int = 0) -> bool:
         """Whether to stop between steps now."""

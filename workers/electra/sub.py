@@ -155,9 +155,10 @@ class DiscriminatorRank:
         bind_context(step=w.step)
         with PADDLE_TURN:  # the gradient all-reduce inside waits for the other ranks, not threads
             metrics = self.trainer.train_step(concat_shares([dict(r.tensors) for r in shares]))
-        local = np.array([metrics[k] for k in METRICS] + [w.agreement.vote()], np.float64)
-        summed = local if self.group is None else self.group.sum_floats(local)  # every rank is done
-        w.agreement.count(float(summed[-1]))
+        local = [metrics[k] for k in METRICS]
+        group = self.group
+        summed = local if group is None else w.agreement.voted(  # every rank is done
+            lambda values: group.sum_floats(np.array(values, np.float64)), *local)
         return {**{k: float(v) / self.world for k, v in zip(METRICS, summed)}, "lr": metrics["lr"]}
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -159,9 +160,8 @@ class ClusterRanks:
         loss ride along. Returns the mean loss over the ranks."""
         if self.group is None:
             return loss
-        summed = self.group.allreduce_gradients(self.fw.trainable(model), "mean", extra=[agreement.vote(), loss])
-        agreement.count(float(summed[0]))
-        return float(summed[1]) / self.world
+        (summed,) = agreement.voted(partial(self.group.allreduce_gradients, self.fw.trainable(model), "mean"), loss)
+        return float(summed) / self.world
 
     def share(self, event: int, mean: Mapping[str, np.ndarray], members: Members, meta: Mapping[str, Any]) -> None:
         """Rank 0: the event's average and members to every other rank of the cluster."""

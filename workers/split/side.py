@@ -26,6 +26,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Literal
 
 import numpy as np
@@ -170,11 +171,9 @@ class SplitSide(ABC):
         return None
 
     def step_optimizer(self) -> None:
-        if self.group is not None:
-            agreement = self.worker.agreement
-            votes = self.group.allreduce_gradients(self.fw.trainable(self.model), self.gradient_op,
-                                                   extra=[agreement.vote()])
-            agreement.count(float(votes[0]))
+        if self.group is not None:  # the stop votes ride in the gradients' all-reduce
+            self.worker.agreement.voted(partial(self.group.allreduce_gradients, self.fw.trainable(self.model),
+                                                self.gradient_op))
         self.fw.step(self.optimizer, self.learning_rate(self.worker.step))
 
     # ------------------------------------------------------------------ checkpoint

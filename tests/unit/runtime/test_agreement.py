@@ -4,6 +4,7 @@ and test_electra_e2e.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from nebula_mq.errors import CheckpointError
@@ -27,7 +28,7 @@ class Peers:
 def test_alone_a_worker_resumes_from_its_latest_checkpoint_and_stops_when_asked() -> None:
     stop = StopFlag()
     alone = Agreement(stop)
-    assert alone.alone and alone.start_step([10, 20], "w") == 20 and alone.start_step([], "w") is None
+    assert alone.start_step([10, 20], "w") == 20 and alone.start_step([], "w") is None
     assert not alone.stopping() and alone.may_checkpoint()
     stop.set()
     assert alone.stopping(idle_polls=0)
@@ -41,18 +42,34 @@ def test_a_group_resumes_from_the_lowest_latest_checkpoint_of_its_ranks() -> Non
         Agreement(StopFlag(), Peers(10)).start_step([20, 30], "head-0")
 
 
+class Summed:
+    """A step's collective over this rank and peers that give ``peers``; records what this rank gave."""
+
+    def __init__(self, *peers: list[float]) -> None:
+        self.peers = peers
+        self.given: list[list[float]] = []
+
+    def __call__(self, values: list[float]) -> np.ndarray:
+        self.given.append(values)
+        return np.sum([values, *self.peers], axis=0)
+
+
 def test_a_group_stops_where_any_rank_voted_and_a_rank_leaves_alone_only_when_idle() -> None:
     stop = StopFlag()
     group = Agreement(stop, Peers())
-    assert group.vote() == 0.0
-    group.count(0.0)
+    quiet = Summed([0.0, 2.5])
+    assert list(group.voted(quiet, 1.5)) == [4.0]  # the riders come back summed, the votes counted
+    assert quiet.given == [[0.0, 1.5]]  # this rank's vote rides first
     assert not group.stopping() and not group.may_checkpoint()
-    group.count(1.0)  # a peer asked to stop: every rank stops after this step
+    group.voted(Summed([1.0]))  # a peer asked to stop: every rank stops after this step
     assert group.stopping() and group.may_checkpoint()
 
     asked = Agreement(stop, Peers())
     stop.set()
-    assert asked.vote() == 1.0
+    voting = Summed([0.0])
+    asked.voted(voting)
+    assert voting.given == [[1.0]]
+    asked = Agreement(stop, Peers())  # asked, and no step came since
     assert not asked.stopping(idle_polls=IDLE_POLLS_TO_STOP - 1)  # its peers may still need this step
     assert asked.stopping(idle_polls=IDLE_POLLS_TO_STOP) and not asked.may_checkpoint()  # leaving alone: no barrier
 
