@@ -184,7 +184,7 @@ def status_reader(job_id: str) -> str:
 
 def key_flows(flows: Iterable[Flow]) -> tuple[Flow, ...]:
     """The flows that carry the job key, sealed, from the key's cluster (the first of the job's
-    clusters by name) to each other cluster (``security.sealing``); none for a one-cluster job."""
+    clusters by name) to each other cluster (``security.keys``); none for a one-cluster job."""
     clusters = sorted({c for f in flows for c in (f.src_cluster, f.dst_cluster)})
     return tuple(Flow(f"job-key-{dst}", clusters[0], dst, FlowKind.SYNC) for dst in clusters[1:])
 

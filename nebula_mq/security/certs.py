@@ -17,31 +17,153 @@ federation client certificate, which the peer's CA issued, so each broker's
 
 Everything is idempotent: a certificate is kept while it is valid for at least
 ``RENEW_BEFORE`` more and was signed by the current CA; otherwise it is reissued.
-Private keys are created with mode 0600 and written atomically. What a certificate
-contains is ``issuing``'s.
+Private keys are created with mode 0600 and written atomically.
+
+What a certificate contains: a CA certificate is self-signed, valid ``CA_DAYS``, a CA of path
+length 0 that signs certificates and CRLs. A leaf is valid ``LEAF_DAYS`` (never past its CA),
+for server or client authentication, with its CN and, for a server, the DNS names and IP
+addresses it answers to. Both are backdated five minutes, for clocks a little apart.
+
+A broker's (server) certificate also carries its CA's current CRL (:data:`STAPLED_CRL`, an
+extension no TLS stack acts on: a non-critical one it ignores), so the CRL travels in every
+TLS handshake with the broker, signed by the CA, and a peer that trusts the CA can read it from
+the handshake (``security.trust``): the trust between two clusters needs no file carried.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nebula_mq.errors import CertificateError
-from nebula_mq.security.issuing import (NAME, ca_certificate, check_name, leaf_certificate, now, sans,
-                                        split_names, stapled_crl)
 from nebula_mq.security.pem import (key_matches, key_pem, load_cert, load_key, new_key, signed_by, write_private,
                                    write_public)
 
 # A certificate expiring sooner than this is reissued by the next ``ensure_*`` call.
 RENEW_BEFORE = dt.timedelta(days=30)
+CA_DAYS = 3650
+LEAF_DAYS = 825
+#: The extension of a broker certificate that holds its CA's CRL (DER); a UUID OID (X.667).
+STAPLED_CRL = x509.ObjectIdentifier("2.25.323460692032263884951902349600893135982")
+
+#: A cluster name or a certificate CN (which is also a directory name and a RabbitMQ user name).
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_BACKDATE = dt.timedelta(minutes=5)
+
+
+def check_name(name: str, what: str) -> str:
+    if not NAME.match(name):
+        raise CertificateError(f"{what} must match {NAME.pattern}, got {name!r}")
+    return name
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def ca_certificate(cluster: str, key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
+    """The self-signed certificate of ``cluster``'s CA, whose key is ``key``."""
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "nebula-mq"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"nebula-mq CA {cluster}"),
+        ]
+    )
+    start = now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _BACKDATE)
+        .not_valid_after(start + dt.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def leaf_certificate(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, cluster: str, cn: str,
+                     public_key: ec.EllipticCurvePublicKey, *, server: bool, dns: Sequence[str] = (),
+                     ips: Sequence[str] = (), crl: bytes | None = None) -> x509.Certificate:
+    """A certificate for ``cn`` (of ``cluster``) and ``public_key``, signed by the CA ``ca_cert``;
+    ``crl``: the CA's CRL (DER) a broker's certificate carries (:data:`STAPLED_CRL`)."""
+    start = now()
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"nebula-mq {cluster}"),
+            x509.NameAttribute(NameOID.COMMON_NAME, check_name(cn, "certificate CN")),
+        ]))
+        .issuer_name(ca_cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start - _BACKDATE)
+        .not_valid_after(min(start + dt.timedelta(days=LEAF_DAYS), ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if dns or ips:
+        builder = builder.add_extension(x509.SubjectAlternativeName(general_names(dns, ips)), critical=False)
+    if crl is not None:
+        builder = builder.add_extension(x509.UnrecognizedExtension(STAPLED_CRL, crl), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+def stapled_crl(cert: x509.Certificate) -> bytes | None:
+    """The CRL (DER) a broker's certificate carries, if any."""
+    try:
+        value = cert.extensions.get_extension_for_oid(STAPLED_CRL).value
+    except x509.ExtensionNotFound:
+        return None
+    return value.value if isinstance(value, x509.UnrecognizedExtension) else None
+
+
+def general_names(dns: Sequence[str], ips: Sequence[str]) -> list[x509.GeneralName]:
+    """The subjectAltName entries of DNS names ``dns`` and IP addresses ``ips``."""
+    return [*(x509.DNSName(n) for n in dict.fromkeys(dns)), *(x509.IPAddress(ipaddress.ip_address(i)) for i in ips)]
+
+
+def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) of ``names``, 127.0.0.1 always among the addresses."""
+    dns: list[str] = []
+    ips = ["127.0.0.1"]
+    for n in names:
+        try:
+            ips.append(str(ipaddress.ip_address(n)))
+        except ValueError:
+            dns.append(n)
+    return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
+
+
+def sans(cert: x509.Certificate) -> set[str]:
+    """The DNS names and IP addresses ``cert`` is valid for."""
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return set(ext.get_values_for_type(x509.DNSName)) | {str(i) for i in ext.get_values_for_type(x509.IPAddress)}
 
 
 def federation_identity(cluster: str) -> str:
@@ -88,8 +210,13 @@ class ClusterCA:
         return cert
 
     def keypair(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        """This cluster's CA certificate and key (what seals and signs for it: ``security.sealing``)."""
-        return self._ca()
+        """This cluster's CA certificate and key (what signs its certificates and CRLs, and seals
+        and signs for it: ``security.keys``), made if needed."""
+        cert = self.ensure_ca()
+        key = load_key(self.ca_key_file)
+        if key is None:
+            raise CertificateError(f"{self.ca_key_file}: unreadable CA key")
+        return cert, key
 
     def peer_ca(self, peer: str) -> x509.Certificate:
         """The CA certificate of cluster ``peer`` as this cluster trusts it: imported from the peer's
@@ -101,13 +228,6 @@ class ClusterCA:
                 return cert
         raise CertificateError(f"cluster {self.cluster} does not trust a CA of {peer!r} yet: "
                                f"import it (`nebula-mq certs import-ca ... {self.cluster} {peer} {peer}-ca.pem`)")
-
-    def _ca(self) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-        cert = self.ensure_ca()
-        key = load_key(self.ca_key_file)
-        if key is None:
-            raise CertificateError(f"{self.ca_key_file}: unreadable CA key")
-        return cert, key
 
     # ------------------------------------------------------------------ leaves
 
@@ -123,41 +243,34 @@ class ClusterCA:
         d = self.dir / "clients" / check_name(cn, "client identity")
         return Identity(cn, d / "cert.pem", d / "key.pem", self.trust_file)
 
-    def ensure_server(self, hostnames: Sequence[str] = ()) -> Identity:
+    def ensure_server(self, hostnames: Sequence[str] = (), force: bool = False) -> Identity:
         """Server certificate with SANs localhost, 127.0.0.1, the cluster name and ``hostnames``
-        (DNS names or IP addresses)."""
+        (DNS names or IP addresses); ``force``: a new key and certificate now (rotation)."""
         dns, ips = split_names(["localhost", self.cluster, *hostnames])
         ident = self.server()
-        self._ensure_leaf(ident, server=True, dns=dns, ips=ips)
+        self._ensure_leaf(ident, server=True, dns=dns, ips=ips, force=force)
         return ident
 
-    def ensure_client(self, cn: str) -> Identity:
-        """Client certificate whose CN is the RabbitMQ user name ``cn``."""
+    def ensure_client(self, cn: str, force: bool = False) -> Identity:
+        """Client certificate whose CN is the RabbitMQ user name ``cn``; ``force``: a new key and
+        certificate now (rotation)."""
         ident = self.client(cn)
-        self._ensure_leaf(ident, server=False, dns=[], ips=[])
+        self._ensure_leaf(ident, server=False, dns=[], ips=[], force=force)
         return ident
 
-    def reissue_client(self, cn: str) -> Identity:
-        """A new key and certificate for ``cn`` now (rotation); the old files are replaced."""
-        ident = self.client(cn)
-        self._ensure_leaf(ident, server=False, dns=[], ips=[], force=True)
-        return ident
+    @property
+    def revoked_file(self) -> Path:
+        return self.dir / "revoked.json"
 
-    def reissue_server(self, hostnames: Sequence[str] = ()) -> Identity:
-        """A new key and server certificate now (rotation)."""
-        ident = self.server()
-        dns, ips = split_names(["localhost", self.cluster, *hostnames])
-        self._ensure_leaf(ident, server=True, dns=dns, ips=ips, force=True)
-        return ident
-
-    def revoked_serials(self) -> set[int]:
-        """Serials this CA revoked (``nebula_mq.security.revocation`` writes them)."""
+    def revoked_serials(self) -> dict[int, dict[str, str]]:
+        """serial -> {cn, revoked_at} of the certificates this CA revoked (``security.revocation``)."""
         try:
-            return {int(k) for k in json.loads((self.dir / "revoked.json").read_text())}
+            raw = json.loads(self.revoked_file.read_text())
         except FileNotFoundError:
-            return set()
+            return {}
         except (OSError, ValueError) as exc:
-            raise CertificateError(f"{self.dir / 'revoked.json'}: unreadable ({exc})") from None
+            raise CertificateError(f"{self.revoked_file}: unreadable revocation list ({exc})") from None
+        return {int(k): v for k, v in raw.items()}
 
     def _ensure_leaf(self, ident: Identity, *, server: bool, dns: Sequence[str], ips: Sequence[str],
                      force: bool = False) -> None:
@@ -179,8 +292,8 @@ class ClusterCA:
              ips: Sequence[str] = ()) -> x509.Certificate:
         """A leaf certificate for ``cn`` and ``public_key``, signed by this CA (issue, rotate, and
         ``certs sign`` of a request whose key never left its host); a broker's carries the
-        CA's current CRL (``issuing.STAPLED_CRL``)."""
-        ca_cert, ca_key = self._ca()
+        CA's current CRL (:data:`STAPLED_CRL`)."""
+        ca_cert, ca_key = self.keypair()
         return leaf_certificate(ca_cert, ca_key, self.cluster, cn, public_key, server=server, dns=dns, ips=ips,
                                 crl=self.crl_der() if server else None)
 

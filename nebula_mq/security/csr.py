@@ -17,7 +17,6 @@ so brokers, workers and ``certs list`` find the result where they always look.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity
-from nebula_mq.security.issuing import split_names
+from nebula_mq.security.certs import ClusterCA, Identity, general_names, split_names
 from nebula_mq.security.pem import key_matches, key_pem, load_key, new_key, signed_by, write_private, write_public
 
 SERVER = "server"
@@ -48,8 +46,8 @@ def request(certs_dir: str | os.PathLike[str], cluster: str, cn: str, hostnames:
     builder = x509.CertificateSigningRequestBuilder().subject_name(
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
     if cn == SERVER:
-        names = ["localhost", cluster, *hostnames]
-        builder = builder.add_extension(x509.SubjectAlternativeName(_general_names(names)), critical=False)
+        alt_names = general_names(*split_names(["localhost", cluster, *hostnames]))
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
     csr = builder.sign(key, hashes.SHA256())
     folder = ident.cert_file.parent
     write_private(folder / "request.key", key_pem(key))
@@ -122,9 +120,3 @@ def _trusted(ca: ClusterCA) -> list[x509.Certificate]:
         return x509.load_pem_x509_certificates(ca.trust_file.read_bytes())
     except (OSError, ValueError):
         raise CertificateError(f"no trust bundle {ca.trust_file} (run `nebula-mq certs init` or `import-ca`)") from None
-
-
-def _general_names(names: Sequence[str]) -> list[x509.GeneralName]:
-    dns, ips = split_names(names)
-    return [*(x509.DNSName(n) for n in dns), *(x509.IPAddress(ipaddress.ip_address(i)) for i in ips)]
-

@@ -23,10 +23,9 @@ from pathlib import Path
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity
-from nebula_mq.security.issuing import sans
+from nebula_mq.security.certs import ClusterCA, Identity, sans
 from nebula_mq.security.pem import load_cert
-from nebula_mq.security.revocation import revoke, revoked_serials
+from nebula_mq.security.revocation import revoke
 
 # A certificate closer to its end than this is listed with a warning.
 WARN_BEFORE = dt.timedelta(days=30)
@@ -94,7 +93,7 @@ def rotate(certs_dir: str | os.PathLike[str], cluster: str, cn: str, audit: Audi
     ca = _ca(certs_dir, cluster)
     names = _broker_names(ca, cn, hostnames)
     old = _serial(ca.identity(cn))
-    ident = ca.reissue_client(cn) if names is None else ca.reissue_server(names)
+    ident = ca.ensure_client(cn, force=True) if names is None else ca.ensure_server(names, force=True)
     revoked = old is not None and revoke_old
     if revoked:
         revoke(certs_dir, ca, cn, serial=old)
@@ -116,7 +115,7 @@ def list_certs(certs_dir: str | os.PathLike[str]) -> list[CertInfo]:
     out = []
     for d in sorted(p for p in Path(certs_dir).iterdir() if (p / "ca.pem").is_file()):
         ca = ClusterCA(certs_dir, d.name)
-        revoked = revoked_serials(ca)
+        revoked = ca.revoked_serials()
         files = [("ca", ca.ca_cert_file), ("server", ca.server().cert_file)]
         files += [(c.name, c / "cert.pem") for c in sorted((d / "clients").glob("*")) if c.is_dir()]
         for name, path in files:

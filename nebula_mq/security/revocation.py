@@ -32,29 +32,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.certs import ClusterCA
-from nebula_mq.security.pem import load_cert, load_key, write_public
+from nebula_mq.security.pem import load_cert, write_public
 
 CRL_DAYS = 30
 
 
 def crl_dir(certs_dir: str | os.PathLike[str]) -> Path:
-    """The directory every broker's CRL cache reads."""
-    return Path(certs_dir) / "crl"
-
-
-def _revoked_file(ca: ClusterCA) -> Path:
-    return ca.dir / "revoked.json"
-
-
-def revoked_serials(ca: ClusterCA) -> dict[int, dict[str, str]]:
-    """serial -> {cn, revoked_at} of the certificates ``ca`` revoked."""
-    try:
-        raw = json.loads(_revoked_file(ca).read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise CertificateError(f"{_revoked_file(ca)}: unreadable revocation list ({exc})") from None
-    return {int(k): v for k, v in raw.items()}
+    """The directory every broker's CRL cache reads (made if missing)."""
+    out = Path(certs_dir) / "crl"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def issuer_hash(crl_pem: Path) -> str:
@@ -69,10 +56,7 @@ def issuer_hash(crl_pem: Path) -> str:
 
 def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
     """Sign ``ca``'s CRL (valid CRL_DAYS) and publish it into ``publish_to``; returns the CRL file."""
-    ca_cert = ca.ensure_ca()
-    ca_key = load_key(ca.ca_key_file)
-    if ca_key is None:
-        raise CertificateError(f"{ca.ca_key_file}: unreadable CA key")
+    ca_cert, ca_key = ca.keypair()
     now = dt.datetime.now(dt.timezone.utc)
     builder = (
         x509.CertificateRevocationListBuilder()
@@ -80,7 +64,7 @@ def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
         .last_update(now - dt.timedelta(minutes=5))
         .next_update(now + dt.timedelta(days=CRL_DAYS))
     )
-    for serial, info in sorted(revoked_serials(ca).items()):
+    for serial, info in sorted(ca.revoked_serials().items()):
         when = dt.datetime.fromisoformat(info["revoked_at"])
         builder = builder.add_revoked_certificate(
             x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build())
@@ -96,7 +80,6 @@ def write_crl(ca: ClusterCA, publish_to: Path) -> Path:
 def ensure_crls(certs_dir: str | os.PathLike[str], cas: Iterable[ClusterCA]) -> Path:
     """Fresh CRLs for every CA in the brokers' CRL directory; returns that directory."""
     out = crl_dir(certs_dir)
-    out.mkdir(parents=True, exist_ok=True)
     for ca in cas:
         write_crl(ca, out)
     return out
@@ -113,14 +96,11 @@ def revoke(certs_dir: str | os.PathLike[str], ca: ClusterCA, cn: str, serial: in
         if cert is None:
             raise CertificateError(f"no certificate for {cn!r} on {ca.cluster} ({ca.client(cn).cert_file})")
         serial = cert.serial_number
-    revoked = revoked_serials(ca)
+    revoked = ca.revoked_serials()
     revoked[serial] = {"cn": cn, "revoked_at": dt.datetime.now(dt.timezone.utc).isoformat()}
-    write_public(_revoked_file(ca), json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
-    out = crl_dir(certs_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_crl(ca, out)
+    write_public(ca.revoked_file, json.dumps({str(k): v for k, v in revoked.items()}, indent=1).encode())
+    write_crl(ca, crl_dir(certs_dir))
     return serial
-
 
 
 def import_peer_crl(certs_dir: str | os.PathLike[str], ca: ClusterCA, peer: str, pem: bytes) -> Path:
@@ -142,7 +122,5 @@ def import_peer_crl(certs_dir: str | os.PathLike[str], ca: ClusterCA, peer: str,
         raise CertificateError(f"this CRL of {peer!r} expired on {crl.next_update_utc:%Y-%m-%d}: ask for a fresh one")
     kept = ca.dir / "peers" / f"{peer}.crl"
     write_public(kept, pem)
-    out = crl_dir(certs_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_public(out / f"{issuer_hash(kept)}.r0", pem)
+    write_public(crl_dir(certs_dir) / f"{issuer_hash(kept)}.r0", pem)
     return kept

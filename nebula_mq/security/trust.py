@@ -5,7 +5,7 @@ Each cluster has its own CA, and each broker checks every peer certificate again
 issuer's CA and CRL; so before two clusters' brokers federate, each must hold the other's CA
 certificate and CRL. Neither is secret, but both must be the peer's own. The peer's broker
 sends both in every TLS handshake: its certificate chain ends in its CA, and its certificate
-carries the CA's current CRL (``issuing.STAPLED_CRL``), both signed by that CA. So:
+carries the CA's current CRL (``certs.STAPLED_CRL``), both signed by that CA. So:
 
 * ``nebula-mq stack up`` on a broker host prints the line to run on the peer's broker host:
   ``nebula-mq stack trust cluster-a a1.example.org:5671 --fingerprint sha256:...``, the
@@ -37,8 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
 from nebula_mq.errors import CertificateError
-from nebula_mq.security.certs import ClusterCA, import_peer_ca
-from nebula_mq.security.issuing import stapled_crl
+from nebula_mq.security.certs import ClusterCA, import_peer_ca, stapled_crl
 from nebula_mq.security.revocation import import_peer_crl
 
 TIMEOUT_S = 10.0

@@ -11,7 +11,7 @@ machine whose stack holds every cluster of the job: the job provisioned on all o
 **The job key.** Every worker of a job signs and checks its envelopes with one key ring
 (``<run_dir>/keys/job.key``, ``security.keys``). The first of the job's clusters by name holds
 it: its ``nebula-mq up`` creates the ring if needed and sends each peer cluster a copy sealed
-to that cluster's CA and signed by its own (``security.sealing``) on a federated queue of the
+to that cluster's CA and signed by its own (``security.keys``) on a federated queue of the
 key's own (``topology.key_flows``), as the job's key courier (an identity that may touch those
 queues and nothing else). A peer's ``up`` that has no ring yet waits for its copy, checks the
 signature against the CA it trusts, opens it with its CA key and writes the ring (mode 0600).
@@ -34,9 +34,8 @@ from nebula_mq import topology
 from nebula_mq.config import path_fields
 from nebula_mq.errors import CertificateError, ConfigError, NebulaError, SecurityError
 from nebula_mq.security.certs import federation_identity
-from nebula_mq.security.keys import KeyRing, ensure_job_key, ensure_secret, job_key_file
+from nebula_mq.security.keys import KeyRing, ensure_job_key, ensure_secret, job_key_file, seal, unseal
 from nebula_mq.security.pem import write_private
-from nebula_mq.security.sealing import seal, unseal
 from nebula_mq.stack import provision
 
 # How long a peer's `up` waits for the sealed key before it says whose `up` to start.

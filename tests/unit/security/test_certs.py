@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nebula_mq.errors import CertificateError
-from nebula_mq.security import certs, issuing
+from nebula_mq.security import certs
 from nebula_mq.security.certs import ClusterCA, federation_identity, init_certs
 
 
@@ -75,7 +75,7 @@ def test_expiring_leaf_is_reissued_but_ca_kept(tmp_path: Path, monkeypatch: pyte
     first = ca.ensure_client("w").cert_file.read_bytes()
     ca_pem = ca.ca_cert_file.read_bytes()
     # Leaves live LEAF_DAYS; anything renewing earlier than that counts as expiring.
-    monkeypatch.setattr(certs, "RENEW_BEFORE", certs.dt.timedelta(days=issuing.LEAF_DAYS + 1))
+    monkeypatch.setattr(certs, "RENEW_BEFORE", certs.dt.timedelta(days=certs.LEAF_DAYS + 1))
     second = ca.ensure_client("w").cert_file.read_bytes()
     assert second != first
     assert ca.ca_cert_file.read_bytes() == ca_pem

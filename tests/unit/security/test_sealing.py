@@ -1,4 +1,4 @@
-"""A job key sealed to one cluster's CA and signed by another's (``security.sealing``): only the
+"""A job key sealed to one cluster's CA and signed by another's (``security.keys``): only the
 recipient opens it, only from the signer it trusts, only for the job and clusters it was meant for."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from nebula_mq.errors import SecurityError
-from nebula_mq.security.sealing import seal, unseal
+from nebula_mq.security.keys import seal, unseal
 
 SECRET = b'{"job": "j", "keys": [...]}'
 CONTEXT = "j/cluster-a/cluster-b"
