@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nebula_mq.atomic import write_atomic
 from nebula_mq.errors import after_name
-from nebula_mq.launch.exit_reason import ExitReason, exit_reason
-from nebula_mq.launch.group_epochs import GroupEpochs
+from nebula_mq.launch.logpipe import ExitReason, exit_reason
 from nebula_mq.runtime.logs import JSON_ERRORS_ENV
 from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
@@ -201,7 +201,7 @@ class JobProcesses:
 
     def exit_reason(self, worker_id: str) -> ExitReason:
         """Why ``worker_id`` stopped, from what its log says since it last started, once its
-        log pipe has written the rest (``launch.exit_reason``)."""
+        log pipe has written the rest (``launch.logpipe.exit_reason``)."""
         code = self.children[worker_id].poll()
         self.drain_logs(worker_id, timeout=2.0)
         reason = exit_reason(self.log_of(worker_id), self.log_starts.get(worker_id, 0), code)
@@ -232,7 +232,7 @@ class JobProcesses:
 
     def kill_and_restart(self, worker_id: str, pause_s: float = 0.0, *, tell_others: bool = True) -> tuple[str, ...]:
         """SIGKILL ``worker_id`` and its group, wait ``pause_s``, start them all again; the
-        supervisors of the group's ranks on other hosts restart theirs too (``group_epochs``)."""
+        supervisors of the group's ranks on other hosts restart theirs too (:class:`GroupEpochs`)."""
         members = self.group_of(worker_id)
         for member in members:
             self.signal(member, signal.SIGKILL)
@@ -352,6 +352,48 @@ class JobProcesses:
 
     def slowest_step(self, statuses: dict[str, dict[str, Any]] | None = None) -> int:
         return min(self.steps(statuses).values(), default=0)
+
+
+class GroupEpochs:
+    """The restart epochs of a job's groups, as this supervisor last saw them.
+
+    A gloo group whose ranks run on several hosts is restarted by every host's supervisor.
+
+    A group's ranks must stop and start together: a restarted rank cannot join the rendezvous that
+    its old peers still hold, and a peer waiting for messages rather than in a collective never
+    notices that a rank died. On one host the supervisor kills and restarts the whole group. Across
+    hosts (``nebula-mq up --ranks``), each supervisor owns only its host's ranks; the hosts of a
+    cluster share the job's run directory, so a supervisor that restarts its ranks of a group bumps
+    the group's epoch there (``<run_dir>/groups/<group>.epoch``), and every other supervisor with
+    ranks in that group, seeing the epoch move, restarts its own.
+    """
+
+    def __init__(self, run_dir: Path, groups: set[str]) -> None:
+        self.dir = run_dir / "groups"
+        self.seen = {g: self.read(g) for g in groups}  # what came before this supervisor is not news
+
+    def read(self, group: str) -> int:
+        try:
+            return int((self.dir / f"{group}.epoch").read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def bump(self, group: str) -> None:
+        """This supervisor restarts its ranks of ``group``: tell the others."""
+        epoch = max(self.read(group), self.seen.get(group, 0)) + 1
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / f"{group}.epoch", f"{epoch}\n")
+        self.seen[group] = epoch
+
+    def moved(self) -> list[str]:
+        """The groups another supervisor restarted since the last look."""
+        moved = []
+        for group, seen in self.seen.items():
+            now = self.read(group)
+            if now > seen:
+                self.seen[group] = now
+                moved.append(group)
+        return moved
 
 
 def _where_named(settings: Settings, cluster: str, overrides: Sequence[EnvOverride]) -> str:

@@ -16,7 +16,7 @@ came after them (nothing lost, nothing applied twice). The policy:
   is not restarted: the failure repeats, and restarting would only hide it.
 
 Whatever happens to a failed worker, the console gets its one-line reason, read
-back from its log (``launch.exit_reason``), and the log's path.
+back from its log (``launch.logpipe.exit_reason``), and the log's path.
 
 Every restart is written to the job's ``faults.jsonl`` (kind ``restart``, the
 worker, and how long after the restart its group made its next step), where
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nebula_mq.launch.exit_reason import ExitReason
+from nebula_mq.launch.logpipe import ExitReason
 
 if TYPE_CHECKING:
     from nebula_mq.launch.processes import JobProcesses

@@ -129,7 +129,7 @@ def error_record(exc: BaseException) -> str:
     """The error that stops a process as one JSON line, with the fields bound so far (job,
     role...): ``{"event": "error", "error": "ConfigError", "message": ..., "restart_helps":
     false, "level": "error", ...}``; what the supervisor of ``run`` and ``up`` reads back
-    (``launch.exit_reason``) to say why a worker stopped and whether to start it again."""
+    (``launch.logpipe.exit_reason``) to say why a worker stopped and whether to start it again."""
     from nebula_mq.errors import NebulaError, one_line
 
     record = {**structlog.contextvars.get_contextvars(), "event": "error", "error": type(exc).__name__,

@@ -1,4 +1,4 @@
-"""Why a worker stopped, read back from its JSON-lines log (``nebula_mq.launch.exit_reason``):
+"""Why a worker stopped, read back from its JSON-lines log (``nebula_mq.launch.logpipe.exit_reason``):
 written through the real log pipe by real processes, then read as the supervisor reads it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nebula_mq.launch.exit_reason import exit_reason
+from nebula_mq.launch.logpipe import exit_reason
 
 
 def _through_logpipe(tmp_path: Path, code: str, env: dict[str, str] | None = None) -> tuple[Path, int, int]:

@@ -1,11 +1,11 @@
-"""Two hosts' supervisors of one group (``nebula_mq.launch.group_epochs``): a restart on one is
+"""Two hosts' supervisors of one group (``nebula_mq.launch.processes.GroupEpochs``): a restart on one is
 news to the other, once; its own restart and what came before it started are not."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from nebula_mq.launch.group_epochs import GroupEpochs
+from nebula_mq.launch.processes import GroupEpochs
 
 
 def test_a_restart_on_one_host_is_news_once_to_the_others_and_not_to_itself(tmp_path: Path) -> None:
