@@ -2,9 +2,28 @@
 
 Both runs use the same job file, seed and stack, as two job instances
 (``<id>-clean`` and ``<id>-chaos``, each with its own vhost and run dir). The
-chaos run gets the faults of a :mod:`schedule`. Afterwards the final
+chaos run gets the faults of a schedule. Afterwards the final
 checkpoints of every worker are compared: equal digests mean nothing was lost
 and nothing was applied twice, whatever the broker redelivered.
+
+A fault (:class:`Fault`) fires when the slowest worker of the job reaches its step, and no worker
+goes more than :data:`HOLD_SLACK` steps past it before it has fired (:mod:`nebula_mq.runtime.hold`),
+so a schedule means the same thing on a fast, a slow and a loaded machine. Kinds:
+
+``cut``      the WAN between the clusters is cut for ``duration_s``, then healed;
+``restart``  the broker node of ``target`` (a cluster) is stopped and started;
+``kill``     worker ``target`` gets SIGKILL and is started again ``duration_s`` later;
+``stall``    worker ``target`` is frozen (SIGSTOP) for ``duration_s``, then resumed
+             (a consumer that stops consuming without dropping its connection);
+``rotate``   worker ``target``'s client certificate and its broker's server certificate get
+             new keys and certificates (``nebula-mq certs rotate``: the old serials revoked,
+             recorded in the job's audit log), and the broker closes the job's connections
+             (:func:`rotate_certificates`).
+
+A rotation loses nothing: each connection of the worker handshakes again with its new files (the
+transport reads them at every handshake) and the peers' federation links into that broker verify
+its new certificate (the broker reads it at every handshake); what was unacked on a closed
+connection is delivered again, and what was unconfirmed is published again.
 """
 
 from __future__ import annotations
@@ -15,17 +34,73 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from nebula_mq.chaos.rotation import rotate_certificates
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq import topology
+from nebula_mq.errors import ConfigError, StackError
 from nebula_mq.launch import JobProcesses
 from nebula_mq.runtime.checkpoint import CheckpointStore
 from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
+from nebula_mq.security import lifecycle
+from nebula_mq.security.audit import AuditLog
 
 # How far past the next fault's step a worker may go while the injector is busy.
 HOLD_SLACK = 2
 COUNTERS = ("nebula_redeliveries_total", "nebula_duplicates_total", "nebula_dead_letters_total")
+
+Kind = Literal["cut", "restart", "kill", "stall", "rotate"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_step: int  # fires once the slowest worker has reached this step
+    kind: Kind
+    # Cluster name (restart), worker id (kill, stall, rotate), or "" for the WAN (cut).
+    target: str = ""
+    duration_s: float = 0.0
+
+    def describe(self) -> str:
+        what = {"cut": "WAN cut", "restart": "broker restart", "kill": "SIGKILL",
+                "stall": "consumer stall", "rotate": "certificate rotation"}[self.kind]
+        target = f" {self.target}" if self.target else ""
+        span = f" for {self.duration_s:g} s" if self.duration_s else ""
+        return f"step {self.at_step}: {what}{target}{span}"
+
+
+def default_schedule(steps: int, clusters: tuple[str, str], workers: tuple[str, str],
+                     cut_s: tuple[float, ...] = (5, 10, 20, 30, 60), stall_s: float = 120.0,
+                     restart_cluster: str | None = None, rotate: bool = False) -> tuple[Fault, ...]:
+    """Five cuts, one broker restart, one SIGKILL on each side and one long stall,
+    spread evenly over the job (the issue's acceptance run); with ``rotate``, the first
+    worker's certificate and its broker's rotated after the stall."""
+    if steps < 20:
+        raise ConfigError("<chaos>", "steps", "at least 20 steps to spread the faults over", steps)
+    plan: list[tuple[Kind, str, float]] = [("cut", "", s) for s in cut_s]
+    plan.insert(2, ("kill", workers[0], 1.0))
+    plan.insert(4, ("restart", restart_cluster or clusters[1], 0.0))
+    plan.insert(6, ("kill", workers[1], 1.0))
+    plan.append(("stall", workers[1], stall_s))
+    if rotate:
+        plan.append(("rotate", workers[0], 0.0))
+    # Spread over the first 70% of the job: the steps after the last fault show the recovery.
+    gap = max(1, int(steps * 0.7) // len(plan))
+    return tuple(Fault(1 + i * gap, kind, target, dur) for i, (kind, target, dur) in enumerate(plan))
+
+
+def rotate_certificates(job: JobProcesses, worker_id: str) -> str:
+    """Rotate ``worker_id``'s certificate and its broker's, then make every connection of the
+    job on that broker handshake again; returns what was done, for the injector's log."""
+    procs = {p.worker_id: p for p in job.plan.processes}
+    if worker_id not in procs:
+        raise ConfigError("<chaos>", "rotate target", f"a worker of the job, one of {sorted(procs)}", worker_id)
+    proc = procs[worker_id]
+    certs = job.stack.layout.certs_dir
+    audit = AuditLog(job.run_dir / "audit" / "audit.jsonl")
+    client = lifecycle.rotate(certs, proc.cluster, proc.identity(job.settings.job.id), audit)
+    lifecycle.rotate(certs, proc.cluster, "server", audit)
+    job.stack.rabbitmqctl(proc.cluster, "close_all_connections", "--vhost", topology.vhost(job.settings.job.id),
+                          "certificates rotated")
+    return f"{proc.cluster}: rotated {client.cn} and the broker's certificate, closed the job's connections"
 
 
 @dataclass
@@ -63,15 +138,18 @@ class ChaosReport:
                 and all(a == b == self.steps for a, b in self.final_steps.values()))
 
 
-def _instance(config: str, stack_dir: str, suffix: str, *, held: bool = False) -> JobProcesses:
-    """The job as instance ``suffix``; ``held``: its workers obey the step hold of
-    :func:`hold_file` (:mod:`nebula_mq.runtime.hold`)."""
+def job_instance(config: str, stack_dir: str, suffix: str, *, held: bool = False,
+                 steps: int | None = None) -> JobProcesses:
+    """The job as instance ``<id>-<suffix>``, in ``<run_dir>/<suffix>``; ``held``: its workers
+    obey the step hold of :func:`hold_file` (:mod:`nebula_mq.runtime.hold`); ``steps``: its
+    number of steps, when not the job's own."""
     base = JobProcesses(config, stack_dir)
-    job_id = f"{base.settings.job.id}-{suffix}"
     run_dir = base.settings.run_dir / suffix
-    env = {"NEBULA__JOB__ID": job_id, "NEBULA__JOB__RUN_DIR": str(run_dir)}
+    env = {"NEBULA__JOB__ID": f"{base.settings.job.id}-{suffix}", "NEBULA__JOB__RUN_DIR": str(run_dir)}
     if held:
         env[HOLD_FILE_ENV] = str(hold_file(run_dir).resolve())
+    if steps is not None:
+        env["NEBULA__JOB__STEPS"] = str(steps)
     return JobProcesses(config, stack_dir, env=env)
 
 
@@ -79,11 +157,13 @@ def hold_file(run_dir: Path) -> Path:
     return run_dir / "step-hold"
 
 
-def _counters(job: JobProcesses, worker: str) -> dict[str, float]:
+def _add_counters(report: ChaosReport, job: JobProcesses, worker: str) -> None:
+    """Add ``worker``'s :data:`COUNTERS` (its metrics file) to the report's."""
     from nebula_mq.runtime.metrics import read_metrics
 
     m = read_metrics(job.run_dir / "metrics" / f"{worker}.prom")
-    return {k: m.get(k, 0.0) for k in COUNTERS}
+    for k in COUNTERS:
+        report.counters[k] = report.counters.get(k, 0.0) + m.get(k, 0.0)
 
 
 def _final(job: JobProcesses, worker: str) -> tuple[int, str]:
@@ -107,7 +187,7 @@ class ChaosRunner:
         self.config, self.stack_dir, self.schedule, self.log = config, stack_dir, tuple(schedule), log
 
     def run(self, timeout: float = 3600.0) -> ChaosReport:
-        clean = _instance(self.config, self.stack_dir, "clean")
+        clean = job_instance(self.config, self.stack_dir, "clean")
         report = ChaosReport(clean.settings.job.steps)
         t0 = time.monotonic()
         clean.provision()
@@ -119,7 +199,7 @@ class ChaosRunner:
             report.timed_out = "clean run"
             self.log(str(exc))
         report.clean_s = time.monotonic() - t0
-        chaos = _instance(self.config, self.stack_dir, "chaos", held=True)
+        chaos = job_instance(self.config, self.stack_dir, "chaos", held=True)
         if not report.timed_out:
             chaos.provision()
             t0 = time.monotonic()
@@ -135,8 +215,7 @@ class ChaosRunner:
             report.chaos_s = time.monotonic() - t0
         for proc in chaos.plan.processes:
             w = proc.worker_id
-            for k, v in _counters(chaos, w).items():
-                report.counters[k] = report.counters.get(k, 0.0) + v
+            _add_counters(report, chaos, w)
             (cs, cd), (xs, xd) = _final(clean, w), _final(chaos, w)
             report.digests[w] = (cd, xd)
             report.final_steps[w] = (cs, xs)
@@ -201,8 +280,7 @@ class ChaosRunner:
             # The target's gloo group (Scenario I discriminators) is killed and started with
             # it: a rank restarted alone would wait for ever in the group's rendezvous.
             for member in job.group_of(fault.target):
-                for k, v in _counters(job, member).items():  # counters die with the process
-                    report.counters[k] = report.counters.get(k, 0.0) + v
+                _add_counters(report, job, member)  # counters die with the process
             members = job.kill_and_restart(fault.target, fault.duration_s)
             if len(members) > 1:
                 self.log(f"  restarted its group with it: {', '.join(members)}")
@@ -220,9 +298,6 @@ class ChaosRunner:
 
     @staticmethod
     def _sample(job: JobProcesses, rec: FaultRecord) -> None:
-        from nebula_mq import topology
-        from nebula_mq.errors import StackError
-
         vhost = topology.vhost(job.settings.job.id)
         msgs = size = rss = 0
         try:

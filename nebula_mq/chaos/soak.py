@@ -6,9 +6,22 @@ one fault is injected: a WAN cut, a SIGKILL of a worker (restarted with its grou
 restart, or a broker memory alarm held for a few seconds. Every ``sample_every_s`` the soak samples each worker's and each broker's
 RSS and open file descriptors (from ``/proc``), the job's queued messages and dead letters
 (``rabbitmqctl``), and the step rate. At the end the workers are stopped and each series'
-trend is judged (:mod:`nebula_mq.chaos.trend`): the soak fails when something grows without
+trend is judged (:func:`trend`): the soak fails when something grows without
 bound, the step rate decays, a worker exits that no fault killed, or a message is
 dead-lettered.
+
+A trend is the least-squares slope of a series, judged against the limits of its kind.
+Start-up is not a trend (imports, the first checkpoint, broker caches): the first
+``WARMUP_SHARE`` of the run is left out. What remains is fitted with a straight line; a series
+fails when the line rises across that window by more than its kind allows. Faults make the
+series jump (a killed worker restarts small, a restarted broker drops its queues' memory); a
+line through all of the samples after warm-up is what a leak shows through such jumps.
+
+The step rate is judged by medians instead: it fails when the median of the window's second
+half is below the first half's by more than its limit. Each fault stops the job for a few
+samples (a killed worker imports its framework again), and on a short soak one fault near the
+end would tilt a fitted line as much as an hour of decay; it moves a median only when the job
+is stopped for half the time, which is a decay.
 """
 
 from __future__ import annotations
@@ -17,13 +30,13 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nebula_mq import topology
 from nebula_mq.atomic import write_json_atomic
-from nebula_mq.chaos.trend import Trend, format_trends, trend
+from nebula_mq.chaos.runner import job_instance
 from nebula_mq.errors import StackError
 from nebula_mq.launch import JobProcesses
 
@@ -59,6 +72,90 @@ class SoakReport:
         return not self.unplanned_exits and self.steps > 0 and all(t.ok for t in self.trends)
 
 
+WARMUP_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Limit:
+    """How much a series of this kind may change across the fitted window: ``relative`` (of
+    its mean) and ``absolute`` (its unit) must both be exceeded to fail, so that a tiny
+    series' noise and a large series' rounding both pass. ``falling``: a drop is the failure
+    (the step rate), not a rise."""
+
+    relative: float
+    absolute: float
+    falling: bool = False
+
+
+LIMITS = {
+    "rss_mb": Limit(relative=0.25, absolute=64.0),
+    "fds": Limit(relative=0.25, absolute=16.0),
+    "queued": Limit(relative=1.0, absolute=200.0),
+    "dead_letters": Limit(relative=0.0, absolute=0.5),
+    "steps_per_s": Limit(relative=0.4, absolute=0.0, falling=True),
+}
+
+
+@dataclass(frozen=True)
+class Trend:
+    series: str  # "<owner> <kind>", e.g. "tail-0 rss_mb", "cluster-b fds"
+    kind: str
+    samples: int
+    first: float
+    last: float
+    mean: float
+    slope_per_h: float
+    change: float  # the fitted line's change across the window (the step rate's verdict uses medians)
+    ok: bool
+
+
+def slope(times: Sequence[float], values: Sequence[float]) -> float:
+    """Least-squares slope of ``values`` over ``times`` (units per second); 0 for < 2 points."""
+    n = len(times)
+    if n < 2:
+        return 0.0
+    mt, mv = sum(times) / n, sum(values) / n
+    var = sum((t - mt) ** 2 for t in times)
+    if var == 0:
+        return 0.0
+    return sum((t - mt) * (v - mv) for t, v in zip(times, values)) / var
+
+
+def trend(series: str, kind: str, times: Sequence[float], values: Sequence[float]) -> Trend:
+    """The trend of one series after warm-up, judged by ``LIMITS[kind]``."""
+    if not times:
+        return Trend(series, kind, 0, 0.0, 0.0, 0.0, 0.0, 0.0, True)
+    start = times[0] + WARMUP_SHARE * (times[-1] - times[0])
+    kept = [(t, v) for t, v in zip(times, values) if t >= start]
+    ts, vs = [t for t, _ in kept], [v for _, v in kept]
+    per_s = slope(ts, vs)
+    change = per_s * (ts[-1] - ts[0])
+    mean = sum(vs) / len(vs)
+    limit = LIMITS[kind]
+    if limit.falling:
+        half = len(vs) // 2
+        grew = _median(vs[:half] or vs) - _median(vs[half:])
+    else:
+        grew = change
+    ok = not (grew > limit.absolute and grew > limit.relative * abs(mean))
+    return Trend(series, kind, len(vs), vs[0], vs[-1], mean, per_s * 3600.0, change, ok)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def format_trends(trends: Sequence[Trend]) -> str:
+    rows = [f"{'series':<28} {'samples':>7} {'first':>10} {'last':>10} {'mean':>10} {'slope/h':>10}  verdict"]
+    for t in trends:
+        verdict = "ok" if t.ok else ("DECAYS" if LIMITS[t.kind].falling else "GROWS")
+        rows.append(f"{t.series:<28} {t.samples:>7} {t.first:>10.4g} {t.last:>10.4g} {t.mean:>10.4g} "
+                    f"{t.slope_per_h:>10.4g}  {verdict}")
+    return "\n".join(rows)
+
+
 def proc_sample(pid: int) -> tuple[float, int] | None:
     """(RSS in MB, open file descriptors) of process ``pid``; None once it is gone."""
     try:
@@ -87,12 +184,8 @@ class Series:
 
 class Soak:
     def __init__(self, config: str, stack_dir: str, options: SoakOptions, log: Callable[[str], None] = print) -> None:
-        base = JobProcesses(config, stack_dir)
-        self.job_id = f"{base.settings.job.id}-soak"
-        run_dir = base.settings.run_dir / "soak"
-        self.job = JobProcesses(config, stack_dir, env={
-            "NEBULA__JOB__ID": self.job_id, "NEBULA__JOB__RUN_DIR": str(run_dir),
-            "NEBULA__JOB__STEPS": str(ENOUGH_STEPS)})
+        self.job = job_instance(config, stack_dir, "soak", steps=ENOUGH_STEPS)
+        self.job_id = self.job.settings.job.id
         self.options, self.log = options, log
         self.random = random.Random(options.seed)
         self.series = Series()

@@ -34,9 +34,9 @@ import pytest
 from cryptography import x509
 
 from nebula_mq import topology
-from nebula_mq.chaos import rotation
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq.chaos import Fault
 from nebula_mq.errors import CertificateError, TransportError
+from nebula_mq.security import lifecycle
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.broker_log import BrokerLogAuditor
 from nebula_mq.security.certs import ClusterCA, federation_identity
@@ -96,7 +96,7 @@ def test_certificates_rotated_mid_run_lose_nothing_and_the_old_one_is_refused(
     auditor = BrokerLogAuditor(log_file(node), seen, A, tmp_path / "cursor")
     auditor.skip_to_end()
     old: dict[str, Path] = {}
-    real_rotate = rotation.rotate
+    real_rotate = lifecycle.rotate
 
     def keep_old_files(certs_dir: Any, cluster: str, cn: str, audit: AuditLog, **kw: Any) -> Any:
         """The real rotation, after a copy of the files it replaces (to try them afterwards)."""
@@ -111,7 +111,7 @@ def test_certificates_rotated_mid_run_lose_nothing_and_the_old_one_is_refused(
             auditor.skip_to_end()  # what the broker logs from here on comes after both rotations
         return new
 
-    monkeypatch.setattr(rotation, "rotate", keep_old_files)
+    monkeypatch.setattr(lifecycle, "rotate", keep_old_files)
     report, text, logs = run_chaos(own_stack, config, SCHEDULE, 300)
     assert report.complete and report.identical, text
     assert len(report.faults) == len(SCHEDULE) and any("rotated" in line for line in logs), text

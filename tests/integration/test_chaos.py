@@ -46,7 +46,7 @@ def test_chaos_kills_a_discriminator_rank_with_its_group_and_ends_bit_identical(
         stack, tmp_path: Path) -> None:
     """A gloo rank restarted alone waits for ever in the rendezvous: chaos kills the
     root and restarts the whole discriminator group with it."""
-    from nebula_mq.chaos.schedule import Fault
+    from nebula_mq.chaos import Fault
     from nebula_mq.bench.scenario1 import electra_job
     from nebula_mq.stack.layout import free_group_port
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq.chaos import Fault
 from nebula_mq.runtime.hold import HOLD_FILE_ENV, set_hold
 from nebula_mq.settings import load_settings
 from nebula_mq.stack.layout import free_group_port

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq.chaos import Fault
 from nebula_mq.launch import JobProcesses
 from nebula_mq.stack.layout import free_group_port
 from tests.fixtures.jobs import (ABNET_JOB, column, copy_split_example, final_checkpoint, finish, run_chaos,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq.chaos import Fault
 from tests.fixtures.jobs import copy_split_example, run_chaos, split_job
 from tests.fixtures.lanes import CPU_HEAVY
 

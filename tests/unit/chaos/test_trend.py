@@ -1,4 +1,4 @@
-"""A soak's verdicts (``nebula_mq.chaos.trend``): a leak or a decay fails, noise and jumps do not."""
+"""A soak's verdicts (``nebula_mq.chaos.soak.trend``): a leak or a decay fails, noise and jumps do not."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nebula_mq.chaos.trend import WARMUP_SHARE, slope, trend
+from nebula_mq.chaos.soak import WARMUP_SHARE, slope, trend
 
 TIMES = [10.0 * i for i in range(60)]  # ten minutes, a sample every 10 s
 

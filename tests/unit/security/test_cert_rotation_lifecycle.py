@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from nebula_mq.chaos.schedule import Fault
+from nebula_mq.chaos import Fault
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.security.certs import ClusterCA, init_certs
 from nebula_mq.security.lifecycle import list_certs, rotate
