@@ -9,13 +9,20 @@ Usage::
     settings = stack.broker_settings("cluster-a", "enc-0", vhost=topology.vhost("demo"))
     stack.cut(); stack.heal()                # the emulated WAN
     stack.down()
+
+The processes of a stack, one RabbitMQ node per cluster and the WAN relay in front of each, are
+started all or nothing (:func:`start_all`) and stopped together (:func:`stop_all`). Nodes start
+and stop in parallel, and each gets its chance whatever the others do, so an error names every
+node that failed, not just the first. A start that fails stops again what it had started (and
+leaves alone what was running before), and says what it stopped.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,10 +35,10 @@ from nebula_mq.security.keys import ensure_secret
 from nebula_mq.security.trust import PeerChain, refresh_peer, trust_peer
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
-from nebula_mq.stack import processes, provision, wan
+from nebula_mq.stack import provision, wan
 from nebula_mq.stack.admin import BrokerAdmin, local_admin
 from nebula_mq.stack.layout import (
-    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, StackLayout, default_run_dir, plan,
+    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, NodeLayout, StackLayout, default_run_dir, plan,
 )
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
@@ -107,11 +114,9 @@ class Stack:
     def open(cls, run_dir: str | os.PathLike[str] | None = None) -> Stack:
         """The stack saved in ``run_dir`` (by a previous ``up``), with its own layout."""
         root = Path(run_dir) if run_dir is not None else default_run_dir()
-        saved = StackLayout.load(root)
-        if saved is None:
+        if StackLayout.load(root) is None:
             raise StackError(f"no stack in {root.resolve()} (run `nebula-mq stack up` first)")
-        return cls(root, saved.clusters, saved.base_port, saved.prefix, saved.listen, saved.hostnames,
-                   saved.management_listen)
+        return cls(root)  # what is not given is the saved stack's
 
     @property
     def clusters(self) -> tuple[str, ...]:
@@ -126,14 +131,11 @@ class Stack:
     def up(self, timeout: float = 90.0) -> None:
         """Create certificates, render configs, start nodes and relays; wait until ready.
         Nodes already running reload their certificates (after ``certs import-ca``, say).
-
-        All or nothing: when any part fails (a busy port, a node that does not
-        boot), the nodes and relays this call started are stopped again and the
-        :class:`StackError` names the failure and what was stopped. Nodes and
-        relays that were already running are left alone.
+        All or nothing (:func:`start_all`): a :class:`StackError` names the failure (a busy
+        port, a node that does not boot) and what this call had started and stopped again.
         """
         self._prepare()
-        processes.start_all(self.layout, timeout)
+        start_all(self.layout, timeout)
 
     def _prepare(self) -> None:
         """Save the layout, make the certificates and CRLs, render every node's config."""
@@ -157,7 +159,7 @@ class Stack:
 
     def down(self) -> None:
         """Stop relays and nodes; leaves nothing of this stack running."""
-        processes.stop_all(self.layout)
+        stop_all(self.layout)
 
     def status(self) -> dict[str, NodeStatus]:
         out = {}
@@ -307,3 +309,109 @@ class Stack:
     def wan_status(self) -> dict[str, dict[str, Any]]:
         return {link.name: link.status() for link in wan.links(self.layout)}
 
+
+def start_all(layout: StackLayout, timeout: float) -> None:
+    """Start every node and relay of ``layout`` not running yet and wait until each node serves
+    TLS; all or nothing (see the module docstring). Nodes already running reload their
+    certificates."""
+    links = wan.links(layout)
+    nodes_before = {n.node for n in layout.nodes if nodes.is_running(n)}
+    relays_before = {link.name for link in links if link.pid() is not None}
+    try:
+        _start(layout, links, timeout)
+    except BaseException as exc:
+        rollback = _stop_started(layout, links, nodes_before, relays_before)
+        if isinstance(exc, StackError):
+            raise StackError(f"{exc}; {rollback}") from None
+        raise
+    for n in layout.nodes:
+        # A running node re-reads certificate files at each handshake, except CA bundles it
+        # already loaded as a TLS client (federation links): a peer CA imported since it
+        # started (its pid file's time) would stay unknown until this, or a restart. A time
+        # that cannot be read clears the cache.
+        trust_changed = _mtime(ClusterCA(layout.certs_dir, n.cluster).trust_file, float("inf"))
+        if n.node in nodes_before and trust_changed >= _mtime(n.pid_file, 0.0):
+            nodes.rabbitmqctl(n, "eval", "ssl:clear_pem_cache().")
+
+
+def _mtime(path: Path, unreadable: float) -> float:
+    """When ``path`` last changed; ``unreadable`` when that cannot be read."""
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return unreadable
+
+
+def stop_all(layout: StackLayout) -> None:
+    """Stop every relay and node of ``layout``; leaves nothing of it running: not even the
+    Erlang port mapper the first node started, once no node on this host uses it."""
+    for link in wan.links(layout):
+        link.stop()
+    errors = [e for e in each_node(nodes.stop, layout.nodes) if e]
+    if errors:
+        raise StackError("; ".join(errors))
+    _stop_idle_epmd()
+
+
+def _stop_idle_epmd() -> None:
+    """``epmd -kill`` when no Erlang node is registered with it (the system RabbitMQ, another
+    stack: theirs stays), so a stack taken down leaves no process behind."""
+    try:
+        names = subprocess.run(["epmd", "-names"], capture_output=True, text=True, timeout=10)
+        if names.returncode == 0 and "up and running" in names.stdout and " at port " not in names.stdout:
+            subprocess.run(["epmd", "-kill"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        pass  # no epmd here, or it does not answer: nothing of ours to stop
+
+
+def _start(layout: StackLayout, links: Sequence[wan.Link], timeout: float) -> None:
+    errors = [e for e in each_node(lambda n: nodes.start(n, timeout), layout.nodes) if e]
+    if errors:
+        raise StackError("; ".join(errors))
+    for link in links:
+        if link.pid() is None and not nodes.port_free(link.node.relay_port):
+            raise StackError(f"relay {link.name}: WAN relay port {link.node.relay_port} is already in use "
+                             f"(another stack or service?)")
+        link.start()
+    for n in layout.nodes:
+        nodes.tls_probe(n, ClusterCA(layout.certs_dir, n.cluster).client(federation_identity(n.cluster)))
+
+
+def _stop_started(layout: StackLayout, links: Sequence[wan.Link], nodes_before: set[str],
+                  relays_before: set[str]) -> str:
+    """Stop the relays and nodes not in ``*_before``; says what was stopped (for the error)."""
+    stopped: list[str] = []
+    failed: list[str] = []
+    for link in links:
+        if link.name not in relays_before and link.pid() is not None:
+            try:
+                link.stop()
+                stopped.append(f"relay {link.name}")
+            except (OSError, StackError) as exc:
+                failed.append(f"relay {link.name} ({exc})")
+    started = [n for n in layout.nodes if n.node not in nodes_before and nodes.is_running(n)]
+    for n, error in zip(started, each_node(nodes.stop, started)):
+        if error:
+            failed.append(f"node {n.node} ({error})")
+        else:
+            stopped.append(f"node {n.node}")
+    text = (f"stopped what this `stack up` had started ({', '.join(stopped)})" if stopped
+            else "this `stack up` had started nothing else")
+    if failed:
+        text += f"; could NOT stop {', '.join(failed)}: `nebula-mq stack down --stack {layout.run_dir}`"
+    return text
+
+
+def each_node(action: Callable[[NodeLayout], object], ns: Sequence[NodeLayout]) -> list[str]:
+    """``action`` on every node in parallel; one entry per node: its StackError, or "" on success."""
+    def run(n: NodeLayout) -> str:
+        try:
+            action(n)
+        except StackError as exc:
+            return str(exc)
+        return ""
+
+    if not ns:
+        return []
+    with ThreadPoolExecutor(len(ns)) as pool:
+        return list(pool.map(run, ns))
