@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nebula_mq.bench.machine import cpu_model
+from nebula_mq.bench.runs import cpu_model
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SHAPES = [(32, 64, 384), (128, 64, 768)]

@@ -20,17 +20,13 @@ module does not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import run_row
-from nebula_mq.bench.wan_rates import numbers
-from nebula_mq.bench.wan_ratio import link_shapes, put_back
+from nebula_mq.bench.runs import (add_stack_arguments, history, link_shapes, numbers, put_back, row_overrides, rows_dir,
+                                  run_row, write_json)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,10 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the streaming row's overlap_steps (default: the job's, or inner_steps / fragments)")
     parser.add_argument("--modes", default="sync,diloco,streaming",
                         help="rows per WAN shape, comma separated: sync, diloco, streaming")
-    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
-                        default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
-                        help="local stack holding the job's clusters (default $NEBULA_RUN_DIR or run/stack)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
+    add_stack_arguments(parser, "local stack holding the job's clusters (default $NEBULA_RUN_DIR or run/stack)")
 
 
 def replicas_job(config: str) -> tuple[Any, Any]:
@@ -114,10 +107,6 @@ def per_round(env: dict[str, str], job: Any) -> tuple[int, int]:
     return fragments, job.inner_steps // fragments
 
 
-def history(run_dir: Path, worker: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
-
-
 def measure(run_dir: Path, n: int, events_per_round: int, inner_per_event: int) -> dict[str, Any]:
     """A row's figures from its replicas' histories. Utilisation is each replica's seconds
     computing (``compute_s``) over the wall time of its events after the first round (which
@@ -155,37 +144,30 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--rounds", "at least 2 (the first round is left out as warm-up)", rounds)
     p, tau = streaming_shape(job, args.fragments, args.overlap)
     rows_of = modes(settings, job, args.modes, p, tau, rounds)
-    root = Path(tempfile.mkdtemp(prefix="nebula-bench-replicas-", dir="/tmp"))
     stack = Stack(args.stack, tuple(dict.fromkeys([*DEFAULT_CLUSTERS, *job.clusters])))
     stack.up()  # before its links are shaped; a running stack keeps its layout
     before = link_shapes(stack)
     rows: list[dict[str, Any]] = []
-    done = False
     try:
-        for rate in rates:
-            for delay in delays:
-                stack.link_up(None, rate_mbit=rate, delay_ms=delay)
-                for mode, overrides in rows_of:
-                    name = f"{mode}-{rate:g}mbit-{delay:g}ms"
-                    env = {"NEBULA__JOB__ID": f"{settings.job.id}-bench-{name}",
-                           "NEBULA__JOB__RUN_DIR": str(root / name), **overrides}
-                    out = run_row(args.config, args.stack, env, args.timeout)
-                    row = {"row": name, "mode": mode, "rate_mbit": rate, "delay_ms": delay,
-                           "fragments": int(env.get("NEBULA__REPLICAS__FRAGMENTS", 1)),
-                           "overlap_steps": int(env.get("NEBULA__REPLICAS__OVERLAP_STEPS", 0)),
-                           **measure(out.run_dir, job.n, *per_round(env, job))}
-                    rows.append(row)
-                    print(f"{name}: utilisation {min(row['utilisation'].values(), default=0):.0%} (lowest)",
-                          flush=True)
-        done = True
+        with rows_dir("replicas") as root:
+            for rate in rates:
+                for delay in delays:
+                    stack.link_up(None, rate_mbit=rate, delay_ms=delay)
+                    for mode, overrides in rows_of:
+                        name = f"{mode}-{rate:g}mbit-{delay:g}ms"
+                        env = row_overrides(f"{settings.job.id}-bench-{name}", root / name) | overrides
+                        out = run_row(args.config, args.stack, env, args.timeout)
+                        row = {"row": name, "mode": mode, "rate_mbit": rate, "delay_ms": delay,
+                               "fragments": int(env.get("NEBULA__REPLICAS__FRAGMENTS", 1)),
+                               "overlap_steps": int(env.get("NEBULA__REPLICAS__OVERLAP_STEPS", 0)),
+                               **measure(out.run_dir, job.n, *per_round(env, job))}
+                        rows.append(row)
+                        print(f"{name}: utilisation {min(row['utilisation'].values(), default=0):.0%} (lowest)",
+                              flush=True)
     finally:
         put_back(stack, before)
-        if done and not os.environ.get("NEBULA_KEEP_BENCH"):  # a failed row's logs stay for its error
-            shutil.rmtree(root, ignore_errors=True)
     print(report(settings, job, rows, rounds))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rounds": rounds, "inner_steps": job.inner_steps, "rows": rows},
-                                              indent=2))
+    write_json(args.json, {"rounds": rounds, "inner_steps": job.inner_steps, "rows": rows})
     return 0
 
 

@@ -19,15 +19,11 @@ does not.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
-import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.bench.runs import add_stack_arguments, measure, row_overrides, rows_dir, run_row, split_job, write_json
 from nebula_mq.stack.layout import free_group_port
 
 DEFAULT_RANKS = "1x1,2x1,1x2,2x2"
@@ -38,10 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default=DEFAULT_RANKS, help="HEADSxTAILS rows, comma separated")
     parser.add_argument("--steps", type=int, default=60, help="steps per row")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the rate")
-    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
-                        default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
-                        help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
+    add_stack_arguments(parser, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
 
 
 def parse_ranks(text: str) -> list[tuple[int, int]]:
@@ -65,8 +58,7 @@ def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> di
     port = free_group_port(heads + tails + 2)
     name = f"{heads}x{tails}"
     return {
-        "NEBULA__JOB__ID": f"{settings.job.id}-scale-{name}", "NEBULA__JOB__RUN_DIR": str(root / name),
-        "NEBULA__JOB__STEPS": str(steps),
+        **row_overrides(f"{settings.job.id}-scale-{name}", root / name, steps),
         f"NEBULA__{section.upper()}__{head_key.upper()}": str(heads),
         f"NEBULA__{section.upper()}__{tail_key.upper()}": str(tails),
         f"NEBULA__{section.upper()}__HEAD_GLOO_PORT": str(port),
@@ -74,80 +66,13 @@ def row_env(settings: Any, heads: int, tails: int, steps: int, root: Path) -> di
     }
 
 
-def published_bytes(run_dir: Path, worker: str = "*") -> float:
-    """Every byte the job's workers (or one ``worker``) published (wire bytes, direction out)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for prom in (run_dir / "metrics").glob(f"{worker}.prom"):
-        for family in text_string_to_metric_families(prom.read_text()):
-            total += sum(s.value for s in family.samples
-                         if s.name == "nebula_wire_bytes_total" and s.labels.get("direction") == "out")
-    return total
-
-
-def sides(plan: Any) -> tuple[list[str], list[str]]:
-    """The workers that publish activations (heads, encoders: every rank) and those that publish
-    gradients (tails, decoders): each side's messages cross the WAN in one direction."""
-    roles = [(p.worker_id, p.role) for p in plan.processes]
-    return ([w for w, role in roles if role.endswith(("head", "encoder"))],
-            [w for w, role in roles if role.endswith(("tail", "decoder"))])
-
-
-def measure(run_dir: Path, head: str, warmup: int,
-            by_side: tuple[list[str], list[str]] = ([], [])) -> dict[str, Any]:
-    """Samples/s after the warm-up (from ``head``'s step history), wire bytes, the median step
-    and the final loss; with ``by_side`` (``sides(plan)``) also each side's bytes a step (head, tail) and
-    the busier direction's."""
-    rows = [json.loads(line) for line in (run_dir / "history" / f"{head}.jsonl").read_text().splitlines()]
-    t = [r["time"] for r in rows]
-    w = min(warmup, len(t) - 2)
-    batch = rows[-1]["samples"]
-    samples = batch * len(rows)
-    by_side_bytes = [sum(published_bytes(run_dir, worker) for worker in side) / len(rows) for side in by_side]
-    return {"samples_per_s": batch * (len(t) - 1 - w) / (t[-1] - t[w]), "samples": samples,
-            "bytes_per_sample": published_bytes(run_dir) / samples, "final_loss": rows[-1]["loss"],
-            "busiest_bytes_per_step": max(by_side_bytes), "bytes_per_step_by_side": by_side_bytes,
-            "step_s_median": statistics.median(b - a for a, b in zip(t[w:], t[w + 1:]))}
-
-
-def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) -> Any:
-    from nebula_mq.errors import WorkerError
-    from nebula_mq.launch import JobProcesses
-
-    job = JobProcesses(config, stack_dir, env=env)
-    job.provision()
-    try:
-        job.start_all()
-        codes = job.wait_all(timeout)
-    finally:
-        job.signal_all(signal.SIGKILL)  # a row stopped while its workers start leaves none behind
-    if any(codes.values()):
-        raise WorkerError(f"job {job.settings.job.id} did not finish ({codes}): see the logs in {job.logs}")
-    return job
-
-
-def split_job(config: str) -> Any:
-    """The settings of a split or ABNet job file (a job with a head and a tail); another
-    scenario is a one-line ConfigError."""
-    from nebula_mq.errors import ConfigError
-    from workers.registry import load_job_settings
-
-    settings = load_job_settings(config)
-    if settings.job.scenario not in ("abnet", "split"):
-        raise ConfigError(config, "job.scenario", "abnet or split (a job with a head and a tail)",
-                          settings.job.scenario)
-    return settings
-
-
 def run(args: argparse.Namespace) -> int:
     settings = split_job(args.config)
     rows = parse_ranks(args.ranks)
     steps = 24 if args.quick else args.steps
     warmup = min(args.warmup, steps // 3)
-    root = Path(tempfile.mkdtemp(prefix="nebula-bench-scaling-", dir="/tmp"))
     results: list[dict[str, Any]] = []
-    try:
+    with rows_dir("scaling") as root:
         for heads, tails in rows:
             job = run_row(args.config, args.stack, row_env(settings, heads, tails, steps, root), args.timeout)
             head = job.plan.processes[len(job.plan.processes) - heads].worker_id  # head rank 0
@@ -155,9 +80,6 @@ def run(args: argparse.Namespace) -> int:
             r = results[-1]
             print(f"{heads}x{tails}: {r['samples_per_s']:.1f} samples/s, {r['bytes_per_sample']:.0f} wire bytes/sample",
                   flush=True)
-    finally:
-        if not os.environ.get("NEBULA_KEEP_BENCH"):
-            shutil.rmtree(root, ignore_errors=True)
     base = results[0]
     print(f"\n{settings.job.id}: {steps} steps per row, warm-up {warmup}, global batch {base['samples'] / steps:.0f}")
     print(f"{'ranks':>6} {'samples/s':>10} {'vs ' + str(rows[0][0]) + 'x' + str(rows[0][1]):>8} "
@@ -167,6 +89,5 @@ def run(args: argparse.Namespace) -> int:
               f"{r['step_s_median']:>16.3f} {r['bytes_per_sample']:>10.0f} "
               f"{r['bytes_per_sample'] / base['bytes_per_sample']:>8.3f}x {r['final_loss']:>11.4f}")
     print(f"({os.cpu_count()} CPU cores here: ranks share them, so compute does not scale on this machine)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "rows": results}, indent=2))
+    write_json(args.json, {"steps": steps, "warmup": warmup, "rows": results})
     return 0

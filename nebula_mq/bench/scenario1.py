@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.bench.runs import bench_stack, check_repeats, compute_wait, history, rows_dir, run_row, write_json
 from nebula_mq.stack.layout import free_group_port
 
 JOB = """
@@ -82,9 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_job(stack_dir: str, root: Path, name: str, *, n: int, steps: int, gen_cluster: str,
             max_lead: int | None, preset: str, init_from: str = "", horizon: int = 0, timeout: float = 900.0) -> Path:
     """Write a job file for these parameters and run it as ``nebula-mq run`` does
-    (``bench.scaling.run_row``: each worker with its share of the cores); its run directory."""
-    from nebula_mq.bench.scaling import run_row
-
+    (``bench.runs.run_row``: each worker with its share of the cores); its run directory."""
     config = root / f"{name}.toml"
     text = electra_job(f"s1-{name}-{os.getpid()}", steps, root / name, n_sub=n, port=free_group_port(n),
                        gen_clusters=(gen_cluster,), max_lead=max_lead, preset=preset)
@@ -106,7 +103,7 @@ def plot_losses(curves: list[tuple[str, Path, str]], out: Path, title: str) -> P
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, run_dir, what in curves:
         worker, key = what.split(":")
-        rows = [json.loads(x) for x in (run_dir / "history" / f"{worker}.jsonl").read_text().splitlines()]
+        rows = history(run_dir, worker)
         ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -121,7 +118,7 @@ def plot_losses(curves: list[tuple[str, Path, str]], out: Path, title: str) -> P
 
 def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
     """Rate of the root's steps after ``warmup`` (timestamps of its history rows)."""
-    rows = [json.loads(line) for line in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
+    rows = history(run_dir, "disc-root")
     from workers.registry import load_job_settings
     from workers.electra.common import model_config
     from workers.electra.job import load_job
@@ -140,14 +137,8 @@ def samples_per_s(run_dir: Path, warmup: int) -> tuple[float, dict[str, Any]]:
 def time_per_step(run_dir: Path, steps: int) -> dict[str, dict[str, float]]:
     """Where each worker's time went, in ms a step over the whole run: ``compute`` (its own
     steps) and ``wait`` (for the other side's messages or sync tokens)."""
-    from nebula_mq.runtime.metrics import read_metrics
-
-    out = {}
-    for prom in sorted((run_dir / "metrics").glob("*.prom")):
-        m = read_metrics(prom)
-        out[prom.stem] = {"compute": 1000 * m.get("nebula_compute_seconds_total", 0.0) / steps,
-                          "wait": 1000 * m.get("nebula_wait_seconds_total", 0.0) / steps}
-    return out
+    return {worker: {"compute": 1000 * busy / steps, "wait": 1000 * wait / steps}
+            for worker, (busy, wait) in compute_wait(run_dir).items()}
 
 
 # Across, the root's busy share this far below inside's: its waits are the link's round trip.
@@ -191,54 +182,39 @@ def hot_start(stack: Any, stack_dir: str, root: Path, *, n: int, steps: int, max
                         ("resumed across two clusters", across, "disc-root:rtd_loss")],
                        Path("run/bench/scenario1-hotstart.png"), "Scenario I hot start: RTD loss")
 
-    def rtd(run_dir: Path) -> list[float]:
-        return [json.loads(x)["rtd_loss"] for x in (run_dir / "history" / "disc-root.jsonl").read_text().splitlines()]
-
-    a, b = rtd(inside), rtd(across)
+    a, b = ([r["rtd_loss"] for r in history(run_dir, "disc-root")] for run_dir in (inside, across))
     return {"before": float(sum(a[-3:]) / 3), "after": float(sum(b[:3]) / 3), "plot": str(plot.resolve()),
             "inside_steps": len(a), "across_steps": len(b)}
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.bench.wan_jobs import bench_stack
-
-    ns = [int(x) for x in str(getattr(args, "n", "1,2")).split(",")]
-    steps = 24 if args.quick else int(getattr(args, "steps", 40))
-    warmup = min(int(getattr(args, "warmup", 8)), steps // 3)
-    delay, rate_mbit = float(getattr(args, "delay_ms", 20.0)), float(getattr(args, "rate_mbit", 170.0))
-    lead, preset = getattr(args, "max_lead", None), str(getattr(args, "preset", "tiny"))
-    repeats = 1 if args.quick else int(getattr(args, "repeats", 1))
-    if repeats < 1:
-        from nebula_mq.errors import ConfigError
-
-        raise ConfigError("<command line>", "--repeats", "a whole number >= 1", repeats)
-    root = Path(tempfile.mkdtemp(prefix="nebula-bench-s1-", dir="/tmp"))
+    ns = [int(x) for x in args.n.split(",")]
+    steps = 24 if args.quick else args.steps
+    warmup = min(args.warmup, steps // 3)
+    delay, rate_mbit, lead, preset = args.delay_ms, args.rate_mbit, args.max_lead, args.preset
+    repeats = check_repeats(1 if args.quick else args.repeats)
     results: list[dict[str, Any]] = []
-    try:
-        with bench_stack(None) as (stack, _):  # a stack of its own (cluster-a, cluster-b) on free ports
-            stack_dir = str(stack.layout.run_dir)
-            for repeat in range(repeats):
-                for n in ns:
-                    row: dict[str, Any] = {"n": n, "repeat": repeat}
-                    # Each pair side by side, in turn first: a drift of the shared host favours neither.
-                    pair = (("inside", "cluster-b"), ("across", "cluster-a"))
-                    for where, gen_cluster in pair if repeat % 2 == 0 else pair[::-1]:
-                        if where == "across":
-                            stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
-                        run_dir = run_job(stack_dir, root, f"{where}-n{n}-r{repeat}", n=n, steps=steps,
-                                          gen_cluster=gen_cluster, max_lead=lead, preset=preset)
-                        row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
-                    row["ratio"] = row["across"] / row["inside"]
-                    row["busy_ratio"] = root_busy(row["across_detail"]) / max(1e-9, root_busy(row["inside_detail"]))
-                    results.append(row)
-                    print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
-                          f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
-                    print(where_time_goes(row), flush=True)
-            hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
-                            delay=delay, rate_mbit=rate_mbit)
-    finally:
-        if not os.environ.get("NEBULA_KEEP_BENCH"):
-            shutil.rmtree(root, ignore_errors=True)
+    with rows_dir("s1") as root, bench_stack(None) as (stack, _):  # a stack of its own (cluster-a, cluster-b)
+        stack_dir = str(stack.layout.run_dir)
+        for repeat in range(repeats):
+            for n in ns:
+                row: dict[str, Any] = {"n": n, "repeat": repeat}
+                # Each pair side by side, in turn first: a drift of the shared host favours neither.
+                pair = (("inside", "cluster-b"), ("across", "cluster-a"))
+                for where, gen_cluster in pair if repeat % 2 == 0 else pair[::-1]:
+                    if where == "across":
+                        stack.shape(None, rate_mbit=rate_mbit, delay_ms=delay)
+                    run_dir = run_job(stack_dir, root, f"{where}-n{n}-r{repeat}", n=n, steps=steps,
+                                      gen_cluster=gen_cluster, max_lead=lead, preset=preset)
+                    row[where], row[f"{where}_detail"] = samples_per_s(run_dir, warmup)
+                row["ratio"] = row["across"] / row["inside"]
+                row["busy_ratio"] = root_busy(row["across_detail"]) / max(1e-9, root_busy(row["inside_detail"]))
+                results.append(row)
+                print(f"n={n}: inside {row['inside']:.1f} samples/s, across {row['across']:.1f} samples/s "
+                      f"({rate_mbit:g} Mbit/s, {delay:g} ms), across/inside = {row['ratio']:.3f}", flush=True)
+                print(where_time_goes(row), flush=True)
+        hot = hot_start(stack, stack_dir, root, n=ns[0], steps=steps, max_lead=lead, preset=preset,
+                        delay=delay, rate_mbit=rate_mbit)
     table = by_n(results)
     print(f"\nScenario I throughput vs n ({preset}, {steps} steps, warm-up {warmup}, max_lead {'as the job' if lead is None else lead}"
           + (f", {repeats} pairs each: medians, every pair's ratio after them" if repeats > 1 else "") + "):")
@@ -252,10 +228,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"across/inside ratio at the fastest n={best['n']}: {best['ratio']:.3f} (target >= 0.95, paper 0.85)")
     print(f"hot start (inside {steps} steps, then across {steps}): RTD loss {hot['before']:.4f} (last 3 inside) "
           f"-> {hot['after']:.4f} (first 3 across); plot {hot['plot']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"delay_ms": delay, "rate_mbit": rate_mbit, "results": results,
-                                               "by_n": table, "hot_start": hot},
-                                              indent=2))
+    write_json(args.json, {"delay_ms": delay, "rate_mbit": rate_mbit, "results": results, "by_n": table,
+                           "hot_start": hot})
     return 0
 
 

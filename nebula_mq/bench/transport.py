@@ -18,12 +18,11 @@ one flow per measurement so no run sees another's leftovers):
 
 With ``--recovery`` it only measures recovery, for both kinds of outage side by side (the
 relay's resetting cut and a drop that resets nothing), at several one-way delays and outage
-lengths, medians of ``--repeats`` (``wan_recovery.recovery_grid``).
+lengths, medians of ``--repeats`` (``transport_recovery.recovery_grid``); with ``--netns`` as
+well, over the kernel link between two namespaced brokers (``transport_netns``).
 
-``python -m nebula_mq.bench.transport`` takes the same options as ``nebula-mq
-bench transport`` plus ``--stack``, ``--repeats`` and ``--cut-s``. Library use
-(the integration test): provision a job with ``throughput_flows(cfg)`` and ``IDENTITIES``,
-and a second job for ``RECOVERY_FLOW`` (see ``recovery``), then
+Library use (the integration test): provision a job with ``throughput_flows(cfg)`` and
+``IDENTITIES``, and a second job for ``RECOVERY_FLOW`` (see ``recovery``), then
 ``run_bench(stack, job, recovery_job, cfg)``; ``transport_report`` prints the result and
 judges its targets.
 """
@@ -34,19 +33,20 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.wan_jobs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, COMPARED, bench_stack, compare_flow,
-                                      delete_vhosts, throughput_flows)
-from nebula_mq.bench.transport_report import machine_facts, render, size_text, stack_facts, targets
-from nebula_mq.bench.wan_netns import RTO_MAX_SYSCTL
-from nebula_mq.bench.wan_recovery import recovery, run_recovery
-from nebula_mq.bench.wan_transfer import Transfer, goodput_points, median_transfer, transfer
+from nebula_mq.bench.runs import bench_stack, delete_vhosts
+from nebula_mq.bench.transport_netns import RTO_MAX_SYSCTL
+from nebula_mq.bench.transport_recovery import recovery, recovery_grid, summarize
+from nebula_mq.bench.transport_report import (LINK_DOWN_KINDS, compare_emulations, machine_facts, render,
+                                              render_recovery, size_text, stack_facts, targets)
+from nebula_mq.bench.transport_runs import (A, B, COMPARED, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob,
+                                            StackJob, Transfer, compare_flow, goodput_points, median_transfer,
+                                            throughput_flows, transfer)
 from nebula_mq.errors import ConfigError, NebulaError
 from nebula_mq.topology import Flow
 
@@ -60,20 +60,18 @@ def run_bench(stack: Any, job: BenchJob, recovery_job: BenchJob, cfg: BenchConfi
     """
     result: dict[str, Any] = {"config": asdict(cfg), "unshaped": [], "goodput": []}
     stack.link_up(None, rate_mbit=0, delay_ms=0)
+    # (flow name, payload, messages, publishers): the large sizes, then the small messages
+    large = [(str(s), s * MIB, max(cfg.min_messages, cfg.unshaped_mib // s), cfg.publishers)
+             for s in cfg.unshaped_sizes_mib]
+    small = ("small", cfg.small_bytes, cfg.small_messages, cfg.small_publishers)
     for path, dst in (("loopback", A), ("federation", B)):
-        prefix = "lo" if dst == A else "wan"
-        for size in cfg.unshaped_sizes_mib:
-            n = max(cfg.min_messages, cfg.unshaped_mib // size)
-            r = transfer(job, Flow(f"{prefix}-{size}", A, dst), size * MIB, n, cfg.publishers, cfg.timeout_s)
-            row = {"path": path, "payload_bytes": size * MIB, **median_transfer([r]),
-                   "MBps": n * size * MIB / r.elapsed_s / 1e6, "msgs_s": n / r.elapsed_s}
+        for name, payload, n, publishers in [*large, small]:
+            r = transfer(job, Flow(f"{'lo' if dst == A else 'wan'}-{name}", A, dst), payload, n, publishers,
+                         cfg.timeout_s)
+            row = {"path": path, **median_transfer([r]), "MBps": r.mbit / 8, "msgs_s": n / r.elapsed_s}
             result["unshaped"].append(row)
-            say(f"  unshaped {path:10s} {size:3d} MiB x {n:4d}: {row['MBps']:7.1f} MB/s")
-        r = transfer(job, Flow(f"{prefix}-small", A, dst), cfg.small_bytes, cfg.small_messages,
-                     cfg.small_publishers, cfg.timeout_s)
-        row = {"path": path, **median_transfer([r]), "MBps": r.mbit / 8, "msgs_s": r.messages / r.elapsed_s}
-        result["unshaped"].append(row)
-        say(f"  unshaped {path:10s} {cfg.small_bytes} B x {r.messages}: {row['msgs_s']:7.0f} msgs/s")
+            say(f"  unshaped {path:10s} {size_text(payload):>7} x {n:4d}: {row['MBps']:7.1f} MB/s, "
+                f"{row['msgs_s']:7.0f} msgs/s")
     result["goodput"] = goodput_points(
         job, cfg, lambda rate: stack.link_up(None, rate_mbit=rate, delay_ms=cfg.delay_ms), "goodput", say)
     if cfg.compare_pika:
@@ -120,10 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the stack in this directory (started if down) instead of a fresh one")
     parser.add_argument("--repeats", type=int, help="repeats of each goodput point (default 3, quick 1)")
     parser.add_argument("--cut-s", type=float, help="seconds the WAN stays cut (default 30, quick 5)")
-    parser.add_argument("--rates", type=_floats, metavar="MBIT,...", help="shaped link rates (default 60,170; quick 170)")
-    parser.add_argument("--sizes", type=_ints, metavar="MIB,...", help="goodput message sizes (default 1,4,8,16)")
+    parser.add_argument("--rates", type=_listed(float), metavar="MBIT,...",
+                        help="shaped link rates (default 60,170; quick 170)")
+    parser.add_argument("--sizes", type=_listed(int), metavar="MIB,...", help="goodput message sizes (default 1,4,8,16)")
     parser.add_argument("--delay-ms", type=float, help="delay the relay adds each way (default 20)")
-    parser.add_argument("--stripes", type=_ints, metavar="K,...",
+    parser.add_argument("--stripes", type=_listed(int), metavar="K,...",
                         help="measure each goodput point with the flow striped over each of these numbers of "
                              "queues, one federation link each (default 1), side by side")
     parser.add_argument("--compare-pika", action="store_true",
@@ -132,9 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery", action="store_true",
                         help="only recovery: heal -> first message and -> drained after a resetting cut and after a "
                              "drop that resets nothing, side by side, at each --recovery-delays and --outages")
-    parser.add_argument("--recovery-delays", type=_floats, metavar="MS,...",
+    parser.add_argument("--recovery-delays", type=_listed(float), metavar="MS,...",
                         help="--recovery: one-way delays (default 0,20,200; quick 20)")
-    parser.add_argument("--outages", type=_floats, metavar="S,...",
+    parser.add_argument("--outages", type=_listed(float), metavar="S,...",
                         help="--recovery: outage lengths, shorter and longer than the links' heartbeat timeout "
                              "(default 5,45; quick 2)")
     parser.add_argument("--netns", action="store_true",
@@ -146,18 +145,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(net.ipv4.tcp_rto_max_ms, Linux 6.15+), as an operator would on a WAN")
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+def _listed(kind: type[float] | type[int]) -> Callable[[str], tuple[Any, ...]]:
+    """An argparse type: ``a,b,c`` as a tuple of ``kind``."""
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            what = "integers" if kind is int else "numbers"
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+    return parse
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -165,71 +161,63 @@ def check_flags(args: argparse.Namespace) -> None:
     def bad(flag: str, expected: str, got: object = None) -> ConfigError:
         return ConfigError("bench transport", flag, expected, got)
 
-    recovery = getattr(args, "recovery", False)
-    if any(d < 0 for d in getattr(args, "recovery_delays", None) or ()):
+    if any(d < 0 for d in args.recovery_delays or ()):
         raise bad("--recovery-delays", "one-way delays >= 0 ms", ",".join(f"{d:g}" for d in args.recovery_delays))
     for flag in ("recovery_delays", "outages"):
-        if not recovery and getattr(args, flag, None):
+        if not args.recovery and getattr(args, flag):
             raise bad(f"--{flag.replace('_', '-')}", "--recovery beside it (only the recovery grid reads it)")
-    rto = getattr(args, "rto_max_ms", None)
-    if rto is not None and not (recovery and getattr(args, "netns", False)):
+    if any(s <= 0 for s in args.outages or ()):
+        raise bad("--outages", "outage lengths > 0 seconds", ",".join(f"{s:g}" for s in args.outages))
+    if not all(1 <= k <= topology.MAX_STRIPES for k in args.stripes or ()):
+        raise bad("--stripes", f"stripe counts in 1..{topology.MAX_STRIPES}", ",".join(map(str, args.stripes)))
+    rto = args.rto_max_ms
+    if rto is not None and not (args.recovery and args.netns):
         raise bad("--rto-max-ms", "--recovery --netns beside it (it tunes the namespaced hosts' TCP)")
     if rto is not None and not 1000 <= rto <= 120000:  # the kernel's own bounds for the sysctl
         raise bad("--rto-max-ms", "milliseconds in 1000..120000", rto)
     if rto is not None and not RTO_MAX_SYSCTL.exists():
         raise bad("--rto-max-ms", "Linux 6.15 or later (net.ipv4.tcp_rto_max_ms)", f"{platform.release()}")
-    if recovery and getattr(args, "netns", False) and getattr(args, "stack", None):
+    if args.recovery and args.netns and args.stack:
         raise bad("--stack", "no --recovery --netns (that grid makes its own namespaced brokers)")
-    if recovery and getattr(args, "compare_pika", False):
+    if args.recovery and args.compare_pika:
         raise bad("--compare-pika", "no --recovery (the recovery grid measures no goodput)")
+
+
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The configuration the flags ask for, over the defaults (``--quick``: the smaller ones)."""
+    given = {"repeats": args.repeats, "cut_s": args.cut_s, "rates_mbit": args.rates, "sizes_mib": args.sizes,
+             "stripes": args.stripes, "compare_pika": args.compare_pika, "recovery_delays_ms": args.recovery_delays,
+             "recovery_outages_s": args.outages}
+    cfg = replace(BenchConfig.quick() if args.quick else BenchConfig(), **{k: v for k, v in given.items() if v})
+    return cfg if args.delay_ms is None else replace(cfg, delay_ms=args.delay_ms)
 
 
 def run(args: argparse.Namespace) -> int:
     check_flags(args)
-    try:
-        return _run(args)
+    cfg = bench_config(args)
+    mode = _link_down if args.recovery and args.netns else _recovery if args.recovery else _everything
+    job_id = f"bench-{os.getpid()}-{int(time.time())}"
+    try:  # also a stack that fails to start
+        result, table = mode(args, cfg, job_id)
     except ConfigError:
         raise
-    except NebulaError as exc:  # also a stack that failed to start, before the bench's own try
+    except NebulaError as exc:
         print(f"bench transport failed: {exc}")
         return 1
+    print(table)
+    print(f"wall time {result['wall_s']:.0f} s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0 if all(r["exactly_once"] for r in result.get("runs", [result["recovery"]])) else 1
 
 
-def _run(args: argparse.Namespace) -> int:
-    cfg = BenchConfig.quick() if args.quick else BenchConfig()
-    if getattr(args, "repeats", None):
-        cfg = replace(cfg, repeats=args.repeats)
-    if getattr(args, "cut_s", None):
-        cfg = replace(cfg, cut_s=args.cut_s)
-    if getattr(args, "rates", None):
-        cfg = replace(cfg, rates_mbit=args.rates)
-    if getattr(args, "sizes", None):
-        cfg = replace(cfg, sizes_mib=args.sizes)
-    if getattr(args, "delay_ms", None) is not None:
-        cfg = replace(cfg, delay_ms=args.delay_ms)
-    if getattr(args, "stripes", None):
-        if not all(1 <= k <= topology.MAX_STRIPES for k in args.stripes):
-            print(f"nebula-mq bench transport: --stripes: each must be in 1..{topology.MAX_STRIPES}", file=sys.stderr)
-            return 2
-        cfg = replace(cfg, stripes=args.stripes)
-    if getattr(args, "compare_pika", False):
-        cfg = replace(cfg, compare_pika=True)
-    if getattr(args, "recovery_delays", None):
-        cfg = replace(cfg, recovery_delays_ms=args.recovery_delays)
-    if getattr(args, "outages", None):
-        if not all(s > 0 for s in args.outages):
-            print("nebula-mq bench transport: --outages: each must be > 0 seconds", file=sys.stderr)
-            return 2
-        cfg = replace(cfg, recovery_outages_s=args.outages)
-    if getattr(args, "recovery", False) and getattr(args, "netns", False):
-        from nebula_mq.bench.wan_link_down import run_link_down
-
-        return run_link_down(args, cfg)
-    if getattr(args, "recovery", False):
-        return run_recovery(args, cfg)
-    job_id = f"bench-{os.getpid()}-{int(time.time())}"
+def _everything(args: argparse.Namespace, cfg: BenchConfig, job_id: str) -> tuple[dict[str, Any], str]:
+    """Every measurement (``run_bench``) on the relay's WAN; with ``--netns``, the goodput points
+    over the kernel's too. The result and its tables."""
     jobs = (job_id, f"{job_id}-r")
-    with bench_stack(getattr(args, "stack", None)) as (stack, started):
+    with bench_stack(args.stack) as (stack, started):
         try:
             stack.provision_job(jobs[0], throughput_flows(cfg), IDENTITIES)
             stack.provision_job(jobs[1], (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
@@ -237,48 +225,56 @@ def _run(args: argparse.Namespace) -> int:
                                       "job_ids": list(jobs)}
             t0 = time.monotonic()
             result.update(run_bench(stack, StackJob(stack, jobs[0]), StackJob(stack, jobs[1]), cfg))
-            if getattr(args, "netns", False):
-                from nebula_mq.bench.wan_netns import netns_goodput
+            if args.netns:
+                from nebula_mq.bench.transport_netns import netns_goodput
 
                 print("goodput over the kernel-shaped namespace link ...")
                 result["netns_goodput"] = netns_goodput(cfg, f"{job_id}-n")
             result["wall_s"] = time.monotonic() - t0
             result["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
-        except NebulaError as exc:
-            print(f"bench transport failed: {exc}")
-            return 1
         finally:
             if not started:
                 delete_vhosts(stack, jobs)
     result["targets"] = targets(result)
-    print("\n" + render(result) + "\n\ntargets:\n" + "\n".join("  " + t for t in result["targets"]))
+    table = "\n" + render(result) + "\n\ntargets:\n" + "\n".join("  " + t for t in result["targets"])
     if "netns_goodput" in result:
-        from nebula_mq.bench.wan_netns import compare
-
-        print(f"\nthe two WAN emulations, same points, same run, +{cfg.delay_ms:g} ms each way (relay: user space "
-              "rate and delay; kernel: tc tbf rate on a veth between two network namespaces, the delay by a relay "
-              "on each host):")
-        print("\n".join(compare(result["goodput"], result["netns_goodput"])))
-    print(f"wall time {result['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-        print(f"wrote {args.json}")
-    return 0 if result["recovery"]["exactly_once"] else 1
+        table += (f"\n\nthe two WAN emulations, same points, same run, +{cfg.delay_ms:g} ms each way (relay: user "
+                  "space rate and delay; kernel: tc tbf rate on a veth between two network namespaces, the delay by "
+                  "a relay on each host):\n" + "\n".join(compare_emulations(result["goodput"], result["netns_goodput"])))
+    return result, table
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m nebula_mq.bench.transport``: the same bench, with every option."""
-    parser = argparse.ArgumentParser(prog="python -m nebula_mq.bench.transport", description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--quick", action="store_true")
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except ConfigError as exc:  # one line, as the CLI says it
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+def _recovery(args: argparse.Namespace, cfg: BenchConfig, job_id: str) -> tuple[dict[str, Any], str]:
+    """``--recovery``: the recovery grid alone, on a stack of its own (or ``--stack``)."""
+    from nebula_mq.stack import provision
+
+    job_id += "-r"
+    with bench_stack(args.stack) as (stack, started):
+        try:
+            stack.provision_job(job_id, (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
+            result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
+                                      "config": asdict(cfg), "job_ids": [job_id]}
+            t0 = time.monotonic()
+            result["runs"] = recovery_grid(stack, StackJob(stack, job_id), cfg)
+            result["wall_s"] = time.monotonic() - t0
+        finally:
+            if not started:  # a stack started here goes down whole
+                delete_vhosts(stack, [job_id])
+    result["recovery"] = summarize(result["runs"])
+    m = result["machine"]
+    return result, (f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at start, "
+                    f"RabbitMQ {m['rabbitmq']}; federation heartbeat {provision.HEARTBEAT_S} s, reconnect delay "
+                    f"{provision.RECONNECT_DELAY_S} s\n" + render_recovery(result["recovery"], cfg))
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _link_down(args: argparse.Namespace, cfg: BenchConfig, job_id: str) -> tuple[dict[str, Any], str]:
+    """``--recovery --netns``: the recovery grid over the kernel link between two namespaced brokers."""
+    from nebula_mq.bench.transport_netns import link_down_recovery
+
+    t0 = time.monotonic()
+    runs = link_down_recovery(cfg, f"{job_id}-k", args.rto_max_ms)
+    result = {"config": asdict(cfg), "rto_max_ms": args.rto_max_ms, "runs": runs, "recovery": summarize(runs),
+              "wall_s": time.monotonic() - t0}
+    rto = (f"TCP's retransmission timeout capped at {args.rto_max_ms} ms" if args.rto_max_ms
+           else "TCP as the kernel ships it")
+    return result, f"\n{rto} on both broker hosts\n" + render_recovery(result["recovery"], cfg, LINK_DOWN_KINDS)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from nebula_mq.bench.machine import cpu_model
-from nebula_mq.bench.wan_jobs import A, B, MIB, BenchConfig
+from nebula_mq.bench.runs import cpu_model
+from nebula_mq.bench.transport_runs import A, B, MIB, BenchConfig
 from nebula_mq.errors import NebulaError
 
 
@@ -138,3 +139,19 @@ def render_recovery(rows: list[dict[str, Any]], cfg: BenchConfig, kinds: str = R
                      f"{s(r['drained_s']):>8} {','.join(map(str, r['link_reconnects'])):>9} "
                      f"{'OK' if r['exactly_once'] else 'FAIL':>5}  {runs}")
     return "\n".join(lines)
+
+
+def compare_emulations(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) -> list[str]:
+    """The two WAN emulations side by side: goodput as a share of the link, and their ratio."""
+    def point(r: dict[str, Any]) -> tuple[float, int, int]:
+        return r["rate_mbit"], r["payload_bytes"], r.get("stripes", 1)
+
+    by_point = {point(r): r for r in relay}
+    lines = [f"{'link Mbit/s':>11} {'size':>7} {'stripes':>7} {'relay %':>8} {'kernel %':>9} {'kernel/relay':>13}"]
+    for n in netns:
+        r = by_point.get(point(n))
+        rp = f"{r['percent']:8.1f}" if r else f"{'-':>8}"
+        ratio = f"{n['percent'] / r['percent']:13.2f}" if r and r["percent"] > 0 else f"{'-':>13}"
+        lines.append(f"{n['rate_mbit']:11g} {n['payload_bytes'] // MIB:5d} M {n.get('stripes', 1):7d} {rp} "
+                     f"{n['percent']:9.1f} {ratio}")
+    return lines

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.scaling import published_bytes
+from nebula_mq.bench.runs import published_bytes
 from nebula_mq.study import auto
 from nebula_mq.study.rows import StudyRow
 

@@ -12,7 +12,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "transport": ("nebula_mq.bench.transport", "goodput over the shaped TLS federation link, loopback rates, WAN-cut recovery"),
     "scenario1": ("nebula_mq.bench.scenario1", "ELECTRA samples/s inside one cluster vs across two (170 Mbit/s WAN), vs n"),
     "compute": ("nebula_mq.bench.compute", "ABNet: each side's seconds and GFLOP/s per step vs a plain matmul, same run"),
-    "wan": ("nebula_mq.bench.wan_ratio", "split/ABNet job inside one cluster vs across the shaped WAN: samples/s ratio"),
+    "wan": ("nebula_mq.bench.wan", "split/ABNet job inside one cluster vs across the shaped WAN: samples/s ratio"),
     "replicas": ("nebula_mq.bench.replicas", "replicas job: DiLoCo vs Streaming DiLoCo across the shaped WAN, "
                  "compute utilisation per cluster"),
     "scaling": ("nebula_mq.bench.scaling", "split/ABNet at 1x1, 2x1, 1x2, 2x2 ranks: samples/s and wire bytes per sample"),

@@ -77,7 +77,7 @@ def test_goodput_over_the_kernel_shaped_namespace_link_crosses_that_link_only_on
     byte crossed the veth."""
     import os
 
-    from nebula_mq.bench.wan_netns import netns_goodput
+    from nebula_mq.bench.transport_netns import netns_goodput
     from nebula_mq.stack.netns import unusable_reason
 
     why = unusable_reason()
@@ -103,7 +103,7 @@ def test_quick_recovery_bench_after_a_reset_cut_and_after_a_drop(stack: Any) -> 
     side. Both lose nothing and repeat nothing the consumer keeps; the drop resets no link (the
     relays accept no new connection), the cut does. Behaviour, not speed."""
     from nebula_mq.bench.transport_report import render_recovery
-    from nebula_mq.bench.wan_recovery import recovery_grid, summarize
+    from nebula_mq.bench.transport_recovery import recovery_grid, summarize
 
     cfg = replace(bench.BenchConfig.quick(), timeout_s=30.0)
     assert cfg.recovery_kinds == ("reset", "drop") and cfg.recovery_outages_s == (2.0,)
@@ -140,10 +140,8 @@ def test_a_drop_in_the_kernel_resets_nothing_and_loses_nothing() -> None:
     resets no federation link, the cut resets them. Behaviour, not speed."""
     import os
 
-    from nebula_mq.bench.wan_link_down import link_down_recovery
+    from nebula_mq.bench.transport_netns import RTO_MAX_SYSCTL, link_down_recovery
     from nebula_mq.stack.netns import unusable_reason
-
-    from nebula_mq.bench.wan_netns import RTO_MAX_SYSCTL
 
     why = unusable_reason() or ("" if RTO_MAX_SYSCTL.exists() else "no net.ipv4.tcp_rto_max_ms (Linux < 6.15)")
     if why:

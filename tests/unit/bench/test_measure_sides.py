@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
-from nebula_mq.bench.scaling import measure, sides
+from nebula_mq.bench.runs import measure, sides
 
 
 def plan(*processes: tuple[str, str]) -> SimpleNamespace:

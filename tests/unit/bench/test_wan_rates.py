@@ -11,8 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from nebula_mq.bench.wan_auto import Profile
-from nebula_mq.bench.wan_rates import WireFactor, factor_notes, link_rates, resolve
-from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env
+from nebula_mq.bench.wan import WireFactor, codec_sets, factor_notes, link_rates, plan, resolve, row_env
 from nebula_mq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -81,7 +80,7 @@ def test_a_factor_row_runs_on_the_link_its_in_cluster_row_sets(
     the factor's rate before the first WAN row shapes the link, every repeat shapes that same
     link, and the JSON keeps the profile."""
     import nebula_mq.stack
-    from nebula_mq.bench import wan_ratio
+    from nebula_mq.bench import wan
     from nebula_mq.cli import main
 
     shaped: list[tuple[float, float]] = []
@@ -91,7 +90,7 @@ def test_a_factor_row_runs_on_the_link_its_in_cluster_row_sets(
         def open(cls, _dir: str) -> Links:
             return cls()
 
-        def wan_status(self) -> dict[str, dict[str, float]]:
+        def status(self) -> dict[str, object]:
             return {}
 
         def link_up(self, _cluster: None, rate_mbit: float, delay_ms: float) -> None:
@@ -104,13 +103,13 @@ def test_a_factor_row_runs_on_the_link_its_in_cluster_row_sets(
         return SimpleNamespace(run_dir=run_dir, plan=None)
 
     monkeypatch.setattr(nebula_mq.stack, "Stack", Links)
-    monkeypatch.setattr(wan_ratio, "run_row", run_row)
-    monkeypatch.setattr(wan_ratio, "sides", lambda _plan: (["enc-0"], ["dec-0"]))
+    monkeypatch.setattr(wan, "run_row", run_row)
+    monkeypatch.setattr(wan, "sides", lambda _plan: (["enc-0"], ["dec-0"]))
     # 16 samples a step at 0.15 s, the decoder computing 80% of it: 0.12 s of compute a step.
-    monkeypatch.setattr(wan_ratio, "measure", lambda *_a: {
+    monkeypatch.setattr(wan, "measure", lambda *_a: {
         "samples_per_s": 16 / 0.15, "samples": 1600, "step_s_median": 0.1, "final_loss": 6.0,
         "busiest_bytes_per_step": 150_000.0})
-    monkeypatch.setattr(wan_ratio, "shares", lambda _run_dir: {"enc-0": 0.5, "dec-0": 0.8})
+    monkeypatch.setattr(wan, "shares", lambda _run_dir: {"enc-0": 0.5, "dec-0": 0.8})
     out = tmp_path / "wan.json"
     code = main(["bench", "wan", str(ROOT / "config" / "demo.toml"), "--rates", "4x", "--delay-ms", "20",
                  "--codecs", "none", "--steps", "100", "--repeats", "2", "--json", str(out)])

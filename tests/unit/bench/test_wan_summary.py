@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from nebula_mq.bench.wan_ratio import codec_sets, plan, row_env
-from nebula_mq.bench.wan_table import summary
+from nebula_mq.bench.wan import codec_sets, plan, row_env
+from nebula_mq.bench.wan_report import summary
 from nebula_mq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -103,7 +103,7 @@ def test_codec_sets_other_than_job_none_and_auto_are_one_line_errors(text: str) 
 def test_the_report_names_a_full_link_and_not_the_window_beneath_it() -> None:
     from types import SimpleNamespace
 
-    from nebula_mq.bench.wan_table import report
+    from nebula_mq.bench.wan_report import report
 
     settings = SimpleNamespace(job=SimpleNamespace(id="langid"), codec=SimpleNamespace(forward="fp16", backward="int8"),
                                scenario_section=lambda: {"in_flight": 12})
@@ -125,7 +125,7 @@ def test_the_full_links_bound_is_never_below_what_the_row_measured() -> None:
     import re
     from types import SimpleNamespace
 
-    from nebula_mq.bench.wan_table import report
+    from nebula_mq.bench.wan_report import report
 
     settings = SimpleNamespace(job=SimpleNamespace(id="abnet-corpus"), codec=SimpleNamespace(forward="f", backward="b"),
                                scenario_section=lambda: {"in_flight": 4})

@@ -5,7 +5,7 @@ no window helps."""
 
 from __future__ import annotations
 
-from nebula_mq.bench.wan_notes import link_note, window_note
+from nebula_mq.bench.wan_report import link_note, window_note
 
 
 def test_a_window_short_of_the_round_trip_is_named_with_the_in_flight_that_covers_it() -> None:

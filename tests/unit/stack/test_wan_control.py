@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from nebula_mq.atomic import write_json_atomic
-from nebula_mq.bench.wan_recovery import summarize
+from nebula_mq.bench.transport_recovery import summarize
 from nebula_mq.cli import main
 from nebula_mq.stack import Stack
 from nebula_mq.stack.layout import plan

@@ -7,26 +7,20 @@ Two kinds of outage: ``reset`` (the relay's cut: every connection reset, new one
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
-import os
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.transport_report import machine_facts, render_recovery, stack_facts
-from nebula_mq.bench.wan_jobs import (IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, BenchJob, StackJob, bench_stack,
-                                      delete_vhosts, tensor_bodies)
-from nebula_mq.errors import NebulaError, StackError
-from nebula_mq.bench.wan_transfer import Ends, PublisherPool
+from nebula_mq.bench.transport_runs import (MIB, RECOVERY_FLOW, BenchConfig, BenchJob, Ends, PublisherPool,
+                                            tensor_bodies)
+from nebula_mq.errors import StackError
 from nebula_mq.settings import TransportSettings
-
 
 KINDS = ("reset", "drop")
 # Message ids of one run start at run * SEQ_STRIDE: runs on one flow never share an id.
@@ -201,44 +195,3 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "exactly_once": all(r["exactly_once"] for r in rs), "duplicates": sum(r["duplicates_discarded"] for r in rs),
         })
     return rows
-
-
-# --------------------------------------------------------------------------- the CLI's --recovery
-
-
-def run_recovery(args: argparse.Namespace, cfg: BenchConfig) -> int:
-    """``--recovery``: the recovery grid alone, on a stack of its own (or ``--stack``)."""
-    from nebula_mq.stack import provision
-
-    with bench_stack(getattr(args, "stack", None)) as (stack, started):
-        job_id = f"bench-{os.getpid()}-{int(time.time())}-r"
-        try:
-            stack.provision_job(job_id, (RECOVERY_FLOW,), IDENTITIES, max_queue_bytes=cfg.recovery_cap_mib * MIB)
-            result: dict[str, Any] = {"machine": machine_facts(stack), "stack": stack_facts(stack, cfg),
-                                      "config": asdict(cfg), "job_ids": [job_id]}
-            t0 = time.monotonic()
-            result["runs"] = recovery_grid(stack, StackJob(stack, job_id), cfg)
-            result["wall_s"] = time.monotonic() - t0
-        except NebulaError as exc:
-            print(f"bench transport --recovery failed: {exc}")
-            return 1
-        finally:
-            if not started:  # a stack started here goes down whole
-                delete_vhosts(stack, [job_id])
-    result["recovery"] = summarize(result["runs"])
-    m = result["machine"]
-    return finish(args, result, f"\nmachine: {m['cpu']}, {m['cores']} cores, load {m['load_avg_1_5_15'][0]:.2f} at "
-                  f"start, RabbitMQ {m['rabbitmq']}; federation heartbeat {provision.HEARTBEAT_S} s, reconnect delay "
-                  f"{provision.RECONNECT_DELAY_S} s\n" + render_recovery(result["recovery"], cfg))
-
-
-def finish(args: argparse.Namespace, result: dict[str, Any], table: str) -> int:
-    """Print a recovery grid's table and wall time, write its JSON (``--json``); 0 when every run
-    was exactly once."""
-    print(table)
-    print(f"wall time {result['wall_s']:.0f} s")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-        print(f"wrote {args.json}")
-    return 0 if all(r["exactly_once"] for r in result["runs"]) else 1

@@ -8,13 +8,18 @@ as real worker processes:
 * **in-cluster**: both sides on the head's cluster (``tail_cluster = head_cluster``):
   every flow is local to one broker, no federation, no WAN;
 * **WAN rate/delay**: the job's own two clusters, the stack's WAN links shaped to that
-  rate (Mbit/s each way, or a wire factor: ``nebula_mq.bench.wan_rates``) and one-way delay,
-  federation over mutual TLS.
+  rate and one-way delay, federation over mutual TLS. A rate is in Mbit/s each way, or a wire
+  factor: ``4x`` is the rate at which one step's uncompressed wire, in the slower direction,
+  takes 4 times the compute of the busier side in one cluster (the paper's regime is about 4).
+  A factor follows the host: where a step computes longer, the same regime is a slower link,
+  so a claim made in the regime can be checked on any machine. It is resolved once, from the
+  first repeat's in-cluster row (uncompressed: :class:`nebula_mq.bench.wan_auto.Profile`), so
+  every repeat runs one link.
 
 Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
 ratio to the in-cluster row of the same run, the bound worker's busy share across over
 inside, the median step time, each side's share of its time spent computing (the rest is
-waiting for the wire) and the final loss (``nebula_mq.bench.wan_table``). The links' shape is
+waiting for the wire) and the final loss (``nebula_mq.bench.wan_report``). The links' shape is
 put back as it was when the run ends. Worker processes import the frameworks; this module
 does not.
 
@@ -27,21 +32,80 @@ in-cluster row, and the table shows the medians with every repeat's ratio beside
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import statistics
-import tempfile
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
-from nebula_mq.bench.scaling import measure, run_row, sides, split_job
-from nebula_mq.bench.wan_rates import Rate, WireFactor, factor_notes, link_rates, numbers, rate_name, resolve
-from nebula_mq.bench.wan_table import report, shares, summary
+from nebula_mq.bench.runs import (add_stack_arguments, check_repeats, link_shapes, measure, numbers, put_back,
+                                  row_overrides, rows_dir, run_row, sides, split_job, write_json)
+from nebula_mq.bench.wan_report import report, shares, summary
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from nebula_mq.bench.wan_auto import Profile
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
+
+
+@dataclass(frozen=True)
+class WireFactor:
+    """A rate given as the uncompressed wire's multiple of the compute (``4x``)."""
+
+    factor: float
+
+    def __str__(self) -> str:
+        return f"{self.factor:g}x"
+
+
+Rate = float | WireFactor
+
+
+RATES_EXPECTED = "Mbit/s or wire factors separated by commas, like 10,60 or 4x (the uncompressed wire 4x the compute)"
+
+
+def link_rates(text: str) -> list[Rate]:
+    """``10,60,4x`` as rates; anything else is a one-line ConfigError naming ``--rates``."""
+    from nebula_mq.errors import ConfigError
+
+    out: list[Rate] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part.removesuffix("x"))
+        except ValueError:
+            raise ConfigError("<command line>", "--rates", RATES_EXPECTED, text) from None
+        if not 0 < value < float("inf"):
+            raise ConfigError("<command line>", "--rates", RATES_EXPECTED, text)
+        out.append(WireFactor(value) if part.endswith("x") else value)
+    if not out:
+        raise ConfigError("<command line>", "--rates", RATES_EXPECTED, text)
+    return out
+
+
+def rate_name(rate: Rate) -> str:
+    """The rate's part of a row's name: ``2.7mbit`` or ``4x``."""
+    return str(rate) if isinstance(rate, WireFactor) else f"{rate:g}mbit"
+
+
+def resolve(rate: Rate, found: Profile | None) -> float:
+    """``rate`` in Mbit/s: a factor from what the in-cluster row measured."""
+    if not isinstance(rate, WireFactor):
+        return rate
+    if found is None:
+        raise RuntimeError("the in-cluster row runs before any WAN row")
+    return float(f"{found.rate_for(rate.factor):.3g}")  # a link as one would write it
+
+
+def factor_notes(rates: Sequence[Rate], found: Profile | None) -> list[str]:
+    """A line under the table for each factor: the rate it became, and from what."""
+    if found is None:
+        return []
+    return [f"{r}: {resolve(r, found):.3g} Mbit/s each way ({max(found.forward_bytes, found.backward_bytes) / 1e3:.0f} "
+            f"kB uncompressed a step in the slower direction, {found.compute_s * 1000:.0f} ms of compute a step "
+            f"in one cluster)" for r in rates if isinstance(r, WireFactor)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +117,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "uncompressed wire takes 4x its compute in one cluster (the paper's regime; needs "
                              "--codecs none, auto, none,auto or none,job: the default, job, compresses in one cluster)")
     parser.add_argument("--delay-ms", default=DEFAULT_DELAYS, help="one-way WAN delays in ms, comma separated")
-    parser.add_argument("--stack", "--run-dir", dest="stack", metavar="DIR",
-                        default=os.environ.get("NEBULA_RUN_DIR", "run/stack"),
-                        help="local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
     parser.add_argument("--codecs", default="job", metavar="SETS",
                         help="job: the job's own chains in every row; auto: uncompressed in one cluster and "
                              "auto's pick for each WAN rate; none: uncompressed everywhere; none,auto or "
@@ -63,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "in-cluster row")
     parser.add_argument("--repeats", type=int, default=1,
                         help="times to run the whole plan, each with its own in-cluster row (medians reported)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per row")
+    add_stack_arguments(parser, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)")
 
 
 CODEC_SETS = ("job", "none", "auto")
@@ -87,8 +148,7 @@ def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> di
     section = settings.job.scenario.upper()
     given = settings.scenario_section()
     slug = name.replace(".", "p")  # 2.7mbit-20ms: a job id has no dots
-    env = {"NEBULA__JOB__ID": f"{settings.job.id}-wan-{slug}", "NEBULA__JOB__RUN_DIR": str(root / name),
-           "NEBULA__JOB__STEPS": str(steps)}
+    env = row_overrides(f"{settings.job.id}-wan-{slug}", root / name, steps)
     if settings.job.scenario == "abnet":  # the rate is the training's: no row waits on a beam search at the end
         env[f"NEBULA__{section}__EVAL_SAMPLES"] = "0"
     if local:
@@ -96,19 +156,6 @@ def row_env(settings: Any, name: str, steps: int, root: Path, local: bool) -> di
         key = "TGT_CLUSTER" if "tgt_cluster" in given else "TAIL_CLUSTER"
         env[f"NEBULA__{section}__{key}"] = str(head)
     return env
-
-
-def link_shapes(stack: Any) -> dict[str, dict[str, Any]]:
-    """Each WAN link's shape, by link name (``to-<cluster>``)."""
-    return {name: status.get("shape", {}) for name, status in stack.wan_status().items()}
-
-
-def put_back(stack: Any, before: dict[str, dict[str, Any]]) -> None:
-    """Each link towards its cluster as it was (``link_shapes``)."""
-    for link, shape in before.items():
-        stack.shape(link.removeprefix("to-"), rate_mbit=shape.get("rate_mbit", 0.0),
-                    delay_ms=shape.get("delay_ms", 0.0), cut=bool(shape.get("cut", False)),
-                    drop=bool(shape.get("drop", False)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,11 +166,7 @@ def run(args: argparse.Namespace) -> int:
     delays = numbers("20" if args.quick else args.delay_ms, "--delay-ms", allow_zero=True)
     steps = 30 if args.quick else args.steps
     warmup = min(args.warmup, steps // 3)
-    repeats = 1 if args.quick else args.repeats
-    if repeats < 1:
-        from nebula_mq.errors import ConfigError
-
-        raise ConfigError("<command line>", "--repeats", "a whole number >= 1", args.repeats)
+    repeats = check_repeats(1 if args.quick else args.repeats)
     sets = codec_sets(args.codecs)
     factors = [r for r in rates if isinstance(r, WireFactor)]
     if sets == ["job"] and factors:
@@ -132,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--rates", "Mbit/s under --codecs job (the default): a factor like 4x "
                           "is measured on an uncompressed in-cluster row, so add --codecs none,job, none, auto or "
                           "none,auto", args.rates)
-    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, Profile, profile, row_codecs  # not for --help
+    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, profile, row_codecs  # not for --help
     from nebula_mq.study.rows import StudyRow
 
     codecs = AutoCodecs(settings) if "auto" in sets else None
@@ -141,57 +184,50 @@ def run(args: argparse.Namespace) -> int:
                    compress_from_step=settings.codec.compress_from_step,
                    forward_feedback=given.get("forward_feedback", "none"),
                    backward_feedback=given.get("backward_feedback", "none")).chain
-    root = Path(tempfile.mkdtemp(prefix="nebula-bench-wan-", dir="/tmp"))
     rows: list[dict[str, Any]] = []
     shaped: Any = None
     before: dict[str, Any] = {}
     found: Profile | None = None  # the first in-cluster row's, for auto and wire factors
     try:
-        for repeat, name, spec, delay, chains in plan(rates, delays, repeats, sets):
-            rate = None if spec is None else resolve(spec, found)
-            if rate is not None:
-                if shaped is None:
-                    shaped = Stack.open(args.stack)
-                    before = link_shapes(shaped)
-                shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
-            elif shaped is not None:  # every in-cluster row on the links as they were
-                put_back(shaped, before)
-            tag = name if repeats == 1 else f"{name}-r{repeat}"
-            if chains == "auto" and codecs is not None:
-                env_codecs, label = codecs.env(rate), codecs.choice(rate).chain
-            elif sets == ["job"] or chains == "job":
-                env_codecs, label = {}, own
-            else:  # "none", and the in-cluster row beside none: nothing is compressed in one cluster
-                env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
-            env = row_env(settings, tag, steps, root, rate is None) | env_codecs
-            job = run_row(args.config, args.stack, env, args.timeout)
-            heads, tails = sides(job.plan)
-            row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
-                   **measure(job.run_dir, heads[0], warmup, (heads, tails)), "compute_share": shares(job.run_dir),
-                   "head": heads[0]}
-            if found is None and (codecs is not None or factors):  # the in-cluster row: uncompressed
-                found = profile(settings, job.run_dir, steps, heads, tails, row)
-                if codecs is not None:
-                    codecs.learn(found)
-            row["codecs"] = label
-            rows.append(row)
-            print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
-    except BaseException:
-        if rows:  # a later row failed or the run was stopped: what the finished rows measured is printed
-            notes = table_notes(sets, codecs, factor_notes(factors, found))
-            print(report(settings, rows, steps, warmup, notes), flush=True)
-        raise
-    finally:
+        with rows_dir("wan") as root:
+            for repeat, name, spec, delay, chains in plan(rates, delays, repeats, sets):
+                rate = None if spec is None else resolve(spec, found)
+                if rate is not None:
+                    if shaped is None:
+                        shaped = Stack.open(args.stack)
+                        before = link_shapes(shaped)
+                    shaped.link_up(None, rate_mbit=rate, delay_ms=delay)
+                elif shaped is not None:  # every in-cluster row on the links as they were
+                    put_back(shaped, before)
+                tag = name if repeats == 1 else f"{name}-r{repeat}"
+                if chains == "auto" and codecs is not None:
+                    env_codecs, label = codecs.env(rate), codecs.choice(rate).chain
+                elif sets == ["job"] or chains == "job":
+                    env_codecs, label = {}, own
+                else:  # "none", and the in-cluster row beside none: nothing is compressed in one cluster
+                    env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
+                env = row_env(settings, tag, steps, root, rate is None) | env_codecs
+                job = run_row(args.config, args.stack, env, args.timeout)
+                heads, tails = sides(job.plan)
+                row = {"row": name, "repeat": repeat, "rate_mbit": rate, "delay_ms": delay,
+                       **measure(job.run_dir, heads[0], warmup, (heads, tails)),
+                       "compute_share": shares(job.run_dir), "head": heads[0]}
+                if found is None and (codecs is not None or factors):  # the in-cluster row: uncompressed
+                    found = profile(settings, job.run_dir, steps, heads, tails, row)
+                    if codecs is not None:
+                        codecs.learn(found)
+                row["codecs"] = label
+                rows.append(row)
+                print(f"{tag}: {row['samples_per_s']:.1f} samples/s", flush=True)
+    finally:  # a row that failed or a stopped run prints what the finished rows measured
         if shaped is not None:
             put_back(shaped, before)
-        if not os.environ.get("NEBULA_KEEP_BENCH"):
-            shutil.rmtree(root, ignore_errors=True)
-    print(report(settings, rows, steps, warmup, table_notes(sets, codecs, factor_notes(factors, found))))
-    if args.json:
-        # The profile is what auto's picks and any wire factor's rate were set from.
-        Path(args.json).write_text(json.dumps({"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
-                                               "summary": summary(rows), "profile": found and asdict(found)},
-                                              indent=2))
+        if rows:
+            print(report(settings, rows, steps, warmup, table_notes(sets, codecs, factor_notes(factors, found))),
+                  flush=True)
+    # The profile is what auto's picks and any wire factor's rate were set from.
+    write_json(args.json, {"steps": steps, "warmup": warmup, "repeats": repeats, "rows": rows,
+                           "summary": summary(rows), "profile": found and asdict(found)})
     return 0
 
 

@@ -9,6 +9,16 @@ points, at the same rates and sizes, in the same run.
 The kernel shapes the rate only (no ``netem`` here). With ``--delay-ms``, a relay in front of each
 broker, listening on its host's link address, adds the delay to the federation link (unlimited
 rate), so both emulations are compared at the same delay.
+
+``bench transport --recovery --netns`` runs the recovery grid over that link. The stack's relay
+emulates a non-resetting drop by holding every byte and releasing it at the heal: TCP's best
+case. Here ``drop`` sets the veth down on both ends: packets are lost, not held, nothing is
+reset, and each connection comes back on TCP's own retransmission timer. ``reset`` runs beside
+it on the same hosts: the relay in front of each broker resets every connection across it and
+refuses new ones, as the stack's cut does. The delay is the relays' (added above TCP), so the
+connections across the veth see a round trip of well under a millisecond, and their
+retransmission timeouts are those of a short link. A real long link's timer backs off from
+a larger start, so at long delays these runs are TCP's shortest waits, not its longest.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from nebula_mq import topology
-from nebula_mq.bench.wan_jobs import A, B, IDENTITIES, MIB, BenchConfig, goodput_flows
-from nebula_mq.bench.wan_transfer import goodput_points
+from nebula_mq.bench.transport_recovery import recovery_grid
+from nebula_mq.bench.transport_runs import (A, B, IDENTITIES, MIB, RECOVERY_FLOW, BenchConfig, goodput_flows,
+                                            goodput_points)
 from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.topology import Flow
 
@@ -57,7 +68,7 @@ def provision_here(stack_dir: str, cluster: str, job_id: str, flow_names: Sequen
                    max_queue_bytes: int) -> None:
     """Inside ``cluster``'s namespace: the bench job on its broker, the peer named by hostname at
     ``peer_port``, each flow's sending-side copy capped at ``max_queue_bytes`` (``python -m
-    nebula_mq.bench.wan_netns provision ...`` runs this)."""
+    nebula_mq.bench.transport_netns provision ...`` runs this)."""
     from nebula_mq.security.certs import federation_identity
     from nebula_mq.stack import Stack, provision
 
@@ -131,7 +142,7 @@ def netns_brokers(job_id: str, flow_names: Sequence[str], relay_delay_ms: float 
                          "--hostname", h.hostname, "--base-port", str(PORT), "--prefix", f"nbn{os.getpid()}")
                 if relay_delay_ms is not None:
                     _start_delay_relay(h, Path(tmp), relay_delay_ms)
-                h.run(sys.executable, "-m", "nebula_mq.bench.wan_netns", "provision", str(stacks[c]), c, job_id,
+                h.run(sys.executable, "-m", "nebula_mq.bench.transport_netns", "provision", str(stacks[c]), c, job_id,
                       json.dumps(list(flow_names)), str(peer_port), str(max_queue_bytes))
             yield hosts, NetnsJob(job_id, stacks, {c: h.local_address for c, h in hosts.items()}), Path(tmp)
         finally:
@@ -152,27 +163,69 @@ def netns_goodput(cfg: BenchConfig, job_id: str, say: Callable[[str], None] = pr
         return goodput_points(job, cfg, shape, "netns", say, link_bytes=hosts[A].tx_bytes)
 
 
-def compare(relay: Sequence[dict[str, Any]], netns: Sequence[dict[str, Any]]) -> list[str]:
-    """The two WAN emulations side by side: goodput as a share of the link, and their ratio."""
-    def point(r: dict[str, Any]) -> tuple[float, int, int]:
-        return r["rate_mbit"], r["payload_bytes"], r.get("stripes", 1)
+# Run inside a namespace: rabbitmqctl must reach that namespace's own epmd and node.
+_CTL = ("import sys; from nebula_mq.stack import Stack; "
+        "print(Stack.open(sys.argv[1]).rabbitmqctl(sys.argv[2], *sys.argv[3:]), end='')")
 
-    by_point = {point(r): r for r in relay}
-    lines = [f"{'link Mbit/s':>11} {'size':>7} {'stripes':>7} {'relay %':>8} {'kernel %':>9} {'kernel/relay':>13}"]
-    for n in netns:
-        r = by_point.get(point(n))
-        rp = f"{r['percent']:8.1f}" if r else f"{'-':>8}"
-        ratio = f"{n['percent'] / r['percent']:13.2f}" if r and r["percent"] > 0 else f"{'-':>13}"
-        lines.append(f"{n['rate_mbit']:11g} {n['payload_bytes'] // MIB:5d} M {n.get('stripes', 1):7d} {rp} "
-                     f"{n['percent']:9.1f} {ratio}")
-    return lines
+
+class LinkDownStack:
+    """What :func:`nebula_mq.bench.transport_recovery.recovery` drives, over two namespaced brokers:
+    ``drop`` sets the kernel link down, ``cut`` resets through the relays, ``heal`` ends both."""
+
+    def __init__(self, hosts: dict[str, Any], stacks: dict[str, Path], tmp: Path) -> None:
+        self.hosts, self.stacks = hosts, stacks
+        self.clusters = list(hosts)
+        self.relays = {c: relay_dir(tmp, h) for c, h in hosts.items()}
+        self.cut_now = False
+
+    def _relays(self, **changes: Any) -> None:
+        """The relays' part of the shape (delay and cut; the kernel shapes the rate), applied by both."""
+        from nebula_mq.stack.wan import apply_shape
+
+        for c, d in self.relays.items():
+            apply_shape(f"relay {c}", d / "control.json", d / "status.json", True, **changes)
+        self.cut_now = bool(changes.get("cut", self.cut_now))
+
+    def _link(self, state: str) -> None:
+        for h in self.hosts.values():
+            h.run("ip", "link", "set", "dev", h.dev, state)
+
+    def link_up(self, cluster: str | None = None, rate_mbit: float = 0.0, delay_ms: float = 0.0) -> None:
+        self._link("up")
+        if rate_mbit > 0:  # 0: the link as it is (tbf has no "unlimited")
+            for h in self.hosts.values():
+                h.shape(rate_mbit)
+        self._relays(rate_mbit=0.0, delay_ms=delay_ms, cut=False, drop=False)
+
+    def cut(self) -> None:
+        self._relays(cut=True)
+
+    def drop(self) -> None:
+        self._link("down")
+
+    def heal(self) -> None:
+        self._link("up")
+        if self.cut_now:
+            self._relays(cut=False)
+
+    def rabbitmqctl(self, cluster: str, *args: str) -> str:
+        return self.hosts[cluster].run(sys.executable, "-c", _CTL, str(self.stacks[cluster]), cluster, *args).stdout
+
+
+def link_down_recovery(cfg: BenchConfig, job_id: str, rto_max_ms: int | None = None,
+                       say: Any = print) -> list[dict[str, Any]]:
+    """``recovery_grid`` over the namespaced brokers: ``drop`` is the kernel link set down; with
+    ``rto_max_ms``, TCP's retransmission timeout on both hosts is capped at that."""
+    with netns_brokers(job_id, [RECOVERY_FLOW.name], relay_delay_ms=0.0, max_queue_bytes=cfg.recovery_cap_mib * MIB,
+                       rto_max_ms=rto_max_ms) as (hosts, job, tmp):
+        return recovery_grid(LinkDownStack(hosts, job.stacks, tmp), job, cfg, say)
 
 
 def main(argv: list[str]) -> int:
     if len(argv) == 7 and argv[0] == "provision":
         provision_here(argv[1], argv[2], argv[3], json.loads(argv[4]), int(argv[5]), int(argv[6]))
         return 0
-    print("usage: python -m nebula_mq.bench.wan_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON PEER_PORT "
+    print("usage: python -m nebula_mq.bench.transport_netns provision STACK_DIR CLUSTER JOB_ID FLOWS_JSON PEER_PORT "
           "MAX_QUEUE_BYTES", file=sys.stderr)
     return 2
 
