@@ -39,6 +39,7 @@ from nebula_mq.atomic import write_json_atomic
 from nebula_mq.chaos.runner import job_instance
 from nebula_mq.errors import StackError
 from nebula_mq.launch import JobProcesses
+from nebula_mq.stack.node import vm_pid
 
 FAULT_KINDS = ("cut", "kill", "restart", "alarm")
 # A memory watermark no broker is under (an alarm at once), and the one every stack node runs.
@@ -300,7 +301,7 @@ class Soak:
         dlq = topology.dead_letter_queue(self.job_id)
         feed = topology.status_stream(self.job_id)  # kept by its retention policy: no backlog
         for cluster in job.stack.clusters:
-            pid = _broker_pid(job, cluster)
+            pid = vm_pid(job.stack.layout.node(cluster))
             sample = proc_sample(pid) if pid and self._settled(cluster) else None
             if sample is not None:
                 add(cluster, "rss_mb", t, sample[0])
@@ -317,13 +318,6 @@ class Soak:
         if now > last[0]:
             add("job", "steps_per_s", t, (step - last[1]) / (now - last[0]))
         return now, step
-
-
-def _broker_pid(job: JobProcesses, cluster: str) -> int | None:
-    try:
-        return int(job.stack.layout.node(cluster).pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def format_soak(report: SoakReport) -> str:

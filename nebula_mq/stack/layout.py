@@ -15,6 +15,7 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -206,6 +207,28 @@ def port_free(port: int, reuse_addr: bool = True) -> bool:
         except OSError:
             return False
     return True
+
+
+def wait_until(done: Callable[[], bool], timeout: float, every: float = 0.1) -> bool:
+    """Ask ``done`` every ``every`` seconds until it says True (True) or ``timeout`` has passed
+    (False)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
+def running_pid(pid_file: Path, *marks: bytes) -> int | None:
+    """The pid in ``pid_file`` while that process runs with every one of ``marks`` in its command
+    line; None for a stale pid file (or a pid since taken by another program)."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if all(m in cmdline for m in marks) else None
 
 
 def plan(

@@ -24,13 +24,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from nebula_mq.errors import StackError
+from nebula_mq.stack.layout import wait_until
 
 DEFAULT_RATE_MBIT = 500.0
 
@@ -153,16 +153,15 @@ def remove_hosts(hosts: Sequence[Host]) -> None:
 def _kill_all(h: Host) -> None:
     """Every process still in the namespace (a broker's epmd outlives the broker)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True, timeout=30)
-        pids = [int(p) for p in out.stdout.split()]
+        pids = _pids(h)
         if not pids:
             return
         for p in pids:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and subprocess.run(
-                ["ip", "netns", "pids", h.ns], capture_output=True, text=True, timeout=30).stdout.split():
-            time.sleep(0.2)
+        wait_until(lambda: not _pids(h), 10, every=0.2)
+
+
+def _pids(h: Host) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", h.ns], capture_output=True, text=True, timeout=30)
+    return [int(p) for p in out.stdout.split()]

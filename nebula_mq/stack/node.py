@@ -23,7 +23,7 @@ from nebula_mq.security.certs import ClusterCA, Identity
 from nebula_mq.security.pem import write_private
 from nebula_mq.security.revocation import ensure_crls
 from nebula_mq.settings import BROKER_MAX_MESSAGE_BYTES
-from nebula_mq.stack.layout import NodeLayout, port_free
+from nebula_mq.stack.layout import NodeLayout, port_free, running_pid, wait_until
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 BROKER_DIR = Path(__file__).resolve().parents[2] / "broker"
@@ -133,23 +133,13 @@ def log_file(node: NodeLayout) -> Path:
     return node.log_base / f"{node.node}.log"
 
 
-def _pid(node: NodeLayout) -> int | None:
-    try:
-        return int(node.pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
+def vm_pid(node: NodeLayout) -> int | None:
+    """The pid of this node's Erlang VM while it is alive (its cmdline names the node's own HOME)."""
+    return running_pid(node.pid_file, b"beam", str(node.home).encode() + b"\0")
 
 
 def is_running(node: NodeLayout) -> bool:
-    """True while this node's Erlang VM is alive (its cmdline names the node's own HOME)."""
-    pid = _pid(node)
-    if pid is None:
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"beam" in cmdline and str(node.home).encode() + b"\0" in cmdline
+    return vm_pid(node) is not None
 
 
 def rabbitmqctl(node: NodeLayout, *args: str, timeout: float = 60.0, check: bool = True) -> str:
@@ -191,8 +181,7 @@ def start(node: NodeLayout, timeout: float = 60.0) -> None:
         raise StackError(f"{node.node}: rabbitmq-server -detached failed; see {out}")
     # `await_startup` right after -detached can fail (node not yet registered); `wait PIDFILE` waits.
     deadline = time.monotonic() + timeout
-    while not node.pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(node.pid_file.exists, timeout)
     rabbitmqctl(node, "wait", "--timeout", str(int(timeout)), str(node.pid_file), timeout=timeout + 15)
     wait_tls(node, deadline)
 
@@ -253,10 +242,8 @@ def stop(node: NodeLayout, timeout: float = 60.0) -> None:
     _stop_vm(node, timeout)
     # An exiting process loses its memory, and with it the cmdline is_running reads, before its
     # sockets close: a restart right away found the distribution port still bound (CI, once).
-    deadline = time.monotonic() + PORTS_RELEASED_S
     ports = [p for p in (node.tls_port, node.mgmt_port, node.dist_port) if p]
-    while not all(port_free(p) for p in ports) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: all(port_free(p) for p in ports), PORTS_RELEASED_S)
 
 
 def _stop_vm(node: NodeLayout, timeout: float) -> None:
@@ -264,24 +251,16 @@ def _stop_vm(node: NodeLayout, timeout: float) -> None:
         rabbitmqctl(node, "stop", str(node.pid_file), timeout=timeout)
     except StackError:
         pass  # the VM is signalled below
-    if _exited(node, timeout):
+    if wait_until(lambda: not is_running(node), timeout):
         return
     for sig, wait_s in SIGNAL_WAITS_S:
-        pid = _pid(node)
-        if pid is None or not is_running(node):
+        pid = vm_pid(node)
+        if pid is None:
             return
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-        if _exited(node, wait_s):
+        if wait_until(lambda: not is_running(node), wait_s):
             return
     raise StackError(f"{node.node}: still running after stop, SIGTERM and SIGKILL")
-
-
-def _exited(node: NodeLayout, wait_s: float) -> bool:
-    """Whether the node's VM is gone within ``wait_s``."""
-    deadline = time.monotonic() + wait_s
-    while is_running(node) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not is_running(node)

@@ -14,13 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from nebula_mq.errors import StackError
-from nebula_mq.stack.layout import NodeLayout, StackLayout
+from nebula_mq.stack.layout import NodeLayout, StackLayout, running_pid, wait_until
 from nebula_mq.stack.relay import Shape
 from nebula_mq.atomic import write_json_atomic
 
@@ -48,17 +47,19 @@ def apply_shape(name: str, control_file: Path, status_file: Path, wait: bool, **
     if not shape.drop:
         del data["drop"]  # a relay started before drop existed rejects the key; absent = False
     write_json_atomic(control_file, data)
-    if wait:
-        deadline = time.monotonic() + APPLY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                if json.loads(status_file.read_text()).get("shape", {}).get("generation") == shape.generation:
-                    return shape
-            except (OSError, ValueError, AttributeError):
-                pass
-            time.sleep(0.02)
+    if wait and not wait_until(
+            lambda: read_status(status_file).get("shape", {}).get("generation") == shape.generation,
+            APPLY_TIMEOUT_S, every=0.02):
         raise StackError(f"{name}: relay did not apply the new shape within {APPLY_TIMEOUT_S}s")
     return shape
+
+
+def read_status(status_file: Path) -> dict[str, Any]:
+    """What a relay last wrote in its status file ({} before it wrote one)."""
+    try:
+        return dict(json.loads(status_file.read_text()))
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def link_name(node: NodeLayout) -> str:
@@ -88,21 +89,13 @@ class Link:
                            **changes)
 
     def status(self) -> dict[str, Any]:
-        try:
-            return dict(json.loads(self.status_file.read_text()))
-        except (OSError, ValueError):
-            return {}
+        return read_status(self.status_file)
 
     # ------------------------------------------------------------------ process
 
     def pid(self) -> int | None:
         """Pid of the running relay, or None (a stale pidfile is ignored)."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return pid if b"nebula_mq.stack.relay" in cmdline and self.name.encode() in cmdline else None
+        return running_pid(self.pid_file, b"nebula_mq.stack.relay", self.name.encode())
 
     def start(self) -> None:
         if self.pid() is not None:
@@ -125,10 +118,7 @@ class Link:
         if pid is None:
             return
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while self.pid() is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if self.pid() is not None:
+        if not wait_until(lambda: self.pid() is None, timeout, every=0.05):
             os.kill(pid, signal.SIGKILL)
         self.pid_file.unlink(missing_ok=True)
 
