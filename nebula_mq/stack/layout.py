@@ -1,4 +1,5 @@
-"""Where each node of a local stack keeps its files, and which ports it uses.
+"""Where each node of a local stack keeps its files, and which ports it uses; and the probes the
+stack's parts share (a free port, a running pid, a command's end, a wait).
 
 Port plan for cluster number ``i`` (0-based) of a stack with base port ``B``:
 TLS listener ``B+i``, WAN relay towards that node ``B+10+i``, management API
@@ -15,10 +16,12 @@ import json
 import os
 import re
 import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from nebula_mq.errors import StackError
 from nebula_mq.atomic import write_json_atomic
@@ -229,6 +232,21 @@ def running_pid(pid_file: Path, *marks: bytes) -> int | None:
     except (OSError, ValueError):
         return None
     return pid if all(m in cmdline for m in marks) else None
+
+
+def run_command(cmd: Sequence[str], what: str, timeout: float, check: bool = True,
+                **run: Any) -> subprocess.CompletedProcess[str]:
+    """``cmd`` run to its end, its output captured as text; a StackError naming ``what`` when it
+    cannot start, outlasts ``timeout`` or (with ``check``) fails."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **run)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"{what} did not finish within {timeout:g} s") from None
+    except OSError as exc:
+        raise StackError(f"cannot run {cmd[0]}: {exc}") from None
+    if check and out.returncode != 0:
+        raise StackError(f"{what} failed ({out.returncode}): {(out.stderr.strip() or out.stdout.strip())[-1500:]}")
+    return out
 
 
 def plan(

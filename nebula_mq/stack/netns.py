@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nebula_mq.errors import StackError
-from nebula_mq.stack.layout import wait_until
+from nebula_mq.stack.layout import run_command, wait_until
 
 DEFAULT_RATE_MBIT = 500.0
 
@@ -50,14 +50,7 @@ class Host:
 
     def run(self, *args: str, timeout: float = 120, check: bool = True,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        try:
-            out = subprocess.run(self.cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=cwd)
-        except subprocess.TimeoutExpired:
-            raise StackError(f"[{self.ns}] {' '.join(args[:3])} did not finish within {timeout:g} s") from None
-        if check and out.returncode != 0:
-            raise StackError(f"[{self.ns}] {' '.join(args)} failed ({out.returncode}): "
-                             f"{(out.stderr.strip() or out.stdout.strip())[-1500:]}")
-        return out
+        return run_command(self.cmd(*args), f"[{self.ns}] {' '.join(args)}", timeout, check, cwd=cwd)
 
     def nebula(self, *args: str, timeout: float = 180, check: bool = True,
                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -76,9 +69,7 @@ class Host:
 
 def run_here(*args: str) -> None:
     """Run a command in this (the root) namespace; StackError when it fails."""
-    out = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    if out.returncode != 0:
-        raise StackError(f"{' '.join(args)} failed: {out.stderr.strip()[-500:]}")
+    run_command(args, " ".join(args), 30)
 
 
 def unusable_reason() -> str:

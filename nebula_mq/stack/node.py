@@ -23,7 +23,7 @@ from nebula_mq.security.certs import ClusterCA, Identity
 from nebula_mq.security.pem import write_private
 from nebula_mq.security.revocation import ensure_crls
 from nebula_mq.settings import BROKER_MAX_MESSAGE_BYTES
-from nebula_mq.stack.layout import NodeLayout, port_free, running_pid, wait_until
+from nebula_mq.stack.layout import NodeLayout, port_free, run_command, running_pid, wait_until
 
 RABBITMQ_BIN = Path(os.environ.get("NEBULA_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
 BROKER_DIR = Path(__file__).resolve().parents[2] / "broker"
@@ -145,17 +145,8 @@ def is_running(node: NodeLayout) -> bool:
 def rabbitmqctl(node: NodeLayout, *args: str, timeout: float = 60.0, check: bool = True) -> str:
     """Run ``rabbitmqctl -n NODE ARGS``; returns stdout, raises :class:`StackError` on failure."""
     cmd = [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", node.node, *args]
-    try:
-        proc = subprocess.run(cmd, env=node_env(node), cwd=node.path, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise StackError(f"{node.node}: rabbitmqctl {' '.join(args[:2])} timed out after {timeout}s") from None
-    except OSError as exc:
-        raise StackError(f"cannot run {cmd[0]}: {exc}") from None
-    if check and proc.returncode != 0:
-        msg = (proc.stderr.strip() or proc.stdout.strip())[-800:]
-        raise StackError(f"{node.node}: rabbitmqctl {' '.join(args[:2])} failed ({proc.returncode}): {msg}")
-    return proc.stdout
+    return run_command(cmd, f"{node.node}: rabbitmqctl {' '.join(args[:2])}", timeout, check, env=node_env(node),
+                       cwd=node.path).stdout
 
 
 def start(node: NodeLayout, timeout: float = 60.0) -> None:
