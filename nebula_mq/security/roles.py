@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from nebula_mq import topology
 from nebula_mq.topology import Flow
 
-NOTHING = "^$"
+NOTHING = "^$"  # a permission pattern that matches no resource
 
 
 class WorkerIdentity(str):
@@ -70,7 +70,8 @@ class Permissions:
     read: str
 
 
-def _alternation(names: Iterable[str]) -> str:
+def alternation(names: Iterable[str]) -> str:
+    """A regex matching exactly ``names`` (:data:`NOTHING` for none)."""
     names = sorted(set(names))
     return "^(" + "|".join(re.escape(n) for n in names) + ")$" if names else NOTHING
 
@@ -84,7 +85,7 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     if not isinstance(identity, WorkerIdentity):
         every = [topology.queue_name(job_id, f) for f in known] + [dlq]
         exchanges = [topology.flow_exchange(job_id, f) for f in known] + [dlx, status, "amq.default"]
-        return Permissions(_alternation(every), _alternation([*every, *exchanges]), _alternation(every))
+        return Permissions(alternation(every), alternation([*every, *exchanges]), alternation(every))
     unknown = set(identity.publishes + identity.consumes) - known
     if unknown:
         raise ValueError(f"identity {str(identity)!r} names flows {sorted(unknown)} not in job {job_id!r}")
@@ -92,8 +93,8 @@ def permissions(job_id: str, identity: str, flows: Sequence[Flow]) -> Permission
     sub = [topology.queue_name(job_id, f) for f in identity.consumes]
     pub_exchanges = [topology.flow_exchange(job_id, f) for f in identity.publishes]
     condemns = [dlx] if identity.consumes else []  # only a consumer dead-letters (module doc)
-    return Permissions(_alternation([*pub, *sub, dlq]), _alternation([*pub_exchanges, *condemns, status]),
-                       _alternation(sub))
+    return Permissions(alternation([*pub, *sub, dlq]), alternation([*pub_exchanges, *condemns, status]),
+                       alternation(sub))
 
 
 def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, peer: str) -> Permissions:
@@ -111,8 +112,7 @@ def federation_permissions(job_id: str, flows: Sequence[Flow], cluster: str, pee
 def status_reader_permissions(job_id: str) -> Permissions:
     """``topology.status_reader``'s: read the status stream, nothing else (a stream consumer
     declares nothing and acks only what it read)."""
-    return Permissions(NOTHING, NOTHING, _alternation([topology.status_stream(job_id)]))
-
+    return Permissions(NOTHING, NOTHING, alternation([topology.status_stream(job_id)]))
 
 
 def dead_letter_auditor(job_id: str) -> str:
@@ -124,7 +124,7 @@ def dead_letter_auditor(job_id: str) -> str:
 def dead_letter_auditor_permissions(job_id: str) -> Permissions:
     """:func:`dead_letter_auditor`'s: read the dead-letter queue (``basic.get``, then a nack with
     requeue, which is not permission-checked), nothing else."""
-    return Permissions(NOTHING, NOTHING, _alternation([topology.dead_letter_queue(job_id)]))
+    return Permissions(NOTHING, NOTHING, alternation([topology.dead_letter_queue(job_id)]))
 
 
 def dead_letter_writers(job_id: str, identities: Iterable[str], flows: Sequence[Flow]) -> frozenset[str]:

@@ -40,18 +40,17 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from nebula_mq import topology
-from nebula_mq.errors import StackError
+from nebula_mq.errors import ConfigError, StackError
 from nebula_mq.security.certs import Identity, federation_identity
-from nebula_mq.security.roles import (Permissions, WorkerIdentity, federation_permissions, permissions,
-                                      status_reader_permissions)
+from nebula_mq.security.roles import (NOTHING, Permissions, WorkerIdentity, alternation, federation_permissions,
+                                      permissions, status_reader_permissions)
 from nebula_mq.settings import TransportSettings
 from nebula_mq.transport import declare
 from nebula_mq.transport.job_presence import incarnation_exchange, new_incarnation
@@ -95,10 +94,6 @@ class Upstream:
     server_name: str = "localhost"
 
 
-def _alternation(names: Iterable[str]) -> str:
-    return "^(" + "|".join(re.escape(n) for n in sorted(names)) + ")$"
-
-
 def upstream_uri(job_id: str, up: Upstream) -> str:
     c = up.client
     query = (
@@ -121,9 +116,6 @@ def password_hash(user: str, password: str) -> str:
     (not at random), so provisioning again writes the same definitions (idempotent)."""
     salt = hashlib.sha256(f"{user}\0{password}".encode()).digest()[:4]
     return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
-
-
-NOTHING = "^$"  # a permission pattern that matches no resource
 
 
 def publish_path(job_id: str, cluster: str, flows: Sequence[Flow], max_queue_bytes: int) -> dict[str, Any]:
@@ -235,13 +227,13 @@ def definitions(
         if len(inbound) > 1:
             name = f"{name}-{src}"
         defs["policies"].append({
-            "vhost": vhost, "name": name, "pattern": _alternation(names), "apply-to": "queues",
+            "vhost": vhost, "name": name, "pattern": alternation(names), "apply-to": "queues",
             "priority": 0, "definition": {"federation-upstream": topology.upstream_name(src)},
         })
     if inbound:  # the status exchange pulls from every upstream this cluster has
         defs["policies"].append({
             "vhost": vhost, "name": topology.status_policy(job_id),
-            "pattern": _alternation([topology.status_exchange(job_id)]), "apply-to": "exchanges", "priority": 0,
+            "pattern": alternation([topology.status_exchange(job_id)]), "apply-to": "exchanges", "priority": 0,
             "definition": {"federation-upstream-set": "all"},
         })
     # The backpressure point: the sending-side copy of each cross-cluster flow published here
@@ -249,7 +241,7 @@ def definitions(
     outbound = [topology.queue_name(job_id, f.name) for f in flows if f.crosses_clusters and f.src_cluster == cluster]
     if outbound:
         defs["policies"].append({
-            "vhost": vhost, "name": topology.cap_policy(job_id), "pattern": _alternation(outbound),
+            "vhost": vhost, "name": topology.cap_policy(job_id), "pattern": alternation(outbound),
             "apply-to": "queues", "priority": 0,
             "definition": {"max-length-bytes": max_queue_bytes, "overflow": "reject-publish"},
         })
@@ -262,8 +254,6 @@ def federation_upstreams(clusters: Mapping[str, Any], cluster: str, flows: Seque
     tables (``settings.ClusterSettings``): one per cluster that has flows into ``cluster``, at
     that cluster's public address, with ``cluster``'s own federation identity (its files on
     ``cluster``'s broker host). A cluster the job does not describe is a ConfigError's job."""
-    from nebula_mq.errors import ConfigError
-
     here = clusters.get(cluster)
     flows = (*flows, *topology.key_flows(flows))
     sources = sorted({f.src_cluster for f in flows if f.crosses_clusters and f.dst_cluster == cluster})
