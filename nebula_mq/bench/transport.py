@@ -273,8 +273,8 @@ def _link_down(args: argparse.Namespace, cfg: BenchConfig, job_id: str) -> tuple
 
     t0 = time.monotonic()
     runs = link_down_recovery(cfg, f"{job_id}-k", args.rto_max_ms)
-    result = {"config": asdict(cfg), "rto_max_ms": args.rto_max_ms, "runs": runs, "recovery": summarize(runs),
-              "wall_s": time.monotonic() - t0}
+    result: dict[str, Any] = {"config": asdict(cfg), "rto_max_ms": args.rto_max_ms, "runs": runs,
+                              "recovery": summarize(runs), "wall_s": time.monotonic() - t0}
     rto = (f"TCP's retransmission timeout capped at {args.rto_max_ms} ms" if args.rto_max_ms
            else "TCP as the kernel ships it")
     return result, f"\n{rto} on both broker hosts\n" + render_recovery(result["recovery"], cfg, LINK_DOWN_KINDS)

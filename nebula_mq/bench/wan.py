@@ -12,9 +12,19 @@ as real worker processes:
   factor: ``4x`` is the rate at which one step's uncompressed wire, in the slower direction,
   takes 4 times the compute of the busier side in one cluster (the paper's regime is about 4).
   A factor follows the host: where a step computes longer, the same regime is a slower link,
-  so a claim made in the regime can be checked on any machine. It is resolved once, from the
-  first repeat's in-cluster row (uncompressed: :class:`nebula_mq.bench.wan_auto.Profile`), so
-  every repeat runs one link.
+  so a claim made in the regime can be checked on any machine.
+
+With ``--codecs auto`` each WAN row trains with the chains the study's rule
+(``nebula_mq.study.auto``) picks for its link; ABNet jobs choose among all of its candidates,
+a split job among those without feedback (delta activations and gradient error feedback are
+ABNet's: they keep state per sample). A wire factor and ``auto`` need the same figures
+(:class:`Profile`), from an uncompressed in-cluster row: the slower side's compute seconds per
+step in the steady state (the step the row's rate implies after its warm-up, times that side's
+compute share: the totals would count the first steps' imports, and a median step would leave
+out the batches of long sentences, which take up to ten times the typical step on real data),
+and each side's published bytes per step (the head's give the typical [B, S, H] activation).
+They are taken once, from the first repeat's in-cluster row, so every repeat runs one link and
+trains the same chains.
 
 Each row prints samples/s over the steps after a warm-up (head rank 0's history), its
 ratio to the in-cluster row of the same run, the bound worker's busy share across over
@@ -36,14 +46,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.bench.runs import (add_stack_arguments, check_repeats, link_shapes, measure, numbers, put_back,
-                                  row_overrides, rows_dir, run_row, sides, split_job, write_json)
+from nebula_mq.bench.runs import (add_stack_arguments, check_repeats, link_shapes, measure, numbers,
+                                  published_bytes, put_back, row_overrides, rows_dir, run_row, sides, split_job,
+                                  write_json)
 from nebula_mq.bench.wan_report import report, shares, summary
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from nebula_mq.bench.wan_auto import Profile
+    from nebula_mq.study import auto
+    from nebula_mq.study.rows import StudyRow
 
 DEFAULT_RATES = "10,60"
 DEFAULT_DELAYS = "20,100"
@@ -106,6 +118,114 @@ def factor_notes(rates: Sequence[Rate], found: Profile | None) -> list[str]:
     return [f"{r}: {resolve(r, found):.3g} Mbit/s each way ({max(found.forward_bytes, found.backward_bytes) / 1e3:.0f} "
             f"kB uncompressed a step in the slower direction, {found.compute_s * 1000:.0f} ms of compute a step "
             f"in one cluster)" for r in rates if isinstance(r, WireFactor)]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the in-cluster (uncompressed) row measured."""
+
+    compute_s: float  # the slower side's compute seconds per step
+    forward_bytes: float  # the head's published bytes per step (activations)
+    backward_bytes: float  # the tail's published bytes per step (gradients)
+    shape: tuple[int, int, int]  # a typical activation, [B, S, H]
+
+    def wire_factor(self, rate_mbit: float) -> float:
+        """Uncompressed wire time of a step (the slower direction) over its compute: the paper's
+        regime is about 4."""
+        return max(self.forward_bytes, self.backward_bytes) * 8 / (rate_mbit * 1e6) / self.compute_s
+
+    def rate_for(self, wire_factor: float) -> float:
+        """The rate in Mbit/s at which :meth:`wire_factor` is ``wire_factor``."""
+        return max(self.forward_bytes, self.backward_bytes) * 8 / (wire_factor * self.compute_s) / 1e6
+
+
+def uncompressed() -> StudyRow:
+    """The chains of a row that compresses nothing (``none`` / ``none``)."""
+    from nebula_mq.study.rows import StudyRow
+
+    return StudyRow("none", "none", origin="auto")
+
+
+def row_codecs(settings: Any, row: StudyRow) -> dict[str, str]:
+    """``NEBULA__`` overrides that make a job train with ``row``'s chains, from its first step."""
+    env = {"NEBULA__CODEC__FORWARD": row.forward, "NEBULA__CODEC__BACKWARD": row.backward,
+           "NEBULA__CODEC__COMPRESS_FROM_STEP": "0"}
+    if settings.job.scenario == "abnet":
+        env["NEBULA__ABNET__FORWARD_FEEDBACK"] = row.forward_feedback
+        env["NEBULA__ABNET__BACKWARD_FEEDBACK"] = row.backward_feedback
+    return env
+
+
+def profile(settings: Any, run_dir: Path, steps: int, heads: list[str], tails: list[str],
+            measured: dict[str, Any]) -> Profile:
+    """The in-cluster row's :class:`Profile`: ``measured`` is its row (samples/s after the
+    warm-up, samples, compute shares), the bytes come from its workers' metrics."""
+    from nebula_mq.errors import WorkerError
+
+    busiest = max(measured["compute_share"].values(), default=0.0)
+    batch = max(1, round(measured["samples"] / steps))  # the global batch, as trained
+    compute = batch / measured["samples_per_s"] * busiest if measured["samples_per_s"] else 0.0
+    forward = sum(published_bytes(run_dir, w) for w in heads) / steps
+    backward = sum(published_bytes(run_dir, w) for w in tails) / steps
+    if compute <= 0 or forward <= 0:
+        raise WorkerError(f"the in-cluster row left no compute time or activation bytes in {run_dir / 'metrics'}: "
+                          "neither auto's chains nor a wire factor like 4x can be set from it")
+    if settings.job.scenario == "abnet":
+        from nebula_mq.models import abnet_config
+        from nebula_mq.study import auto
+        from workers.abnet.job import load_job  # paddle-free: the launcher reads it too
+
+        shape = auto.activation_shape(forward, batch, abnet_config.preset(load_job(settings).preset).encoder.hidden)
+    else:  # the user's model: its width is unknown, and only the element count sets the chains' cost
+        shape = (batch, 1, max(1, round(forward / 4 / batch)))
+    return Profile(compute, forward, backward, shape)
+
+
+def pick(settings: Any, found: Profile, rate_mbit: float) -> auto.Choice:
+    """The chains ``auto`` picks for a ``rate_mbit`` link, by the study's rule."""
+    from nebula_mq.study import auto
+
+    candidates = auto.DEFAULT_CANDIDATES
+    if settings.job.scenario != "abnet":
+        candidates = tuple(c for c in candidates if c.forward_feedback == c.backward_feedback == "none")
+    return auto.pick(auto.LinkProfile(rate_mbit, found.compute_s, found.shape), candidates)
+
+
+class AutoCodecs:
+    """The chains of each row under ``--codecs auto``: uncompressed in one cluster, ``auto``'s
+    pick for each WAN rate, chosen once from the first in-cluster row (:meth:`learn`)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.found: Profile | None = None
+        self.picks: dict[float, auto.Choice] = {}
+
+    def choice(self, rate_mbit: float | None) -> StudyRow:
+        if rate_mbit is None:
+            return uncompressed()
+        if self.found is None:
+            raise RuntimeError("the in-cluster row runs before any WAN row")
+        if rate_mbit not in self.picks:
+            self.picks[rate_mbit] = pick(self.settings, self.found, rate_mbit)
+        return self.picks[rate_mbit].row
+
+    def learn(self, found: Profile) -> None:
+        """The first in-cluster row's profile: every pick is made from it."""
+        if self.found is None:
+            self.found = found
+
+    def notes(self) -> list[str]:
+        found = self.found
+        if found is None:
+            return []
+        lines = [f"auto: in one cluster (uncompressed) {found.compute_s * 1000:.0f} ms of compute a step on the "
+                 f"slower side, {found.forward_bytes / 1e3:.0f} kB of activations and {found.backward_bytes / 1e3:.0f} "
+                 f"kB of gradients; activation {list(found.shape)}"]
+        for rate, c in sorted(self.picks.items()):
+            lines.append(f"auto at {rate:g} Mbit/s: {c.row.chain} (uncompressed wire {found.wire_factor(rate):.1f}x "
+                         f"compute; estimated wire {c.wire_s * 1000:.0f} ms, codec {c.codec_s * 1000:.1f} ms, "
+                         f"step {c.step_s * 1000:.0f} ms)")
+        return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +295,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--rates", "Mbit/s under --codecs job (the default): a factor like 4x "
                           "is measured on an uncompressed in-cluster row, so add --codecs none,job, none, auto or "
                           "none,auto", args.rates)
-    from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, profile, row_codecs  # not for --help
     from nebula_mq.study.rows import StudyRow
 
     codecs = AutoCodecs(settings) if "auto" in sets else None
@@ -200,12 +319,11 @@ def run(args: argparse.Namespace) -> int:
                 elif shaped is not None:  # every in-cluster row on the links as they were
                     put_back(shaped, before)
                 tag = name if repeats == 1 else f"{name}-r{repeat}"
-                if chains == "auto" and codecs is not None:
-                    env_codecs, label = codecs.env(rate), codecs.choice(rate).chain
-                elif sets == ["job"] or chains == "job":
+                if sets == ["job"] or chains == "job":
                     env_codecs, label = {}, own
-                else:  # "none", and the in-cluster row beside none: nothing is compressed in one cluster
-                    env_codecs, label = row_codecs(settings, UNCOMPRESSED), UNCOMPRESSED.chain
+                else:  # auto's pick, or nothing compressed ("none", and every in-cluster row beside none)
+                    chosen = codecs.choice(rate) if chains == "auto" and codecs is not None else uncompressed()
+                    env_codecs, label = row_codecs(settings, chosen), chosen.chain
                 env = row_env(settings, tag, steps, root, rate is None) | env_codecs
                 job = run_row(args.config, args.stack, env, args.timeout)
                 heads, tails = sides(job.plan)

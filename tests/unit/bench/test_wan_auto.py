@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_mq.bench.wan_auto import UNCOMPRESSED, AutoCodecs, Profile, pick, profile, row_codecs
+from nebula_mq.bench.wan import AutoCodecs, Profile, pick, profile, row_codecs, uncompressed
 from workers.registry import load_job_settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,7 +46,7 @@ def test_the_profile_is_the_slower_side_in_the_steady_state_and_each_sides_publi
 def test_a_fast_link_sends_raw_and_a_slow_one_compresses() -> None:
     settings = load_job_settings(str(DEMO))
     found = Profile(compute_s=0.12, forward_bytes=196_000, backward_bytes=196_000, shape=(16, 8, 384))
-    assert pick(settings, found, 10_000.0).row == UNCOMPRESSED
+    assert pick(settings, found, 10_000.0).row == uncompressed()
     slow = pick(settings, found, 3.0).row  # 196 kB at 3 Mbit/s: 0.52 s, 4.4x the compute
     assert slow.forward != "none" and slow.backward != "none"
     env = row_codecs(settings, slow)
@@ -66,16 +66,16 @@ def test_a_split_job_is_never_given_feedback() -> None:
 def test_the_in_cluster_row_is_uncompressed_and_the_wan_rows_wait_for_it(tmp_path: Path) -> None:
     settings = load_job_settings(str(DEMO))
     codecs = AutoCodecs(settings)
-    assert codecs.env(None) == {"NEBULA__CODEC__FORWARD": "none", "NEBULA__CODEC__BACKWARD": "none",
-                                "NEBULA__CODEC__COMPRESS_FROM_STEP": "0",
-                                "NEBULA__ABNET__FORWARD_FEEDBACK": "none", "NEBULA__ABNET__BACKWARD_FEEDBACK": "none"}
+    assert row_codecs(settings, codecs.choice(None)) == {
+        "NEBULA__CODEC__FORWARD": "none", "NEBULA__CODEC__BACKWARD": "none", "NEBULA__CODEC__COMPRESS_FROM_STEP": "0",
+        "NEBULA__ABNET__FORWARD_FEEDBACK": "none", "NEBULA__ABNET__BACKWARD_FEEDBACK": "none"}
     with pytest.raises(RuntimeError):
-        codecs.env(10.0)
+        codecs.choice(10.0)
     _metrics(tmp_path, "enc-0", out_bytes=100 * 196_000, in_bytes=0)
     _metrics(tmp_path, "dec-0", out_bytes=100 * 196_000, in_bytes=0)
     codecs.learn(profile(settings, tmp_path, 100, ["enc-0"], ["dec-0"], MEASURED))
     chosen = codecs.choice(3.0)
-    assert chosen is codecs.choice(3.0) and chosen != UNCOMPRESSED  # picked once, kept for every repeat
+    assert chosen is codecs.choice(3.0) and chosen != uncompressed()  # picked once, kept for every repeat
     notes = codecs.notes()
     assert "auto at 3 Mbit/s" in notes[-1] and chosen.chain in notes[-1]
 

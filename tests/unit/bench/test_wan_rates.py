@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nebula_mq.bench.wan_auto import Profile
-from nebula_mq.bench.wan import WireFactor, codec_sets, factor_notes, link_rates, plan, resolve, row_env
+from nebula_mq.bench.wan import Profile, WireFactor, codec_sets, factor_notes, link_rates, plan, resolve, row_env
 from nebula_mq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
