@@ -1,4 +1,4 @@
-"""Append-only, hash-chained audit log: one structlog JSON object per line.
+"""Append-only, hash-chained audit log: one JSON object per line.
 
 Every record carries ``seq`` (0, 1, 2 ...), ``prev`` (the previous record's
 ``hash``; 64 zeros for the first) and ``hash`` = SHA-256 of the record's
@@ -24,17 +24,16 @@ security failure).
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 from nebula_mq.errors import AuditError
 
@@ -72,38 +71,29 @@ def _last_line(fd: int) -> bytes:
     return tail.rstrip(b"\n")
 
 
-class _ChainedFile:
-    """structlog logger: appends each event dict as one chained JSON line."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def msg(self, **event: Any) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
-        except OSError as exc:
-            raise _unwritable(self.path, exc) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            last = _last_line(fd)
-            if last:
-                try:
-                    prev = json.loads(last)
-                    seq, prev_hash = int(prev["seq"]) + 1, str(prev["hash"])
-                except (ValueError, KeyError, TypeError):
-                    raise AuditError(f"{self.path}: last line is not an audit record; refusing to append") from None
-            else:
-                seq, prev_hash = 0, GENESIS
-            record = {**event, "seq": seq, "prev": prev_hash}
-            record["hash"] = record_hash(record)
-            _append(self.path, fd, _canonical(record) + b"\n")
-        finally:
-            os.close(fd)  # also releases the lock
-
-    info = msg
-    warning = msg
-    error = msg
+def _append_chained(path: Path, event: dict[str, Any]) -> None:
+    """Append ``event`` to the log at ``path`` as one chained JSON line (under the file's lock)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o640)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        last = _last_line(fd)
+        if last:
+            try:
+                prev = json.loads(last)
+                seq, prev_hash = int(prev["seq"]) + 1, str(prev["hash"])
+            except (ValueError, KeyError, TypeError):
+                raise AuditError(f"{path}: last line is not an audit record; refusing to append") from None
+        else:
+            seq, prev_hash = 0, GENESIS
+        record = {**event, "seq": seq, "prev": prev_hash}
+        record["hash"] = record_hash(record)
+        _append(path, fd, _canonical(record) + b"\n")
+    finally:
+        os.close(fd)  # also releases the lock
 
 
 def _unwritable(path: Path, exc: OSError) -> AuditError:
@@ -132,39 +122,20 @@ def _append(path: Path, fd: int, line: bytes) -> None:
         raise _unwritable(path, exc) from None
 
 
-def _no_reserved(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    clash = _RESERVED & set(event)
-    if clash:
-        raise AuditError(f"audit fields {sorted(clash)} are reserved for the chain")
-    return event
-
-
-def _as_kwargs(_logger: Any, _name: str, event: Any) -> tuple[tuple[()], Any]:
-    return (), event
-
-
 class AuditLog:
     """``AuditLog(path).record("job_submitted", job="j1", actor="alice")``."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        # An explicit, non-filtering wrapper: the process-wide log level (set by
-        # configure_logging) must never drop an audit record.
-        self._log = structlog.wrap_logger(
-            _ChainedFile(self.path),
-            wrapper_class=structlog.BoundLogger,
-            context_class=dict,
-            processors=[
-                _no_reserved,
-                structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
-                # The logger takes the event dict as keyword arguments (no renderer).
-                _as_kwargs,
-            ],
-        )
 
     def record(self, event: str, **fields: Any) -> None:
-        """Append one record (durable when this returns)."""
-        self._log.info(event, **fields)
+        """Append one record, stamped ``ts`` (ISO 8601, UTC); durable when this returns. No
+        logging configuration is involved: a process-wide log level never drops a record."""
+        clash = _RESERVED & set(fields)
+        if clash:
+            raise AuditError(f"audit fields {sorted(clash)} are reserved for the chain")
+        ts = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        _append_chained(self.path, {**fields, "event": event, "ts": ts})
 
     def records(self) -> Iterator[dict[str, Any]]:
         """Every record, in order, without verifying the chain."""

@@ -56,7 +56,6 @@ the first 28 bytes being the AES-GCM associated data.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import os
@@ -239,14 +238,10 @@ def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
     """
     path = job_key_file(settings.run_dir)
     if not path.exists():
-        # Two sides started at once in one run dir must not each write a key: the
-        # creation is serialised by a lock and every process then reads the file.
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not path.exists():
-                log.warning("job_key_created", path=str(path))
-                ensure_job_key(path, settings.job.id)
+        # Two sides started at once in one run dir do not each write a key: of two rings
+        # made at once, one takes the file and the other process reads it (``ensure_job_key``).
+        log.warning("job_key_created", path=str(path))
+        ensure_job_key(path, settings.job.id)
     audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
     return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
                                    window_s=settings.security.replay_window_s)

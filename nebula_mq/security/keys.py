@@ -114,12 +114,14 @@ class KeyRing:
             raise SecurityError(f"{path}: job key ring holds no valid 32-byte key")
         return ring
 
-    def save(self, path: str | os.PathLike[str], replace: bool = True) -> None:
-        """Write the ring (mode 0600); ``replace=False``: only where none is (``FileExistsError``)."""
+    def save(self, path: str | os.PathLike[str], replace: bool = True) -> KeyRing:
+        """Write the ring (mode 0600) and return it; ``replace=False``: only where none is
+        (``FileExistsError``)."""
         data = {"version": _VERSION, "job": self.job_id, "incarnation_ms": self.incarnation_ms,
                 "keys": [{"id": k.key_id.hex(), "secret": k.secret.hex(), "created_ms": k.created_ms}
                          for k in self.keys]}
         write_private(Path(path), json.dumps(data, indent=1).encode(), replace=replace)
+        return self
 
 
 def ensure_job_key(path: str | os.PathLike[str], job_id: str) -> KeyRing:
@@ -130,35 +132,27 @@ def ensure_job_key(path: str | os.PathLike[str], job_id: str) -> KeyRing:
         if ring.job_id != job_id:
             raise SecurityError(f"{path}: key ring of job {ring.job_id!r}, not {job_id!r}")
         return ring
-    ring = KeyRing(job_id, _now_ms(), (_new_key(),))
-    try:
-        ring.save(path, replace=False)  # two processes making it at once: one ring wins
+    try:  # two processes making it at once: one ring wins
+        return KeyRing(job_id, _now_ms(), (_new_key(),)).save(path, replace=False)
     except FileExistsError:
         return ensure_job_key(path, job_id)
-    return ring
 
 
 def rotate_job_key(path: str | os.PathLike[str]) -> KeyRing:
     """Add a new signing key; older keys still verify until retired."""
     ring = KeyRing.load(path)
-    ring = KeyRing(ring.job_id, ring.incarnation_ms, (*ring.keys, _new_key()))
-    ring.save(path)
-    return ring
+    return KeyRing(ring.job_id, ring.incarnation_ms, (*ring.keys, _new_key())).save(path)
 
 
 def retire_old_keys(path: str | os.PathLike[str]) -> KeyRing:
     """Keep only the current key (after the queues signed with older ones drained)."""
     ring = KeyRing.load(path)
-    ring = KeyRing(ring.job_id, ring.incarnation_ms, (ring.current,))
-    ring.save(path)
-    return ring
+    return KeyRing(ring.job_id, ring.incarnation_ms, (ring.current,)).save(path)
 
 
 def new_incarnation(path: str | os.PathLike[str], job_id: str) -> KeyRing:
     """A re-submitted job: fresh key and incarnation, so every old message is refused."""
-    ring = KeyRing(job_id, _now_ms(), (_new_key(),))
-    ring.save(path)
-    return ring
+    return KeyRing(job_id, _now_ms(), (_new_key(),)).save(path)
 
 
 def ensure_secret(path: str | os.PathLike[str]) -> str:
