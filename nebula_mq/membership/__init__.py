@@ -6,7 +6,8 @@ event may go on without a cluster that is away; the clusters it goes on with are
 **members**. Every cluster must apply every event with the same members, or the replicas'
 weights part. This package decides them; the role above it sends and receives the messages.
 It imports only ``errors`` and the runtime (``Received``, ``OrderedInbox``, ``CheckpointStore``,
-logs): no role, no framework, no transport, so its tests run it alone (tests/unit/membership).
+``Collective``, logs): no role, no framework, no transport, so its tests run it alone
+(tests/unit/membership).
 
 The modules
 -----------
@@ -18,6 +19,10 @@ The modules
 ``election``     ``Election``: Paxos over every event's members, for ``coordinator = "elected"``.
 ``durable_log``  append-only JSON lines, fsynced before anyone is told (``quorum.jsonl``,
                  ``election.jsonl``, beside the cluster's checkpoints).
+``words``        lives and words: with ranks, rank 0's word to its other ranks that the cluster
+                 trains or skips an event (``train``, ``skip``), or that rank 0 left; each
+                 names the **life** of the cluster's group (a number its ranks agree on when it
+                 starts), so a word queued before a restart is ignored.
 
 How an event's members are decided
 ----------------------------------
@@ -46,12 +51,6 @@ A restart reads the logs: the coordinator never chooses an event twice, and an e
 member keeps what it promised and accepted. Checkpoints without ``election.jsonl`` refuse to
 resume: the cluster would vote as if it had promised nothing.
 
-Lives and words (``workers/replicas/ranks.py``, above this package)
--------------------------------------------------------------------
 With ``[replicas] ranks`` a cluster runs several ranks and only rank 0 takes part in the
-membership. It sends the other ranks each event's average carrying its members (``bits``, read
-back with ``members_of``) and, with a quorum, a **word** on each event: ``train`` or ``skip``
-(a cluster catching up applies events untrained; only rank 0 knows when). A **life** is
-one run of the cluster's group: a random number the ranks agree on when they start. Every
-word names its life, so a word queued before a restart is ignored.
+membership: it tells the others what they need with ``words``.
 """

@@ -1,6 +1,6 @@
 """What crosses the WAN in a replicas job: a cluster's pseudo-gradients out, the others' in.
 
-Only a cluster's rank 0 holds one (``workers.replicas.ranks``). Each event's pseudo-gradient
+Only a cluster's rank 0 holds one (``workers.replicas.replica.Replica``). Each event's pseudo-gradient
 is encoded once (``workers.replicas.compression``: error feedback kept per parameter) and
 published to every other cluster as micro-batch ``event``, with the digest of the outer
 weights it started from; the coordinator's choice of the event's members
@@ -45,17 +45,17 @@ def check_start(worker_id: str, event: int, parts: Sequence[Received], mine: str
 class WanExchange:
     """Replica ``index``'s pseudo-gradients across the WAN (see the module docstring)."""
 
-    def __init__(self, job: ReplicasJob, index: int, worker: Worker, compression: PseudoGradientCompression) -> None:
-        self.job, self.index, self.worker, self.compression = job, index, worker, compression
+    def __init__(self, job: ReplicasJob, index: int, worker: Worker) -> None:
+        self.job, self.index, self.worker = job, index, worker
+        self.compression = PseudoGradientCompression(job.codec, job.error_feedback,
+                                                     worker.settings.codec.allow_non_finite)
         self.own: Arrays = {}  # the event's pseudo-gradient as every receiver decodes it
         self.outboxes: list[Outbox] = []
         self.choices: list[Outbox] = []  # the coordinator's, with a quorum
         self.elections: dict[int, Outbox] = {}  # to every other cluster, with an elected coordinator
         self.told = time.time_ns() // 1000  # election messages' numbers: new in every life
-        self.opened = False  # only a cluster's rank 0 opens one: the others keep no state of it
 
     def open(self) -> None:
-        self.opened = True
         job, peers = self.job, self.job.peers(self.index)
         self.outboxes = [Outbox(self.worker, pseudograd_flow(job, self.index, d), self.worker.worker_id) for d in peers]
         if self.index == 0 and job.first_chooses:
@@ -80,15 +80,12 @@ class WanExchange:
 
     def state_arrays(self) -> Arrays:
         """The error feedback, and the pseudo-gradient of an event sent and not applied."""
-        if not self.opened:
-            return {}
         return {**self.compression.state_arrays("pseudograd"), **{f"own/{k}": v for k, v in self.own.items()}}
 
     def restore(self, arrays: Mapping[str, np.ndarray], names: list[str], sent: Sequence[str]) -> None:
         """What :meth:`state_arrays` saved; ``sent``: the parameters of the event sent and not applied."""
-        if self.opened:
-            self.compression.restore(arrays, names, "pseudograd")
-            self.own = {k: np.array(arrays[f"own/{k}"], np.float32) for k in sent}
+        self.compression.restore(arrays, names, "pseudograd")
+        self.own = {k: np.array(arrays[f"own/{k}"], np.float32) for k in sent}
 
     def encode(self, outer_round: int, delta: Mapping[str, np.ndarray]) -> EncodedTensors:
         encoded, self.own = self.compression.encode(outer_round, delta)
@@ -111,9 +108,11 @@ class WanExchange:
     def average(self, event: int, chosen: Members, parts: tuple[Received, ...], like: Mapping[str, np.ndarray],
                 mine: str) -> Arrays:
         """The mean of the members' pseudo-gradients of the event (``parts``: the peers' in
-        cluster order, and maybe the coordinator's choice), each checked and decoded."""
+        cluster order, and maybe the coordinator's choice), each checked and decoded; its own
+        is spent."""
         parts = tuple(p for p in parts if p.envelope.producer != PRODUCER)
         check_start(self.worker.worker_id, event, parts, mine)
         received = iter(self.compression.decode(p.tensors, like) for p in parts)
         deltas: Sequence[Arrays] = [self.own if d == self.index else next(received) for d in chosen]
+        self.own = {}
         return average(deltas)

@@ -85,7 +85,7 @@ def test_the_shipped_job_is_streaming_diloco_on_two_clusters_and_finds_its_model
 def run_two(settings: Settings, data: langid_data.LangData) -> list[Any]:
     """Both replicas, each in its own thread over one in-memory broker (built here rather than
     by tests.fixtures.replicas.build, which imports the Paddle example)."""
-    from workers.replicas.replica import Replica
+    from workers.replicas.replica import Replica, replica_role
 
     broker = MemoryBroker()
     job = load_job(settings)
@@ -93,7 +93,7 @@ def run_two(settings: Settings, data: langid_data.LangData) -> list[Any]:
     for c, cluster in enumerate(job.clusters):
         spec: ReplicaSpec = langid_replicas.build_replica(settings, c, data)
         worker = memory_worker(Replica.identity(settings, c), broker)
-        roles.append(Replica(settings, spec, c, worker))
+        roles.append(replica_role(settings, spec, c, worker))
         roles[-1].worker.hooks.add(Rounds(roles[-1]))
     run_workers(drivers(*roles))
     return roles
@@ -106,10 +106,10 @@ def test_two_replicas_agree_on_their_outer_weights_learn_and_evaluate_scores_the
     job, settings = job_settings(tmp_path, rounds)
     roles = run_two(settings, data)
     events = rounds * 2  # two fragments: two sync events a round
-    assert [r.worker.step for r in roles] == [events] * 2 and [r.trained for r in roles] == [rounds * 4] * 2
+    assert [r.worker.step for r in roles] == [events] * 2 and [r.trainer.trained for r in roles] == [rounds * 4] * 2
     assert hooks_of(roles[0]).outer == hooks_of(roles[1]).outer  # after every event, bit for bit
-    assert sorted(roles[0].start) == sorted(roles[1].start)
-    assert all(np.array_equal(roles[0].start[k], roles[1].start[k]) for k in roles[0].start)
+    first, second = (r.trainer.start for r in roles)
+    assert sorted(first) == sorted(second) and all(np.array_equal(first[k], second[k]) for k in first)
     for c in (0, 1):
         curve = history(tmp_path / "run", f"replica-{c}")
         assert len(curve) == events and np.mean(curve[-3:]) < 0.7 * np.mean(curve[:3]), curve

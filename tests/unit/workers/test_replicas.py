@@ -94,14 +94,14 @@ def test_outer_lr_one_without_momentum_on_equal_shards_is_plain_local_training(t
         opt.step()
         opt.clear_grad()
     local = {name: p.numpy() for name, p in spec.model.named_parameters()}
-    for name, value in roles[0].start.items():
+    for name, value in roles[0].trainer.start.items():
         np.testing.assert_allclose(value, local[name], rtol=0, atol=1e-5)
 
 
 def test_torch_replicas_train_and_hold_identical_weights(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     roles = run(settings_for(tmp_path, steps=6, clusters=THREE[:2]), MemoryBroker(), torch_replica)
-    assert [r.fw.name for r in roles] == ["torch", "torch"]
+    assert [r.trainer.fw.name for r in roles] == ["torch", "torch"]
     assert hooks_of(roles[0]).outer == hooks_of(roles[1]).outer == hooks_of(roles[0]).model
     curve = history(tmp_path, "replica-0")
     assert np.mean(curve[-2:]) < 0.7 * np.mean(curve[:2]), curve

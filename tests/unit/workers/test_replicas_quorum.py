@@ -121,19 +121,19 @@ def test_a_left_out_replica_ends_the_event_the_same_whether_it_trained_or_not(tm
         try:
             replica.produce(lambda: False)
             replica.membership.current = (0, 1, 2)
-            replica.apply(peer_parts(replica.start, 0))
+            replica.apply(peer_parts(replica.trainer.start, 0))
             replica.worker.step = 1
             if not trained:
                 replica.membership.left_out()  # catching up: the choice is there before it trains
             replica.produce(lambda: False)
-            assert (replica.produced, replica.trained) == ((1, 10) if trained else (-1, 5))
+            assert (replica.trainer.produced, replica.trainer.trained) == ((1, 10) if trained else (-1, 5))
             replica.membership.current = (0, 1)
-            values = replica.apply(peer_parts(replica.start, 1))
-            assert values["members"] == 2.0 and replica.trained == 10
+            values = replica.apply(peer_parts(replica.trainer.start, 1))
+            assert values["members"] == 2.0 and replica.trainer.trained == 10
             replica.worker.step = 2
             replica.membership.go = True  # no choice came for its next event: it trains
             replica.produce(lambda: False)  # event 2, sent again after a replay: the same bytes
-            assert replica.produced == 2
+            assert replica.trainer.produced == 2
             states.append(replica.state()[0])
         finally:
             replica.close()

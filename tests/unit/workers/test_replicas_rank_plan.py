@@ -1,7 +1,7 @@
-"""Ranks inside a replicas cluster (workers/replicas/ranks.py) without their group: the plan's
-processes and flows, what a rank other than 0 reads, rank 0's word that it left and, with a
-quorum, its words that the cluster trains or skips an event, each of one life. The ranks'
-training across real processes is tests/integration/test_replicas_ranks.py."""
+"""Ranks inside a replicas cluster (workers/replicas/replica.py, nebula_mq/membership/words.py)
+without their group: the plan's processes and flows, what a rank other than 0 reads, rank 0's
+word that it left and, with a quorum, its words that the cluster trains or skips an event, each
+of one life. The ranks' training across real processes is tests/integration/test_replicas_ranks.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
 
 from nebula_mq.errors import ConfigError, MalformedMessage
@@ -19,7 +18,7 @@ from tests.fixtures.replicas import THREE, build, settings_for
 from workers.replicas.exchange import START
 from workers.replicas.outer import digest
 from workers.replicas.plan import plan
-from workers.replicas.ranks import LEFT, LIFE, SKIP, TRAIN, WORD
+from nebula_mq.membership.words import LEFT, LIFE, SKIP, TRAIN, WORD
 
 pytestmark = pytest.mark.paddle
 
@@ -75,15 +74,15 @@ def test_a_rank_other_than_0_takes_each_event_from_its_rank_0_alone(tmp_path: Pa
 
 def test_rank_0s_word_that_it_left_is_taken_only_from_its_present_life(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2), 2, MemoryBroker(), rank=1)
-    rank.ranks.life = 7  # agreed with rank 0 when the group starts
+    rank.told.life = 7  # agreed with rank 0 when the group starts
     settled: list[Any] = []
     inbox: Any = SimpleNamespace(settle_unordered=settled.append)
     average: Any = SimpleNamespace(meta={"start": "x"})
-    assert not rank.handle_other(inbox, average) and not settled  # an event's average: ordered
+    assert not rank.extras().handle_other(inbox, average) and not settled  # an event's average: ordered
     old: Any = SimpleNamespace(meta={LEFT: 1, LIFE: 6})  # from before the group restarted
-    assert rank.handle_other(inbox, old) and settled == [old] and not rank.ranks.leader_left
+    assert rank.extras().handle_other(inbox, old) and settled == [old] and not rank.told.leader_left
     word: Any = SimpleNamespace(meta={LEFT: 1, LIFE: 7})  # before this rank is asked to stop: kept
-    assert rank.handle_other(inbox, word) and rank.ranks.leader_left
+    assert rank.extras().handle_other(inbox, word) and rank.told.leader_left
     assert rank.worker.agreement.leaves_alone()
 
 
@@ -94,16 +93,16 @@ class Words:
         self.rank, self.sent = rank, []
 
     def send(self, step: int, micro_batch: int, meta: dict[str, Any]) -> None:
-        self.sent.append((micro_batch, dict(meta), self.rank.trained))
+        self.sent.append((micro_batch, dict(meta), self.rank.trainer.trained))
 
 
 def test_with_a_quorum_rank_0_says_train_before_it_trains(tmp_path: Path) -> None:
     rank0 = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker())
-    rank0.ranks.life = 7
+    rank0.trainer.life = 7
     words = Words(rank0)
-    rank0.ranks.words = [words]
+    rank0.words = [words]
     rank0.produce(lambda: False)
-    assert rank0.produced == 0 and rank0.trained == 5  # [replicas] inner_steps
+    assert rank0.trainer.produced == 0 and rank0.trainer.trained == 5  # [replicas] inner_steps
     assert words.sent == [(0, {WORD: TRAIN, LIFE: 7}, 0)]
     rank0.produce(lambda: False)  # the same event: produced once, told once
     assert len(words.sent) == 1
@@ -111,48 +110,43 @@ def test_with_a_quorum_rank_0_says_train_before_it_trains(tmp_path: Path) -> Non
 
 def test_an_average_naming_no_members_names_every_cluster(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
-    start = digest(rank.start)
-    part: Any = SimpleNamespace(meta={START: start}, tensors={}, envelope=None)  # queued by an earlier version
-    rank.admit(part)
-    assert rank.ranks.received("replica-1-r1", 0, (part,), start)[1] == (0, 1, 2)
+    # Queued by a version before quorums with ranks.
+    part: Any = SimpleNamespace(meta={START: digest(rank.trainer.start)})
+    assert rank.members_of(part) == (0, 1, 2)
 
 
 def test_with_a_quorum_a_rank_trains_or_skips_an_event_only_on_rank_0s_word_of_this_life(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
-    rank.ranks.life = 7  # agreed with rank 0 when the group starts
+    rank.told.life = 7  # agreed with rank 0 when the group starts
     assert rank.inputs().sources == ("replica-1",)  # not the coordinator's choices: rank 0 reads those
     settled: list[Any] = []
     inbox: Any = SimpleNamespace(settle_unordered=settled.append)
     average: Any = object()  # an average of event 0 waiting: from this life or an earlier one
-    assert not rank.ranks.may_train(0) and rank.members((average,)) is None  # untold: neither trains nor applies
+    assert not rank.told.may_train(0) and rank.members((average,)) is None  # untold: neither trains nor applies
     old: Any = SimpleNamespace(meta={WORD: TRAIN, LIFE: 6}, micro_batch=0)  # an earlier life's, still queued
-    assert rank.handle_other(inbox, old) and settled == [old] and not rank.ranks.may_train(0)
+    assert rank.extras().handle_other(inbox, old) and settled == [old] and not rank.told.may_train(0)
     rank.produce(lambda: False)
-    assert rank.produced == -1 and rank.trained == 0
+    assert rank.trainer.produced == -1 and rank.trainer.trained == 0
     word: Any = SimpleNamespace(meta={WORD: TRAIN, LIFE: 7}, micro_batch=0)
-    assert rank.handle_other(inbox, word) and rank.ranks.may_train(0) and rank.members((average,)) is None
-    rank.produced = 0  # trained it (with rank 0: the group's collectives)
+    assert rank.extras().handle_other(inbox, word) and rank.told.may_train(0) and rank.members((average,)) is None
+    rank.trainer.produced = 0  # trained it (with rank 0: the group's collectives)
     assert rank.members((average,)) == (True,)
     skip: Any = SimpleNamespace(meta={WORD: SKIP, LIFE: 7}, micro_batch=1)
-    assert rank.handle_other(inbox, skip)
+    assert rank.extras().handle_other(inbox, skip)
     rank.worker.step = 1
-    assert not rank.ranks.may_train(1) and rank.members((average,)) == (True,)  # applied untrained
-    assert rank.ranks.told_events == {1: SKIP}  # event 0's word is spent
+    assert not rank.told.may_train(1) and rank.members((average,)) == (True,)  # applied untrained
+    assert rank.told.events == {1: SKIP}  # event 0's word is spent
 
 
 def test_without_a_quorum_a_rank_trains_every_event_untold(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2), 1, MemoryBroker(), rank=1)
-    assert rank.ranks.may_train(0) and rank.ranks.may_train(3)
+    assert rank.told.may_train(0) and rank.told.may_train(3)
 
 
 def test_the_average_carries_its_members_and_bad_members_are_malformed(tmp_path: Path) -> None:
     rank = build(settings_for(tmp_path, 4, ranks=2, quorum=2), 1, MemoryBroker(), rank=1)
-    start = digest(rank.start)
-    mean = {k: np.zeros_like(v) for k, v in rank.start.items()}
-    part: Any = SimpleNamespace(meta={START: start, MEMBERS: 0b101}, tensors=mean, envelope=None)
-    got, members = rank.ranks.received("replica-1-r1", 0, (part,), start)
-    assert members == (0, 2) and sorted(got) == sorted(mean)
-    rank.admit(part)  # well formed
+    part: Any = SimpleNamespace(meta={START: digest(rank.trainer.start), MEMBERS: 0b101})
+    assert rank.members_of(part) == (0, 2)  # well formed
     for bad in (0b110, 0b001, "5"):  # without the coordinator, below the quorum, not a bit set
         with pytest.raises(MalformedMessage):
-            rank.admit(SimpleNamespace(meta={START: start, MEMBERS: bad}))
+            rank.extras().admit(SimpleNamespace(meta={MEMBERS: bad}))

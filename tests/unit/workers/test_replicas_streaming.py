@@ -78,14 +78,14 @@ def test_streaming_replicas_agree_on_every_outer_step_and_end_on_it(tmp_path: Pa
     keeps half its own progress) and all end on the outer weights; each event sends one
     fragment, the two fragments together the whole model."""
     roles = run(settings_for(tmp_path, steps=10, **STREAMING), MemoryBroker())  # 5 rounds
-    assert [r.worker.step for r in roles] == [10] * 3 and [r.trained for r in roles] == [20] * 3
+    assert [r.worker.step for r in roles] == [10] * 3 and [r.trainer.trained for r in roles] == [20] * 3
     first = hooks_of(roles[0])
     assert sorted(first.outer) == list(range(1, 11))
     for r in roles[1:]:
         assert hooks_of(r).outer == first.outer
     assert hooks_of(roles[0]).model[10] == hooks_of(roles[1]).model[10] == first.outer[10]
     assert any(hooks_of(roles[0]).model[e] != hooks_of(roles[1]).model[e] for e in range(1, 10))
-    whole = sum(v.nbytes for v in roles[0].start.values()) * 2  # float32, to both peers
+    whole = sum(v.nbytes for v in roles[0].trainer.start.values()) * 2  # float32, to both peers
     raw = history(tmp_path, "replica-0", "raw_bytes")
     assert len(raw) == 10 and all(0 < r < whole for r in raw) and raw[0] + raw[1] == whole
     curve = history(tmp_path, "replica-0")
@@ -137,7 +137,7 @@ def test_streaming_job_is_the_direct_streaming_diloco_update(tmp_path: Path) -> 
     settings = settings_for(tmp_path, steps=6, clusters=THREE[:2], codec="none", **STREAMING)
     roles = run(settings, MemoryBroker())
     expected = direct_streaming_diloco(settings, 2)
-    for name, value in roles[0].start.items():
+    for name, value in roles[0].trainer.start.items():
         np.testing.assert_allclose(value, expected[name], rtol=0, atol=2e-5, err_msg=name)
 
 

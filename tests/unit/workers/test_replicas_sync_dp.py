@@ -56,10 +56,10 @@ def test_sync_data_parallelism_is_adam_on_the_mean_gradient(tmp_path: Path) -> N
             p.grad.set_value((grads[0][k] + grads[1][k]) / 2)
         opt.step()
         opt.clear_grad()
-    for name, value in roles[0].start.items():
+    for name, value in roles[0].trainer.start.items():
         np.testing.assert_allclose(value, params[name].numpy(), rtol=0, atol=1e-6, err_msg=name)
     raw = history(tmp_path, "replica-0", "raw_bytes")
-    assert raw == [sum(v.nbytes for v in roles[0].start.values())] * 6  # every gradient, float32, to one peer
+    assert raw == [sum(v.nbytes for v in roles[0].trainer.start.values())] * 6  # every gradient, float32, to one peer
     sent = history(tmp_path, "replica-0", "sent_bytes")
     assert all(r <= s < r + 512 for r, s in zip(raw, sent)), (raw, sent)  # on the wire as float32: codec none
 
@@ -80,7 +80,7 @@ def test_a_sync_replica_stopped_after_sending_resumes_bit_identically(tmp_path: 
 def test_torch_sync_replicas_hold_identical_weights(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     roles = run(settings_for(tmp_path, steps=4, clusters=THREE[:2], **SYNC), MemoryBroker(), torch_replica)
-    assert [r.fw.name for r in roles] == ["torch", "torch"]
+    assert [r.trainer.fw.name for r in roles] == ["torch", "torch"]
     assert hooks_of(roles[0]).outer == hooks_of(roles[1]).outer == hooks_of(roles[0]).model
     curve = history(tmp_path, "replica-0")
     assert len(curve) == 4 and all(np.isfinite(curve))

@@ -95,10 +95,10 @@ def test_the_electra_generator_root_and_sub_read_their_streams(tmp_path: Path) -
 def test_a_replica_reads_every_other_clusters_pseudo_gradient(tmp_path: Path) -> None:
     from mlp_replicas import build_replica
 
-    from workers.replicas.replica import Replica
+    from workers.replicas.replica import Replica, replica_role
 
     settings, broker = replicas_settings(tmp_path, steps=2), MemoryBroker()
-    replicas = [Replica(settings, build_replica(settings, c), c, given(Replica.identity(settings, c), broker))
+    replicas = [replica_role(settings, build_replica(settings, c), c, given(Replica.identity(settings, c), broker))
                 for c in range(3)]
 
     assert [r.worker.cluster for r in replicas] == ["cluster-a", "cluster-b", "cluster-c"]
