@@ -109,9 +109,9 @@ class Driver:
         """The peer runs up to ``in_flight`` steps ahead, plus what it may send before our
         checkpoint catches up; up to ``checkpoint_every`` applied steps wait for the next
         checkpoint. Anything further cannot come from an honest peer."""
-        every, per_step = self.worker.checkpoint_every, self.role.inputs().per_step
-        return FlowWindow(ahead=(self.role.in_flight + every) * per_step, unacked=every * per_step,
-                          behind=self.extras.left_behind() * per_step)
+        every, inputs = self.worker.checkpoint_every, self.role.inputs()
+        return FlowWindow(ahead=(self.role.in_flight + every) * inputs.per_step, unacked=every * inputs.per_step,
+                          behind=inputs.behind * inputs.per_step)
 
     def restore(self) -> None:
         w = self.worker

@@ -148,7 +148,7 @@ class OrderedInbox:
     See the module docstring."""
 
     def __init__(self, worker: Worker, inputs: StepInputs, first_step: int, window: FlowWindow, *,
-                 members: Members | None = None, admit: Callable[[Received], None] | None = None,
+                 members: Members | None = None, admit: Callable[[Received], object] | None = None,
                  other: Callable[[OrderedInbox, Received], bool] | None = None) -> None:
         """The role's hooks (``runtime.role.Extras``): ``members``, which streams each step
         takes (default: every stream, once each has its messages); ``admit``, raises a

@@ -23,11 +23,13 @@ StopCheck = Callable[[], bool]
 class StepInputs:
     """What a role's steps read: ``flows`` (every stripe of them), one stream per producer in
     ``sources`` (one stream from whoever publishes when empty), ``per_step`` consecutive
-    messages of each stream to a step."""
+    messages of each stream to a step; the peers may run ``behind`` steps further ahead while
+    this role is left out of theirs (a replicas quorum going on without its cluster)."""
 
     flows: Sequence[topology.Flow]
     sources: tuple[str, ...] = ()
     per_step: int = 1
+    behind: int = 0
 
     @property
     def streams(self) -> int:
@@ -49,10 +51,6 @@ def _never(*_: object) -> bool:
     return False
 
 
-def _none_behind() -> int:
-    return 0
-
-
 Members = Callable[[tuple[Received | None, ...]], tuple[bool, ...] | None]
 
 
@@ -62,8 +60,8 @@ class Extras:
     driver's default (the middleware hooks of dramatiq's worker, in our loop). A role gives
     its own from :meth:`StepRole.extras`, by keyword: mypy checks each name and signature.
 
-    ``admit``: raise a ``NebulaError`` to dead-letter a message before it is ordered
-    (default: every message of a source stream is ordered).
+    ``admit``: raise a ``NebulaError`` to dead-letter a message before it is ordered; what it
+    returns is ignored (default: every message of a source stream is ordered).
     ``handle_other``: True when a message is not a step's and was settled or rejected there
     (default: every message is a step's).
     ``unsaved``: whether anything needs a final checkpoint beyond the applied steps (default: no).
@@ -74,17 +72,15 @@ class Extras:
     for it (None where none has come yet), or None while the step must wait; a stream left out
     has its message dropped (acked with the next checkpoint) or, not come yet, dropped when it
     comes (None: every stream, once each has its messages).
-    ``left_behind``: steps the peers may run ahead while this role is left out of theirs (default 0).
     """
 
-    admit: Callable[[Received], None] = _nothing
+    admit: Callable[[Received], object] = _nothing
     handle_other: Callable[[OrderedInbox, Received], bool] = _never
     unsaved: Callable[[], bool] = _never
     more_to_do: Callable[[], bool] = _never
     after_training: Callable[[], None] = _nothing
     resume_store: Callable[[], CheckpointStore] | None = None
     members: Members | None = None
-    left_behind: Callable[[], int] = _none_behind
 
 
 class StepRole(Protocol):

@@ -95,6 +95,8 @@ class ReplicaTrainer:
         self.exchange_gradients = job.exchange == "gradients"
         self.schedule = SyncSchedule(job.inner_steps, job.fragments, job.overlap_steps, settings.job.steps)
         self.total = self.schedule.events  # [job] steps: rounds x fragments, or inner steps exchanging gradients
+        # With a quorum the others may go on to the job's end without this cluster (quorum.py).
+        self.behind = self.total if job.goes_on_without else 0
         self.start = self.weights()  # θ: the weights of the last outer steps, equal on every replica
         self.fragments = partition({k: v.size for k, v in self.start.items()}, job.fragments,
                                    settings.source or "<settings>")
@@ -212,10 +214,6 @@ class ReplicaTrainer:
             self.train_to(self.schedule.apply_at(s))
             self.busy_s += time.perf_counter() - t0
 
-    def left_behind(self) -> int:
-        """With a quorum the others may go on to the job's end without this replica (quorum.py)."""
-        return self.total if self.job.goes_on_without else 0
-
     def fragment(self, s: int) -> Arrays:
         """The outer weights of event ``s``'s fragment."""
         return {name: self.start[name] for name in self.fragments[self.schedule.fragment(s)]}
@@ -296,7 +294,7 @@ class Replica:
 
     def inputs(self) -> StepInputs:
         peers = tuple(replica_id(d) for d in self.job.peers(self.index))
-        return StepInputs(self.job.incoming(self.index), peers + self.membership.sources)
+        return StepInputs(self.job.incoming(self.index), peers + self.membership.sources, behind=self.trainer.behind)
 
     def open(self) -> None:
         self.trainer.open()
@@ -320,8 +318,7 @@ class Replica:
             outbox.close()
 
     def extras(self) -> Extras:
-        return Extras(admit=self.membership.admit, handle_other=self.membership.handle_other, members=self.members,
-                      left_behind=self.trainer.left_behind)
+        return Extras(admit=self.membership.admit, handle_other=self.membership.handle_other, members=self.members)
 
     def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
         """The streams the event takes (quorum.py); the coordinator publishes its choice first."""
@@ -395,7 +392,7 @@ class FollowerRank:
 
     def inputs(self) -> StepInputs:
         t = self.trainer
-        return StepInputs(self.job.incoming(t.index, t.rank), (replica_id(t.index),))
+        return StepInputs(self.job.incoming(t.index, t.rank), (replica_id(t.index),), behind=t.behind)
 
     def open(self) -> None:
         # It idles while rank 0 waits on the WAN: asked to stop, it leaves alone only once rank 0
@@ -407,21 +404,17 @@ class FollowerRank:
         """Nothing to close: it sends nothing."""
 
     def extras(self) -> Extras:
-        return Extras(admit=self.admit, handle_other=self.told.handle_other, members=self.members,
-                      left_behind=self.trainer.left_behind)
+        return Extras(admit=self.members_of, handle_other=self.told.handle_other, members=self.members)
 
     def members(self, heads: tuple[Received | None, ...]) -> tuple[bool, ...] | None:
         """Its one stream, rank 0's average of the event, once told what to do."""
         s = self.worker.step
         return None if heads[0] is None or not self.told.may_apply(s, self.trainer.produced == s) else (True,)
 
-    def admit(self, received: Received) -> None:
-        """The average's members are checked as it arrives (malformed: a dead letter, not a stopped rank)."""
-        self.members_of(received)
-
     def members_of(self, received: Received) -> Members:
-        """The members an average names; every cluster when it names none (an average queued by
-        a version before quorums with ranks, which had no quorum)."""
+        """The members an average names, checked as it arrives (malformed: a dead letter, not a
+        stopped rank); every cluster when it names none (an average queued by a version before
+        quorums with ranks, which had no quorum)."""
         job = self.job
         if MEMBERS not in received.meta:
             return tuple(range(job.n))
