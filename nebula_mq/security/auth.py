@@ -65,7 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Union
+from typing import Union
 
 import structlog
 from cryptography.exceptions import InvalidTag
@@ -126,11 +126,6 @@ class MessageAuth:
         self.max_skew_s = max_skew_s
         # Who verifies (worker id), for the audit record.
         self.consumer = consumer
-
-    @classmethod
-    def for_run_dir(cls, run_dir: str | os.PathLike[str], **kw: Any) -> MessageAuth:
-        """The job's ring at ``<run_dir>/keys/job.key`` (or ``$NEBULA_JOB_KEY_FILE``)."""
-        return cls(KeyRing.load(job_key_file(run_dir)), **kw)
 
     # ------------------------------------------------------------------ signing
 
@@ -243,5 +238,5 @@ def load_message_auth(settings: Settings, worker_id: str) -> MessageAuth:
         log.warning("job_key_created", path=str(path))
         ensure_job_key(path, settings.job.id)
     audit = AuditLog(settings.run_dir / "audit" / "audit.jsonl")
-    return MessageAuth.for_run_dir(settings.run_dir, audit=audit, consumer=worker_id,
-                                   window_s=settings.security.replay_window_s)
+    return MessageAuth(KeyRing.load(path), audit=audit, consumer=worker_id,
+                       window_s=settings.security.replay_window_s)

@@ -157,13 +157,19 @@ def split_names(names: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(dns)), list(dict.fromkeys(ips))
 
 
-def sans(cert: x509.Certificate) -> set[str]:
-    """The DNS names and IP addresses ``cert`` is valid for."""
+def alt_names(cert: x509.Certificate | x509.CertificateSigningRequest) -> tuple[list[str], list[str]]:
+    """The DNS names and the IP addresses ``cert`` (or a request) names in its subjectAltName."""
     try:
         ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
-        return set()
-    return set(ext.get_values_for_type(x509.DNSName)) | {str(i) for i in ext.get_values_for_type(x509.IPAddress)}
+        return [], []
+    return list(ext.get_values_for_type(x509.DNSName)), [str(i) for i in ext.get_values_for_type(x509.IPAddress)]
+
+
+def sans(cert: x509.Certificate) -> set[str]:
+    """The DNS names and IP addresses ``cert`` is valid for."""
+    dns, ips = alt_names(cert)
+    return {*dns, *ips}
 
 
 def federation_identity(cluster: str) -> str:

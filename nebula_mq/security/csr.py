@@ -28,7 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from nebula_mq.errors import CertificateError
 from nebula_mq.security.audit import AuditLog
-from nebula_mq.security.certs import ClusterCA, Identity, general_names, split_names
+from nebula_mq.security.certs import ClusterCA, Identity, alt_names, general_names, split_names
 from nebula_mq.security.pem import key_matches, key_pem, load_key, new_key, signed_by, write_private, write_public
 
 SERVER = "server"
@@ -76,15 +76,7 @@ def sign(certs_dir: str | os.PathLike[str], cluster: str, csr_pem: bytes, audit:
     if len(cns) != 1:
         raise CertificateError("the request must name exactly one CN")
     cn = str(cns[0].value)
-    dns: list[str] = []
-    ips: list[str] = []
-    if server:
-        try:
-            sans = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        except x509.ExtensionNotFound:
-            sans = x509.SubjectAlternativeName([])
-        dns = list(sans.get_values_for_type(x509.DNSName))
-        ips = [str(i) for i in sans.get_values_for_type(x509.IPAddress)]
+    dns, ips = alt_names(csr) if server else ([], [])
     cert = ca.sign(cn, key, server=server, dns=dns, ips=ips)
     audit.record("cert_signed", cluster=cluster, cn=cn, serial=str(cert.serial_number), server=server,
                  names=[*dns, *ips])

@@ -16,10 +16,10 @@ on the local stack and ``nebula-mq provision`` on a remote broker create the sam
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -67,10 +67,10 @@ class BrokerAdmin(abc.ABC):
 class CtlAdmin(BrokerAdmin):
     """A node of the local stack, through ``rabbitmqctl -n NODE``."""
 
-    def __init__(self, name: str, rabbitmqctl: Callable[..., str], work_dir: Path) -> None:
-        self.name = name
-        self.ctl = rabbitmqctl
-        self.work_dir = work_dir
+    def __init__(self, node: NodeLayout) -> None:
+        self.name = node.node
+        self.ctl = functools.partial(nodes.rabbitmqctl, node)
+        self.work_dir = node.path
 
     def import_definitions(self, defs: Mapping[str, Any]) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +158,7 @@ def local_admin(node: NodeLayout, ca: ClusterCA, management_listen: str) -> Brok
     rendered by an older version)."""
     password = nodes.admin_password_file(node)
     if not node.mgmt_port or not password.is_file():
-        return CtlAdmin(node.node, lambda *args, timeout=60.0: nodes.rabbitmqctl(node, *args, timeout=timeout),
-                        node.path)
+        return CtlAdmin(node)
     client = ca.ensure_client(STACK_ADMIN_CLIENT)
     host = "127.0.0.1" if management_listen in ("0.0.0.0", "::") else management_listen
     return HttpAdmin(BrokerSettings(

@@ -62,16 +62,12 @@ def read_status(status_file: Path) -> dict[str, Any]:
         return {}
 
 
-def link_name(node: NodeLayout) -> str:
-    return f"to-{node.cluster}"
-
-
 class Link:
     """The relay in front of one node."""
 
     def __init__(self, layout: StackLayout, node: NodeLayout) -> None:
         self.node = node
-        self.name = link_name(node)
+        self.name = f"to-{node.cluster}"
         d = layout.wan_dir
         self.control_file = d / f"{self.name}.json"
         self.status_file = d / f"{self.name}.status.json"
