@@ -70,12 +70,12 @@ class Agreement:
         return start
 
     def voted(self, collective: Callable[[list[float]], np.ndarray], *riders: float) -> np.ndarray:
-        """The step's ``collective`` (a sum over the ranks of the values it is given) run on this
-        rank's stop vote, then ``riders``: the group stops after this step if any rank asked.
-        Returns the riders summed."""
-        summed = collective([float(self.stop.is_set()), *riders])
-        self.agreed_stop = float(summed[0]) > 0
-        return summed[1:]
+        """The step's ``collective`` (a sum over the ranks of the values it is given) run on
+        ``riders`` and, last, this rank's stop vote: the group stops after this step if any rank
+        asked. Returns the riders summed."""
+        summed = collective([*riders, float(self.stop.is_set())])
+        self.agreed_stop = float(summed[-1]) > 0
+        return summed[:-1]
 
     def stopping(self, idle_polls: int = 0) -> bool:
         """Whether to stop between steps now."""

@@ -57,9 +57,9 @@ class Summed:
 def test_a_group_stops_where_any_rank_voted_and_a_rank_leaves_alone_only_when_idle() -> None:
     stop = StopFlag()
     group = Agreement(stop, Peers())
-    quiet = Summed([0.0, 2.5])
+    quiet = Summed([2.5, 0.0])
     assert list(group.voted(quiet, 1.5)) == [4.0]  # the riders come back summed, the votes counted
-    assert quiet.given == [[0.0, 1.5]]  # this rank's vote rides first
+    assert quiet.given == [[1.5, 0.0]]  # this rank's vote rides last
     assert not group.stopping() and not group.may_checkpoint()
     group.voted(Summed([1.0]))  # a peer asked to stop: every rank stops after this step
     assert group.stopping() and group.may_checkpoint()
