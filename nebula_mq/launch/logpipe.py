@@ -51,8 +51,9 @@ _GLOG_LEVELS = {"I": "info", "W": "warning", "E": "error", "F": "critical"}
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 # The command line's error line (``nebula-mq: error:``, argparse's ``nebula-mq worker: error:``).
 _CLI_ERROR = re.compile(r"^nebula-mq(?: [\w-]+)?: error: (.*)$")
-_TRACEBACK_START = "Traceback (most recent call last):"
-_CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
+# The lines that start a traceback, or chain another one to it.
+_TRACEBACK_HEADS = ("Traceback (most recent call last):", "During handling of the above exception",
+                    "The above exception was the direct cause")
 # The end of a log that can hold a worker's last words (a traceback of a deep stack included).
 TAIL_BYTES = 256 * 1024
 
@@ -89,12 +90,11 @@ def wrap_line(raw: bytes, stream: str, worker: str, state: StreamState) -> bytes
     record: dict[str, Any] = {"event": stream, "line": text, "worker": worker, "timestamp": _now()}
     after_warning, state.after_warning = state.after_warning, False
     ended, state.traceback_ended = state.traceback_ended, False
-    if (state.in_traceback or text.startswith(_TRACEBACK_START) or text.startswith(_CHAINED)
-            or (ended and not text.strip())):
+    starts = text.startswith(_TRACEBACK_HEADS)
+    if state.in_traceback or starts or (ended and not text.strip()):
         record.update(source="traceback", level="error")
         # A traceback ends with its exception line, the first one not indented; blank lines
         # after it may lead to a chained one ("During handling of the above exception...").
-        starts = text.startswith((_TRACEBACK_START, *_CHAINED))
         state.in_traceback = starts or (state.in_traceback and (not text or text[0].isspace()))
         state.traceback_ended = not state.in_traceback
     elif (glog := _GLOG.match(text)) is not None:
@@ -221,7 +221,7 @@ def _last_exception_line(records: list[dict[str, Any]]) -> str:
         if record.get("source") != "traceback":
             continue
         line = str(record.get("line", ""))
-        if line.strip() and not line[0].isspace() and not line.startswith((_TRACEBACK_START, *_CHAINED)):
+        if line.strip() and not line[0].isspace() and not line.startswith(_TRACEBACK_HEADS):
             return line.strip()
     return ""
 
