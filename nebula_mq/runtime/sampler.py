@@ -78,8 +78,7 @@ class QueueSampler:
         self.name = name
         self._status, self.status_exchange = status, status_exchange
         self.thread: threading.Thread | None = None
-        self._wake = threading.Event()  # set by start, a nudge, the first tick and stop
-        self._stepped = False  # tick was called
+        self._wake = threading.Event()  # set by start, a nudge and stop
         self._stopping = False  # stop was called; the thread leaves its loop
         self._final = False  # stop asked for a last sample
         self._stopped = False
@@ -98,16 +97,10 @@ class QueueSampler:
         self._wake.set()  # the first sample at once: the feed hears a worker that is starting
         self.thread.start()
 
-    def tick(self) -> None:
-        """At each step: the first tick wakes the sampler thread for a sample at the first step
-        (later ones do nothing), so the caller never waits for the broker."""
-        if self.thread is not None and not self._stopped and not self._stepped:
-            self._stepped = True
-            self._wake.set()
-
     def nudge(self) -> None:
         """Sample (and publish the worker's status) now rather than at the next interval: the
-        worker's state changed (starting, resuming, running), and the feed should say so."""
+        worker's state changed (starting, resuming, running at its first step), and the feed
+        should say so. The caller never waits for the broker."""
         if self.thread is not None and not self._stopped:
             self._wake.set()
 

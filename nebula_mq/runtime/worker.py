@@ -212,6 +212,6 @@ class Worker:
 
     def record_step(self, values: Mapping[str, float]) -> None:
         """``self.step`` is done with ``values``: reported, and the hooks told."""
-        self.status_file(lambda: self.report.record(self.step, values))  # its status write may be skipped
-        self.sampler.tick()  # the first step wakes the sampler thread: the feed hears this step's status
+        # Its status write may be skipped; the first step's ("running") wakes the sampler: the feed hears it.
+        self.status_file(lambda: self.report.record(self.step, values))
         self.hooks.on_step(self.step, self.report.values)
