@@ -38,7 +38,6 @@ from nebula_mq import topology
 from nebula_mq.atomic import write_json_atomic
 from nebula_mq.chaos.runner import job_instance
 from nebula_mq.errors import StackError
-from nebula_mq.launch import JobProcesses
 from nebula_mq.stack.node import vm_pid
 
 FAULT_KINDS = ("cut", "kill", "restart", "alarm")
