@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from nebula_mq import topology
 from nebula_mq.errors import StackError
@@ -37,9 +37,7 @@ from nebula_mq.settings import BrokerSettings, TransportSettings
 from nebula_mq.stack import node as nodes
 from nebula_mq.stack import provision, wan
 from nebula_mq.stack.admin import BrokerAdmin, local_admin
-from nebula_mq.stack.layout import (
-    DEFAULT_BASE_PORT, DEFAULT_CLUSTERS, DEFAULT_PREFIX, NodeLayout, StackLayout, default_run_dir, plan,
-)
+from nebula_mq.stack.layout import NodeLayout, StackLayout, default_run_dir, plan
 from nebula_mq.stack.relay import Shape
 from nebula_mq.topology import Flow
 from nebula_mq.transport.links import FederationLink, LinkWatch, links_from
@@ -65,16 +63,6 @@ class QueueDepth:
     message_bytes: int
 
 
-T = TypeVar("T")
-
-
-def _given(value: T | None, saved: T | None, default: T) -> T:
-    """``value`` if given, else the saved stack's, else ``default``."""
-    if value is not None:
-        return value
-    return saved if saved is not None else default
-
-
 class Stack:
     """A set of local nodes, one per cluster, with the relays between them."""
 
@@ -98,12 +86,10 @@ class Stack:
         """
         root = Path(run_dir) if run_dir is not None else default_run_dir()
         saved = StackLayout.load(root)
-        fresh = plan(root, _given(clusters, saved.clusters if saved else None, DEFAULT_CLUSTERS),
-                     _given(base_port, saved.base_port if saved else None, DEFAULT_BASE_PORT),
-                     _given(prefix, saved.prefix if saved else None, DEFAULT_PREFIX),
-                     _given(listen, saved.listen if saved else None, "127.0.0.1"),
-                     _given(hostnames, saved.hostnames if saved else None, ()),
-                     _given(management_listen, saved.management_listen if saved else None, "127.0.0.1"))
+        given: dict[str, Any] = {"clusters": clusters, "base_port": base_port, "prefix": prefix, "listen": listen,
+                                 "hostnames": hostnames, "management_listen": management_listen}
+        fresh = plan(root, **{k: getattr(saved, k) if v is None else v for k, v in given.items()
+                              if v is not None or saved is not None})  # else plan()'s default
         if saved is not None and saved != fresh and any(nodes.is_running(n) for n in saved.nodes):
             # A running stack keeps its layout; ask for `down` before changing it.
             self.layout = saved
