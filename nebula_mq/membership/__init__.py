@@ -19,10 +19,9 @@ The modules
 ``election``     ``Election``: Paxos over every event's members, for ``coordinator = "elected"``.
 ``durable_log``  append-only JSON lines, fsynced before anyone is told (``quorum.jsonl``,
                  ``election.jsonl``, beside the cluster's checkpoints).
-``words``        lives and words: with ranks, rank 0's word to its other ranks that the cluster
-                 trains or skips an event (``train``, ``skip``), or that rank 0 left; each
-                 names the **life** of the cluster's group (a number its ranks agree on when it
-                 starts), so a word queued before a restart is ignored.
+``words``        lives and words: with ``[replicas] ranks`` only rank 0 takes part in all this;
+                 it tells its other ranks whether the cluster trains each event, in words that
+                 each name one life of the cluster's group.
 
 How an event's members are decided
 ----------------------------------
@@ -50,7 +49,4 @@ How an event's members are decided
 A restart reads the logs: the coordinator never chooses an event twice, and an election
 member keeps what it promised and accepted. Checkpoints without ``election.jsonl`` refuse to
 resume: the cluster would vote as if it had promised nothing.
-
-With ``[replicas] ranks`` a cluster runs several ranks and only rank 0 takes part in the
-membership: it tells the others what they need with ``words``.
 """
