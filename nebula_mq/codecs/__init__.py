@@ -7,17 +7,13 @@ Importing this package registers every concrete codec by wire id and name.
 
 from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, codec_class, registered
 from nebula_mq.codecs.decoding import decode_tree
-from nebula_mq.codecs.cast import BF16, FP16, Identity
+from nebula_mq.codecs.cast import BF16, FP16, LZ4, Identity
 from nebula_mq.codecs.compose import ByRole, BySize, Chain
+from nebula_mq.codecs.flow import CompressionSchedule
 from nebula_mq.codecs.hadamard import Hadamard
-from nebula_mq.codecs.int4 import Int4
-from nebula_mq.codecs.int8 import Int8
-from nebula_mq.codecs.lossless import LZ4
-from nebula_mq.codecs.lowbit import Int2, Int3
-from nebula_mq.codecs.lowrank import SVD, LowRankState
-from nebula_mq.codecs.lowrank_sketched import PowerSGD, RandomizedSVD
+from nebula_mq.codecs.lowrank import SVD, LowRankState, PowerSGD, RandomizedSVD
 from nebula_mq.codecs.parse import parse_codec
-from nebula_mq.codecs.schedule import CompressionSchedule
+from nebula_mq.codecs.quantise import Int2, Int3, Int4, Int8
 from nebula_mq.codecs.sparse import TopK
 
 __all__ = [

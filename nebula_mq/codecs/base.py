@@ -6,7 +6,8 @@ plain numpy array (shipped as dtype + shape + raw bytes) or a nested
 :class:`Encoded` (composition: in ``fp16(svd(0.6))`` the svd node's two factor
 parts are themselves fp16 nodes). Trees are self-describing, so the receiver
 decodes with :func:`nebula_mq.codecs.decoding.decode_tree` alone; the chain spec
-string on the wire is only informational.
+string on the wire is only informational. The numeric guards the codecs share (byte order,
+NaN/Inf, part shapes, saturating casts, scale limits) are here too.
 
 Codecs are stateless frozen dataclasses whose fields are their parameters; the
 only per-sender state (the warm-start basis of ``rsvd`` and ``powersgd``) lives in a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +27,6 @@ from typing import Any, ClassVar, Union
 
 import numpy as np
 
-from nebula_mq.codecs.checks import little_endian
 from nebula_mq.errors import CodecError, NonFiniteTensor, ShapeMismatch, UnknownCodec
 
 Scalar = Union[int, float, str, bool]
@@ -241,3 +242,60 @@ def expect_parts(who: str, parts: tuple[np.ndarray, ...], *specs: tuple[tuple[in
             raise ShapeMismatch(f"{who}: part {i} has shape {part.shape}, expected {shape}")
         if dtype is not None and part.dtype.name != dtype and part.dtype.kind != dtype:
             raise ShapeMismatch(f"{who}: part {i} has dtype {part.dtype}, expected {dtype}")
+
+
+#: Largest finite float32; int8 scales and float32 low-rank factors must stay below it.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def largest_scale(steps: int) -> np.float32:
+    """The largest float32 quantisation scale whose ``steps`` steps stay finite (float32 max / steps
+    may round up). Encoders clamp their scales to it, so decoders refuse larger ones as forged."""
+    scale = np.float32(FLOAT32_MAX) / np.float32(steps)
+    with np.errstate(over="ignore"):
+        while not np.isfinite(np.float32(steps) * scale):
+            scale = np.nextafter(scale, np.float32(0))
+    return scale
+
+
+def is_little_endian(dtype: np.dtype) -> bool:
+    order = dtype.byteorder  # "|": single bytes, "=": this machine's order
+    return order == "<" or order == "|" or (order == "=" and sys.byteorder == "little")
+
+
+def little_endian(x: np.ndarray) -> np.ndarray:
+    """``x`` itself when its bytes are already little-endian (the wire order), else a converted copy.
+
+    Codecs that work on raw bytes (lz4, the payload writer) would otherwise ship
+    big-endian bytes under a dtype name that the receiver reads as little-endian.
+    """
+    if is_little_endian(x.dtype):
+        return x
+    return x.astype(x.dtype.newbyteorder("<"))
+
+
+def work_dtype(dtype: np.dtype) -> np.dtype:
+    """The float dtype a codec computes in for ``dtype``: float64 for float64, else float32."""
+    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
+
+
+def narrows(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether casting float ``src`` to float ``dst`` can overflow (needs :func:`cast_saturating`'s mask)."""
+    return src.kind == "f" and dst.kind == "f" and src.itemsize > dst.itemsize
+
+
+def cast_saturating(scratch: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``scratch.astype(dtype)``, but finite values beyond ``dtype``'s range become its max, not Inf.
+
+    Rounding can push a reconstruction just past the output range (bf16 rounds
+    float16's 65504 up to 65536, a low-rank product of values near the limit
+    overshoots it); the input was finite, so the output must be too. NaN and Inf
+    already there are kept. ``scratch`` is the caller's temporary and is clipped in
+    place; the only extra memory is a boolean mask, and only when narrowing.
+    """
+    if not narrows(scratch.dtype, dtype):
+        return scratch.astype(dtype, copy=False)
+    limit = float(np.finfo(dtype).max)
+    if scratch.size and not (-limit <= float(scratch.min()) and float(scratch.max()) <= limit):  # true for NaN
+        np.clip(scratch, -limit, limit, out=scratch, where=~np.isinf(scratch))  # a real Inf stays Inf
+    return scratch.astype(dtype)

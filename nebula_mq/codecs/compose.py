@@ -15,8 +15,15 @@ from nebula_mq.codecs.base import Codec, EncodeContext, Encoded
 from nebula_mq.errors import CodecError
 
 
+class Structural(Codec):
+    """A codec that only decides which concrete codecs build the tree, which is all that travels."""
+
+    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        raise CodecError(f"{self.name} nodes never travel; decode the tree")  # pragma: no cover
+
+
 @dataclass(frozen=True)
-class Chain(Codec):
+class Chain(Structural):
     """``outer(inner)``: encode with ``inner``, then ``outer`` on every leaf it accepts.
 
     ``fp16(svd(0.6))`` casts both svd factors to fp16; ``lz4(topk(0.01))``
@@ -58,15 +65,12 @@ class Chain(Codec):
         )
         return replace(node, parts=parts)
 
-    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        raise CodecError("chain nodes never travel; decode the tree")  # pragma: no cover
-
 
 ROLES = ("activation", "gradient", "ids")
 
 
 @dataclass(frozen=True)
-class ByRole(Codec):
+class ByRole(Structural):
     """Pick a codec by the tensor's role (hivemind RoleAdaptiveCompression)."""
 
     activation: Codec
@@ -93,12 +97,9 @@ class ByRole(Codec):
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         return self.pick(ctx.role).encode_with(x, ctx)
 
-    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        raise CodecError("role nodes never travel; decode the tree")  # pragma: no cover
-
 
 @dataclass(frozen=True)
-class BySize(Codec):
+class BySize(Structural):
     """Tensors under ``threshold`` elements (or of a dtype ``large`` refuses) use ``small``.
 
     Compressing a 1 KiB tensor saves nothing next to per-message overhead and
@@ -131,6 +132,3 @@ class BySize(Codec):
 
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         return self.pick(x.shape, x.dtype).encode_with(x, ctx)
-
-    def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        raise CodecError("size nodes never travel; decode the tree")  # pragma: no cover

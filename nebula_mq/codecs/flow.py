@@ -24,18 +24,17 @@ delta reference or the residual, and publishes those very bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
-from nebula_mq.codecs.base import Encoded
-from nebula_mq.codecs.cast import FP16
+from nebula_mq.codecs.base import Codec, Encoded
+from nebula_mq.codecs.cast import FP16, LZ4, Identity
 from nebula_mq.codecs.decoding import decode_tree
 from nebula_mq.codecs.feedback import DeltaCompression, ErrorFeedback, SampleRows
-from nebula_mq.codecs.lossless import LZ4
 from nebula_mq.codecs.lowrank import LowRankState
-from nebula_mq.codecs.schedule import CompressionSchedule
+from nebula_mq.codecs.parse import parse_codec
 from nebula_mq.errors import CodecError
 
 Role = Literal["activation", "gradient"]
@@ -43,6 +42,26 @@ Role = Literal["activation", "gradient"]
 EncodedTensors = dict[str, tuple[str, Encoded]]
 #: The meta flag of a message whose main tensor is a delta (AQ-SGD).
 DELTA_META = "delta"
+
+
+@dataclass(frozen=True)
+class CompressionSchedule:
+    """When to compress: identity until ``compress_from_step``, then the chain (paper Figure 10)."""
+
+    compress_from_step: int  # steps before this one are sent uncompressed ("none")
+    chain: Codec  # used from compress_from_step on
+    warmup: Codec = field(default_factory=Identity)  # used before it
+
+    def __post_init__(self) -> None:
+        if self.compress_from_step < 0:
+            raise CodecError(f"compress_from_step must be >= 0, got {self.compress_from_step}")
+
+    @classmethod
+    def parse(cls, chain: str, compress_from_step: int = 0) -> CompressionSchedule:
+        return cls(compress_from_step, parse_codec(chain))
+
+    def codec_for(self, step: int) -> Codec:
+        return self.chain if step >= self.compress_from_step else self.warmup
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nebula_mq.codecs.base import Codec, EncodeContext, Encoded, check_finite, expect_parts
-from nebula_mq.codecs.checks import cast_saturating, narrows
+from nebula_mq.codecs.base import (
+    Codec, EncodeContext, Encoded, cast_saturating, check_finite, expect_parts, narrows, work_dtype,
+)
 from nebula_mq.codecs.quantise import as_rows, block_count
 from nebula_mq.errors import CodecError
 
@@ -62,10 +63,6 @@ def walsh_hadamard(rows: np.ndarray) -> np.ndarray:
     return rows
 
 
-def _work_dtype(dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
-
-
 @dataclass(frozen=True)
 class Hadamard(Codec):
     wire_id = 10
@@ -83,12 +80,12 @@ class Hadamard(Codec):
         return block_count(shape, self.block) * self.block
 
     def layout(self, shape: tuple[int, ...], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
-        return [((self._padded(shape),), _work_dtype(np.dtype(dtype)))]
+        return [((self._padded(shape),), work_dtype(np.dtype(dtype)))]
 
     def _encode(self, x: np.ndarray, ctx: EncodeContext) -> Encoded:
         # NaN or Inf would smear over its whole block: refused even with allow_non_finite.
         check_finite(x, ctx, "hadamard", representable=False)
-        work = _work_dtype(x.dtype)
+        work = work_dtype(x.dtype)
         limit = self.input_limit(work)
         if x.size and not (-limit <= float(x.min()) and float(x.max()) <= limit):
             raise CodecError(f"hadamard: |x| up to {float(np.abs(x).max()):.3g} may overflow {work.name} once "
@@ -107,7 +104,7 @@ class Hadamard(Codec):
         return float(np.finfo(work).max) / (2 * math.sqrt(self.block))
 
     def _decode(self, parts: tuple[np.ndarray, ...], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        work = _work_dtype(dtype)
+        work = work_dtype(dtype)
         n = self._padded(shape)
         expect_parts("hadamard", parts, ((n,), work.name))
         (rotated,) = parts
@@ -121,7 +118,7 @@ class Hadamard(Codec):
         return cast_saturating(out[:math.prod(shape)].reshape(shape), dtype)
 
     def decode_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> int:
-        work = _work_dtype(dtype)
+        work = work_dtype(dtype)
         n, padded = math.prod(shape), self._padded(shape) * work.itemsize
         chunk = min(self._padded(shape), max(CHUNK_ELEMS, self.block)) * work.itemsize
         scratch = 2 * padded + 2 * chunk  # the scaled part, the signed result, the chunk's two buffers

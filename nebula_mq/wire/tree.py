@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula_mq.codecs.base import MAX_NDIM, WIRE_DTYPES, Encoded, Part
-from nebula_mq.codecs.checks import little_endian
+from nebula_mq.codecs.base import MAX_NDIM, WIRE_DTYPES, Encoded, Part, little_endian
 from nebula_mq.errors import MalformedMessage
 
 ALIGN = 8

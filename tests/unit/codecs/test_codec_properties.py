@@ -17,8 +17,7 @@ from hypothesis import given, settings
 from nebula_mq.codecs import Chain, Codec, decode_tree, parse_codec
 from nebula_mq.codecs.cast import BF16_SAFE_MAX, FP16_MAX
 from nebula_mq.codecs.hadamard import Hadamard
-from nebula_mq.codecs.lowrank import SVD
-from nebula_mq.codecs.lowrank_sketched import PowerSGD, RandomizedSVD
+from nebula_mq.codecs.lowrank import SVD, PowerSGD, RandomizedSVD
 from nebula_mq.errors import CodecError, NebulaError
 from nebula_mq.wire import Envelope, TensorRecord, decode_envelope, encode_envelope, unpack_tensors
 from tests.fixtures.arrays import FLOAT_DTYPES, INT_DTYPES, codec_inputs

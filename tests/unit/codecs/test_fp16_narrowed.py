@@ -13,8 +13,7 @@ from hypothesis.extra.numpy import arrays
 from nebula_mq.codecs import parse_codec
 from nebula_mq.codecs.cast import FP16
 from nebula_mq.codecs.decoding import decode_tree
-from nebula_mq.codecs.flow import FlowCompression
-from nebula_mq.codecs.schedule import CompressionSchedule
+from nebula_mq.codecs.flow import CompressionSchedule, FlowCompression
 from nebula_mq.errors import CodecError, NonFiniteTensor
 
 torch = pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""Size estimates from shapes alone (``nebula_mq.codecs.sizing``): exact for every registered
+"""Size estimates from shapes alone (``nebula_mq.wire.limits``): exact for every registered
 codec but lz4 (a bound), and the codecs named as fitting really fit, at the largest fraction."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nebula_mq.codecs import parse_codec, registered
-from nebula_mq.codecs.sizing import FRACTIONS, LEAF_ALIGN, Fit, fitting_codecs, payload_bytes, total_bytes
+from nebula_mq.wire.limits import FRACTIONS, Fit, fitting_codecs, payload_bytes, total_bytes
+from nebula_mq.wire.tree import ALIGN
 
 SHAPES = st.lists(st.integers(1, 48), min_size=1, max_size=3).map(tuple)
 SPECS = ["none", "fp16", "bf16", "int8", "int8(block=16)", "int4", "int3", "int2(block=16)", "hadamard(block=16)",
@@ -17,7 +18,7 @@ SPECS = ["none", "fp16", "bf16", "int8", "int8(block=16)", "int4", "int3", "int2
 
 def _wire_bytes(spec: str, x: np.ndarray) -> int:
     leaves = parse_codec(spec).encode(x).leaves()
-    return sum(-(-int(a.nbytes) // LEAF_ALIGN) * LEAF_ALIGN for a in leaves)
+    return sum(-(-int(a.nbytes) // ALIGN) * ALIGN for a in leaves)
 
 
 @settings(max_examples=40, deadline=None)
@@ -33,7 +34,7 @@ def test_lz4_is_estimated_raw_and_ids_stay_raw(shape: tuple[int, ...], seed: int
     x = np.random.default_rng(seed).normal(size=shape).astype(np.float32)
     raw = payload_bytes(parse_codec("none"), shape, "float32")
     assert payload_bytes(parse_codec("lz4"), shape, "float32") == raw  # so "none" is named, never lz4
-    assert _wire_bytes("lz4", x) <= raw * 1.004 + 16 + LEAF_ALIGN  # lz4's worst case on noise
+    assert _wire_bytes("lz4", x) <= raw * 1.004 + 16 + ALIGN  # lz4's worst case on noise
     # A codec that does not take integers (int8 of int64 ids) counts them raw.
     assert payload_bytes(parse_codec("int8"), shape, "int64") == -(-8 * int(np.prod(shape)) // 8) * 8
 
