@@ -19,7 +19,11 @@ So a publisher (``publisher.RabbitPublisher``) waits through an alarm of any len
 
 One :class:`BrokerAlarm` per transport (its cluster's broker) gathers the state of all its
 publishers' connections, logs one warning when the first is blocked and one when the last is
-unblocked, and tells its listeners (the worker's status: ``broker_alarm``).
+unblocked, and tells its listeners (the worker's status: ``broker_alarm``). Its stop check is one
+of the transport's :class:`WaitChecks`, what every turn of a publisher's waits (for room in its
+window, for a confirm: ``publisher``) calls so that a wait can end early; a worker adds its own, e.g.
+its inbox's watch for a broker that lost the job (``runtime.lost_broker``): a worker waiting for a
+confirm from such a broker would otherwise wait out ``publish_patience_s``.
 
 Federation on RabbitMQ 3.10.8, measured on the two TLS nodes of a stack with one in a memory,
 then a disk alarm: the federation links ignore alarms at both ends. A *downstream* broker in
@@ -147,3 +151,34 @@ class BrokerAlarm:
 
 def _reason(frame: pika.frame.Method) -> str:
     return str(getattr(frame.method, "reason", "") or "resource alarm")
+
+
+class WaitChecks:
+    """What a publisher's waits (for room in the window, for a confirm) call at each turn; any
+    check may raise to end the wait. One per transport, shared by its publishers; thread-safe."""
+
+    def __init__(self, *checks: Callable[[], None]) -> None:
+        """``checks`` run in every thread's waits."""
+        self._lock = threading.Lock()
+        self._checks: list[tuple[int | None, Callable[[], None]]] = [(None, c) for c in checks]
+
+    def add(self, check: Callable[[], None]) -> Callable[[], None]:
+        """Call ``check`` in the waits of the calling thread from now on (a training thread's
+        check must not raise in, say, a status publisher's wait); returns its remover."""
+        entry = (threading.get_ident(), check)
+        with self._lock:
+            self._checks.append(entry)
+
+        def remove() -> None:
+            with self._lock:
+                if entry in self._checks:
+                    self._checks.remove(entry)
+
+        return remove
+
+    def __call__(self) -> None:
+        me = threading.get_ident()
+        with self._lock:
+            checks = [check for thread, check in self._checks if thread in (None, me)]
+        for check in checks:
+            check()

@@ -37,10 +37,8 @@ import structlog
 from nebula_mq import topology
 from nebula_mq.errors import TransportError
 
-from .alarm import BrokerAlarm
-from .closing import Closeable
-from .probe import QueueProbe, ReadThroughProbe
-from .waits import WaitChecks
+from .alarm import BrokerAlarm, WaitChecks
+from .probe import Closeable, QueueProbe, ReadThroughProbe
 
 log = structlog.get_logger(__name__)
 
@@ -176,7 +174,7 @@ class Transport(Closeable):
         self.cluster = cluster
         # The local broker's resource alarms, as this transport's publishers meet them.
         self.alarm = BrokerAlarm(cluster)
-        # What its publishers' waits look at (``waits.WaitChecks``): the alarm's stop, and more.
+        # What its publishers' waits look at (``alarm.WaitChecks``): the alarm's stop, and more.
         self.wait_checks = WaitChecks(self.alarm.check_stop)
 
     def queue_for(self, flow: topology.Flow | str) -> str:

@@ -23,7 +23,7 @@ from nebula_mq.settings import BrokerSettings
 from . import base
 from .connection import IoThread, OnIoThread
 from .identity import connection_user
-from .properties import message_properties
+from .publisher import message_properties
 from .routing import Routes
 
 log = structlog.get_logger(__name__)

@@ -16,8 +16,7 @@ from typing import Any
 from nebula_mq.settings import BrokerSettings
 
 from .base import DETAIL_HEADER, MESSAGE_ID_HEADER, ORIGINAL_QUEUE_HEADER, REASON_HEADER
-from .connection import close_quietly, open_connection
-from .pika_errors import PIKA_ERRORS, translate
+from .connection import short_connection
 
 DEFAULT_LIMIT = 10_000
 
@@ -49,10 +48,9 @@ def _text(headers: Mapping[str, Any], key: str) -> str:
 
 def peek_dead_letters(broker: BrokerSettings, queue: str, limit: int = DEFAULT_LIMIT) -> Peek:
     """Up to ``limit`` messages of ``queue``, oldest first, all left in it (module docstring)."""
-    conn = open_connection(broker, f"dead-letter-audit/{queue}")
     letters: list[DeadLetter] = []
     unread = 0
-    try:
+    with short_connection(broker, f"dead-letter-audit/{queue}", f"read dead-letter queue {queue!r}") as conn:
         channel = conn.channel()
         last_tag = 0
         while len(letters) < limit:
@@ -69,8 +67,4 @@ def peek_dead_letters(broker: BrokerSettings, queue: str, limit: int = DEFAULT_L
         if last_tag:
             channel.basic_nack(last_tag, multiple=True, requeue=True)
         channel.close()
-    except PIKA_ERRORS as exc:
-        raise translate(exc, f"read dead-letter queue {queue!r}") from None
-    finally:
-        close_quietly(conn)
     return Peek(tuple(letters), unread)

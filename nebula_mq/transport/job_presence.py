@@ -77,20 +77,21 @@ def job_gone(broker: BrokerSettings, name: str = "nebula-mq/presence") -> str | 
     return None
 
 
-def transport_job_gone(transport: base.Transport) -> str | None:
-    """:func:`job_gone` for a RabbitMQ transport's broker; None for any other transport (the
-    in-memory one of the unit tests loses nothing)."""
+def _broker(transport: base.Transport) -> BrokerSettings | None:
+    """A RabbitMQ transport's broker; None for any other transport (the in-memory one of the
+    unit tests loses nothing)."""
     from .rabbit import RabbitTransport
 
-    if not isinstance(transport, RabbitTransport):
-        return None
-    return job_gone(transport.broker, f"{transport.job_id}/{transport.cluster}/presence")
+    return transport.broker if isinstance(transport, RabbitTransport) else None
+
+
+def transport_job_gone(transport: base.Transport) -> str | None:
+    """:func:`job_gone` for a RabbitMQ transport's broker; None for any other transport."""
+    broker = _broker(transport)
+    return None if broker is None else job_gone(broker, f"{transport.job_id}/{transport.cluster}/presence")
 
 
 def transport_incarnations(transport: base.Transport) -> list[str] | None:
     """:func:`incarnations` of a RabbitMQ transport's broker; None for any other transport."""
-    from .rabbit import RabbitTransport
-
-    if not isinstance(transport, RabbitTransport):
-        return None
-    return incarnations(transport.broker, transport.job_id)
+    broker = _broker(transport)
+    return None if broker is None else incarnations(broker, transport.job_id)

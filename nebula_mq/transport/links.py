@@ -77,17 +77,6 @@ class FederationLink:
         return f"{head}: {'starting' if self.status == 'starting' and not self.error else 'down'}{since}: {words}" + (
             f" ({hint})" if hint else "")
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "peer": self.peer, "vhost": self.vhost, "target": self.target,
-                "status": self.status, "error": self.error, "down_since": self.down_since}
-
-    @classmethod
-    def from_dict(cls, body: Mapping[str, Any]) -> FederationLink:
-        since = body.get("down_since")
-        return cls(str(body.get("cluster", "?")), str(body.get("peer", "?")), str(body.get("vhost", "")),
-                   str(body.get("target", "?")), str(body.get("status", "?")), str(body.get("error") or ""),
-                   float(since) if isinstance(since, (int, float)) else None)
-
 
 def hint_for(error: str) -> str:
     """What RabbitMQ's ``error`` means and what to check ('' when it is not one we know)."""

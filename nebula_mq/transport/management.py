@@ -27,15 +27,15 @@ import structlog
 
 from nebula_mq.errors import ConnectionLost, TransportError
 from nebula_mq.settings import BrokerSettings
-from nebula_mq.transport.backoff import Backoff
 from nebula_mq.transport.connection import ssl_context
+from nebula_mq.transport.retry import Backoff
 
 log = structlog.get_logger(__name__)
 
 TIMEOUT_S = 5.0
 # How long queue sizes are not asked for after the API could not be reached.
 UNREACHABLE_PAUSE_S = 600.0
-# The first pause before asking a busy broker again (transport.backoff doubles it, with jitter).
+# The first pause before asking a busy broker again (transport.retry.Backoff doubles it, with jitter).
 RETRY_PAUSE_S = 1.0
 # Methods whose repetition changes nothing more than their first success did.
 IDEMPOTENT = ("GET", "DELETE")

@@ -2,23 +2,37 @@
 
 A probe belongs to one thread, the one that sampled with it first, until that thread closes
 it. For RabbitMQ that is pika's rule (a connection is not thread-safe): the probe holds one
-long-lived connection for every passive declare (``rabbit_probe.RabbitQueueProbe``). The
+long-lived connection for every passive declare (``rabbit.RabbitQueueProbe``). The
 in-process probe (:class:`ReadThroughProbe`) needs no connection but keeps the same rule,
-so unit tests catch a sampler that would break it.
+so unit tests catch a sampler that would break it. A probe is :class:`Closeable`, as are the
+transport's publishers, consumers and the transport itself.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from nebula_mq.errors import TransportError
 
-from .closing import Closeable
-
 if TYPE_CHECKING:
     from .base import Transport
+
+
+class Closeable(abc.ABC):
+    """Holds a connection, a subscription or a channel until ``close``; a ``with`` block closes it
+    (publishers, consumers, transports and queue probes)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what this holds."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class QueueProbe(Closeable):

@@ -22,8 +22,20 @@ Every decision about a message that did not make it is taken here, in the I/O th
 * a **resource alarm** (``connection.blocked``) is waited out, for as long as it lasts (``alarm``).
 
 How long each wait is, what it counts and when to give up is the message's ``retry.Patience``,
-the same decisions the in-memory transport of the unit tests takes. The window itself, on the
-callers' side, is ``window.PublishWindow``.
+the same decisions the in-memory transport of the unit tests takes.
+
+The window (:class:`PublishWindow`), on the callers' side: each message is admitted there before
+the I/O thread sends it, and settled once its handle resolves (confirmed, or failed). A caller
+waits while ``publish_window`` messages or ``publish_window_bytes`` bytes are outstanding (a
+message larger than the byte window goes alone); every outstanding message settles by its deadline
+at the latest, so the wait is bounded, except while the broker blocks publishing (a resource
+alarm, ``alarm.BrokerAlarm``): then the waits last as long as the alarm, and each turn of them
+calls the transport's ``alarm.WaitChecks``, which raise once a stop is requested.
+
+Confirms (:class:`Confirms`), in the I/O thread: a channel in confirm mode numbers what is
+published on it 1, 2, ... (a new channel starts again at 1), the tags the broker confirms by. A
+message the broker returns (``mandatory``: no queue took it) is acked after the return, so the
+return only marks it.
 
 Resends can overtake messages submitted after them; consumers restore order by micro-batch
 (``runtime.ordered``).
@@ -31,10 +43,14 @@ Resends can overtake messages submitted after them; consumers restore order by m
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import pika
 import pika.channel
@@ -42,19 +58,14 @@ import pika.frame
 import structlog
 from pika.adapters.select_connection import IOLoop
 
-from nebula_mq.errors import CertificateError, ConnectionLost, TransportError
+from nebula_mq.errors import CertificateError, ConnectionLost, PublishRejected, TransportError, Unroutable
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base
-from .alarm import CLOSE_BLOCKED_S, BrokerAlarm
-from .backoff import Backoff
-from .confirms import Confirms, Unconfirmed
-from .connection import connection_parameters, expired_certificate
-from .pika_errors import PIKA_ERRORS, translate
-from .retry import Patience, PublishStats
+from .alarm import CLOSE_BLOCKED_S, BrokerAlarm, WaitChecks
+from .connection import PIKA_ERRORS, connection_parameters, expired_certificate, translate
+from .retry import Backoff, Patience, PublishStats
 from .routing import Routes
-from .waits import WaitChecks
-from .window import InterruptibleHandle, PublishWindow
 
 log = structlog.get_logger(__name__)
 
@@ -65,6 +76,185 @@ logging.getLogger("pika.channel").setLevel(logging.ERROR)
 _CONNECT_TIMEOUT_S = 30.0
 # Reconnect delays: a broker that restarts is back within seconds.
 _RECONNECT = (0.1, 5.0)
+# How often a wait looks at its ``interrupt`` (seconds).
+_POLL_S = 0.5
+
+M = TypeVar("M", bound=Hashable)
+
+
+def message_properties(
+    message_id: str,
+    headers: Mapping[str, Any] | None,
+    correlation_id: str | None,
+    reply_to: str | None,
+    user_id: str | None = None,
+) -> pika.BasicProperties:
+    """Persistent, opaque bytes, our ids. ``user_id``: the connection's user name
+    (``identity.connection_user``), on dead letters; the broker refuses any other."""
+    return pika.BasicProperties(
+        delivery_mode=pika.DeliveryMode.Persistent,  # survives a broker restart
+        content_type="application/octet-stream",
+        message_id=message_id,
+        headers=dict(headers) if headers else None,
+        correlation_id=correlation_id,
+        reply_to=reply_to,
+        user_id=user_id,
+    )
+
+
+@dataclass(eq=False)
+class Unconfirmed:
+    """One message until the broker confirms it (or its patience runs out)."""
+
+    exchange: str
+    queue: str
+    body: bytes
+    props: pika.BasicProperties
+    patience: Patience
+    future: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    returned: bool = False  # the broker returned it (unroutable); its ack follows
+
+    @classmethod
+    def of(cls, outgoing: base.Outgoing, exchange: str, patience: Patience) -> Unconfirmed:
+        """``outgoing``, to be published through ``exchange``."""
+        body = outgoing.body if isinstance(outgoing.body, bytes) else bytes(outgoing.body)
+        props = message_properties(outgoing.message_id, outgoing.headers, outgoing.correlation_id, outgoing.reply_to,
+                                   outgoing.user_id)
+        return cls(exchange, outgoing.queue, body, props, patience)
+
+    @property
+    def message_id(self) -> str:
+        return str(self.props.message_id)
+
+
+class Confirms:
+    """Delivery tag -> message, for the messages published on the current channel."""
+
+    def __init__(self) -> None:
+        self._unconfirmed: dict[int, Unconfirmed] = {}  # in tag order
+        self._next_tag = 1
+
+    def new_channel(self) -> None:
+        """A channel entered confirm mode: its tags start at 1."""
+        self._next_tag = 1
+
+    def sent(self, message: Unconfirmed) -> None:
+        """``message`` was published on the current channel, under the next tag."""
+        self._unconfirmed[self._next_tag] = message
+        self._next_tag += 1
+
+    def returned(self, message_id: str | None) -> None:
+        """The broker returned a message: marks the oldest copy of it not yet marked."""
+        for message in self._unconfirmed.values():
+            if message.message_id == message_id and not message.returned:
+                message.returned = True
+                return
+
+    def settle(self, tag: int, multiple: bool) -> list[Unconfirmed]:
+        """The messages a confirm of ``tag`` settles (each one once)."""
+        tags = [t for t in self._unconfirmed if t <= tag] if multiple else [tag]
+        return [m for m in (self._unconfirmed.pop(t, None) for t in tags) if m is not None]
+
+    def outcomes(self, method: pika.spec.Basic.Ack | pika.spec.Basic.Nack) -> list[tuple[Unconfirmed, TransportError | None]]:
+        """Each message a confirm settles, with None when the broker holds it, or why it must go
+        again: nacked (the queue is full) or returned before its ack (no queue took it)."""
+        out: list[tuple[Unconfirmed, TransportError | None]] = []
+        for message in self.settle(method.delivery_tag, method.multiple):
+            if not isinstance(method, pika.spec.Basic.Ack):
+                out.append((message, PublishRejected(f"publish to {message.queue!r}: broker nacked (queue full)")))
+            elif message.returned:
+                message.returned = False
+                out.append((message, Unroutable(f"publish to {message.queue!r}: no queue took the message")))
+            else:
+                out.append((message, None))
+        return out
+
+    def take_all(self) -> list[Unconfirmed]:
+        """Every message still unconfirmed (their channel is gone), forgotten here."""
+        out, self._unconfirmed = list(self._unconfirmed.values()), {}
+        return out
+
+
+def _never() -> None:
+    return None
+
+
+class PublishWindow(Generic[M]):
+    """Outstanding messages of one publisher, bounded in number and bytes; see the module docstring.
+    Thread-safe."""
+
+    def __init__(self, messages: int, size_bytes: int) -> None:
+        self.messages = messages
+        self.size_bytes = size_bytes
+        self.max_in_flight = 0  # the most ever outstanding at once (tests check the window)
+        self._space = threading.Condition()
+        # Guarded by _space: each outstanding message with its bytes, and their sum.
+        self._live: dict[M, int] = {}
+        self._live_bytes = 0
+        self._closed = False  # nothing admitted now would settle
+
+    def admit(self, message: M, size: int, then: Callable[[], None], interrupt: Callable[[], None] = _never) -> bool:
+        """Wait for room, count ``message`` (of ``size`` bytes) as outstanding and call ``then``
+        (which hands it on) before the window can close; False, admitting nothing, once it is
+        closed. ``interrupt`` is called at each turn of the wait and may raise to end it."""
+        while True:
+            with self._space:
+                if self._closed:
+                    return False
+                if not self._live or (len(self._live) < self.messages
+                                      and self._live_bytes + size <= self.size_bytes):
+                    self._live[message] = size
+                    self._live_bytes += size
+                    self.max_in_flight = max(self.max_in_flight, len(self._live))
+                    then()
+                    return True
+                self._space.wait(_POLL_S)
+            # Outside the lock: a check may take seconds (it may probe the broker), and the I/O
+            # thread's ``settle`` must not wait for it.
+            interrupt()
+
+    def settle(self, message: M) -> None:
+        """``message`` is confirmed or failed: its room is free."""
+        with self._space:
+            size = self._live.pop(message, None)
+            if size is not None:
+                self._live_bytes -= size
+            self._space.notify_all()
+
+    def pending(self) -> list[M]:
+        """Every message outstanding now."""
+        with self._space:
+            return list(self._live)
+
+    def __len__(self) -> int:
+        with self._space:
+            return len(self._live)
+
+    def close(self) -> None:
+        """Admit nothing more; callers waiting for room return at once."""
+        with self._space:
+            self._closed = True
+            self._space.notify_all()
+
+
+class InterruptibleHandle(base.PublishHandle):
+    """A handle whose ``wait`` calls ``interrupt`` every :data:`_POLL_S` seconds, which may raise
+    to end the wait (a stop requested during a broker alarm)."""
+
+    def __init__(self, future: concurrent.futures.Future[None], message_id: str,
+                 interrupt: Callable[[], None]) -> None:
+        super().__init__(future, message_id)
+        self._interrupt = interrupt
+
+    def wait(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._future.done():
+            self._interrupt()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TransportError(f"publish of {self.message_id!r}: no confirm within {timeout} s")
+            concurrent.futures.wait([self._future], _POLL_S if left is None else min(left, _POLL_S))
+        super().wait(0)
 
 
 class RabbitPublisher(base.Publisher):

@@ -15,22 +15,12 @@ cross-cluster flow declares the uncapped, federated copy on the receiving
 cluster (the federation policy itself is provisioned by the stack). Messages
 are published to the local broker only.
 
-Publish path. A provisioned job (``nebula_mq.stack.provision``) has a durable
-direct exchange per flow on the flow's source cluster and one for the
-dead-letter queue on every cluster (``topology.flow_exchange``,
-``topology.dead_letter_exchange``), each bound to its queue with the queue
-name as routing key; roles may write to the exchanges of their own flows only
-(write on ``amq.default`` would reach every queue of the job, since RabbitMQ
-checks publish rights on the exchange). Publishers and dead-lettering route
-through those exchanges, and replies through the exchange of the ``reply_to``
-queue (``topology.exchange_for_queue``). A plain broker without provisioning
-(vhost "/", development, the transport's own tests) has no flow exchanges:
-there, and only there, the default exchange is used. ``routing.Routes``
-tells the two apart with one passive exchange declare per queue, so nothing
-needs configuring; security does not depend on that choice (a worker that
-picked the default exchange on a provisioned vhost is refused with 403).
-Workers never declare exchanges or bindings: they have no configure right on
-them, the provisioning admin creates both.
+Publish path. Publishers, dead-lettering and replies go through the direct exchange of the queue
+they publish into (``topology.exchange_for_queue``: a provisioned job's roles may write to their
+own flows' exchanges only, since RabbitMQ checks publish rights on the exchange), or on a plain
+broker without provisioning (vhost "/", development, the transport's own tests) through the
+default exchange: ``routing.Routes`` tells the two apart. Workers never declare exchanges or
+bindings: they have no configure right on them, the provisioning admin creates both.
 """
 
 from __future__ import annotations
@@ -39,23 +29,35 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pika
 import pika.exceptions as px
 from pika.adapters.blocking_connection import BlockingChannel
 
 from nebula_mq import topology
+from nebula_mq.errors import ConnectionLost
 from nebula_mq.settings import BrokerSettings, TransportSettings
 
 from . import base, declare
-from .connection import close_quietly, open_connection
+from .connection import PIKA_ERRORS, close_quietly, open_connection, short_connection, translate
 from .identity import connection_user
 from .management import QueueSizes
 from .consumer import RabbitConsumer
-from .pika_errors import PIKA_ERRORS, translate
+from .probe import QueueProbe
 from .publisher import RabbitPublisher
-from .rabbit_probe import RabbitQueueProbe
 from .routing import Routes
 
 T = TypeVar("T")
+
+
+def ready_messages(channel: BlockingChannel, queue: str) -> int | None:
+    """Ready messages in ``queue`` by a passive declare; None when it does not exist (the broker
+    then closes ``channel``, the connection stays)."""
+    try:
+        return int(channel.queue_declare(queue, passive=True).method.message_count)
+    except px.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return None
+        raise
 
 
 class RabbitTransport(base.Transport):
@@ -129,16 +131,7 @@ class RabbitTransport(base.Transport):
 
     def queue_depth(self, queue: str) -> int | None:
         """On a connection of its own, for occasional checks; sampling uses ``queue_probe``."""
-
-        def passive(channel: BlockingChannel) -> int | None:
-            try:
-                return int(channel.queue_declare(queue, passive=True).method.message_count)
-            except px.ChannelClosedByBroker as exc:
-                if exc.reply_code == 404:
-                    return None
-                raise
-
-        return self._with_channel(f"inspect queue {queue!r}", passive)
+        return self._with_channel(f"inspect queue {queue!r}", lambda channel: ready_messages(channel, queue))
 
     def queue_bytes(self, queue: str) -> int | None:
         return self._sizes.ready_bytes(queue)
@@ -153,13 +146,8 @@ class RabbitTransport(base.Transport):
 
     def _with_channel(self, what: str, fn: Callable[[BlockingChannel], T]) -> T:
         """A short-lived connection for rare control operations (declares, status)."""
-        conn = open_connection(self.broker, self._name("control"))
-        try:
+        with short_connection(self.broker, self._name("control"), what) as conn:
             return fn(conn.channel())
-        except PIKA_ERRORS as exc:
-            raise translate(exc, what) from None
-        finally:
-            close_quietly(conn)
 
     # ------------------------------------------------------------------ dead letters
 
@@ -179,3 +167,70 @@ class RabbitTransport(base.Transport):
             with self._lock:
                 self._dead_letters = publisher
         return publisher
+
+
+class RabbitQueueProbe(QueueProbe):
+    """Passive declares on one long-lived connection, sizes over HTTPS, for the thread that uses it.
+
+    The connection opens on the first call, on the calling thread, and is that thread's until
+    ``close`` (pika is not thread-safe): a worker's queue sampler makes every call from its own
+    thread and closes the probe there. Nobody services the connection between two samples, which
+    is fine while samples come more often than the broker's heartbeat timeout; a connection that
+    died while idle is noticed at the next declare, which is retried once on a new connection.
+    Any other failure drops the connection, and the next call opens a new one.
+
+    Sizes in bytes come from the broker's management API (``management.ManagementClient``), one
+    HTTPS request per queue, when the broker settings name one.
+
+    The same connection carries the worker's status messages to the job's status exchange
+    (``topology.status_exchange``), unconfirmed: the next sample sends a newer one.
+    """
+
+    def __init__(self, broker: BrokerSettings, name: str) -> None:
+        """``name`` is the connection's name as the broker lists it."""
+        self.broker = broker
+        self.name = name
+        self._conn: pika.BlockingConnection | None = None
+        self._channel: BlockingChannel | None = None
+        self._sizes = QueueSizes(self.broker)
+
+    def queue_depth(self, queue: str) -> int | None:
+        what = f"inspect queue {queue!r}"
+        reused = self._conn is not None and self._conn.is_open
+        try:
+            return ready_messages(self._open_channel(), queue)
+        except PIKA_ERRORS as exc:
+            self.close()
+            err = translate(exc, what)
+            if not (reused and isinstance(err, ConnectionLost)):
+                raise err from None
+        try:  # the connection died while idle: once more, on a new one
+            return ready_messages(self._open_channel(), queue)
+        except PIKA_ERRORS as exc:
+            self.close()
+            raise translate(exc, what) from None
+
+    def queue_bytes(self, queue: str) -> int | None:
+        return self._sizes.ready_bytes(queue)
+
+    def publish_status(self, exchange: str, key: str, body: bytes) -> None:
+        try:
+            self._open_channel().basic_publish(
+                exchange, key, body, pika.BasicProperties(content_type="application/json", delivery_mode=1))
+        except PIKA_ERRORS as exc:
+            self.close()
+            raise translate(exc, f"publish status to {exchange!r}") from None
+
+    def close(self) -> None:
+        conn, self._conn, self._channel = self._conn, None, None
+        close_quietly(conn)
+
+    def _open_channel(self) -> BlockingChannel:
+        """The channel, opened again after the broker closed it (a passive declare's 404)."""
+        if self._channel is not None and self._channel.is_open:
+            return self._channel
+        if self._conn is None or not self._conn.is_open:
+            self.close()
+            self._conn = open_connection(self.broker, self.name)  # raises TransportError
+        self._channel = self._conn.channel()
+        return self._channel

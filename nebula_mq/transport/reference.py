@@ -12,14 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-import pika
-import pika.exceptions
-
 from nebula_mq.errors import TransportError
 from nebula_mq.settings import BrokerSettings
 
-from .connection import open_connection
-from .properties import message_properties
+from .connection import PIKA_ERRORS, close_quietly, open_connection
+from .publisher import message_properties
 
 
 class PlainPikaPublisher:
@@ -46,13 +43,10 @@ class PlainPikaPublisher:
             for message_id, body in self._bodies:
                 self._channel.basic_publish(self._exchange, self._key, body,
                                             message_properties(message_id, None, None, None), mandatory=True)
-        except (pika.exceptions.AMQPError, OSError) as exc:
+        except PIKA_ERRORS as exc:
             self.error = exc
         finally:
-            try:
-                self._conn.close()
-            except (pika.exceptions.AMQPError, OSError):
-                pass
+            close_quietly(self._conn)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)

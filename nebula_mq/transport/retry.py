@@ -1,4 +1,5 @@
-"""The producer's patience: every decision about a publish the broker did not take.
+"""Retrying: the waits between tries (:class:`Backoff`, for publish retries, reconnects and the
+management API), and the producer's patience: every decision about a publish the broker did not take.
 
 Both publishers decide through :class:`Patience`, one per message: the RabbitMQ publisher
 (``publisher.RabbitPublisher``, on its I/O thread, from nacks, returns and lost connections) and
@@ -19,6 +20,7 @@ raises), so unit tests exercise the decisions the real broker meets.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +30,31 @@ import structlog
 
 from nebula_mq.errors import BackpressureTimeout, ConnectionLost, PublishRejected, TransportError, Unroutable
 
-from .backoff import Backoff
-
 log = structlog.get_logger(__name__)
+
+class Backoff:
+    """Delays that double up to ``maximum``; each is drawn from [d/2, d].
+
+    The jitter keeps many workers that lost the same broker from reconnecting
+    in lock-step.
+    """
+
+    def __init__(self, initial: float = 0.05, maximum: float = 2.0, factor: float = 2.0) -> None:
+        if not 0 < initial <= maximum or factor < 1:
+            raise ValueError("need 0 < initial <= maximum and factor >= 1")
+        self.initial = initial
+        self.maximum = maximum
+        self.factor = factor
+        self._next = initial
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self.maximum, delay * self.factor)
+        return random.uniform(delay / 2, delay)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
 
 #: The errors a publish waits out (and retries after); anything else fails it at once.
 WAITED_OUT: tuple[type[TransportError], ...] = (PublishRejected, Unroutable, ConnectionLost)

@@ -26,9 +26,8 @@ from nebula_mq import topology
 from nebula_mq.errors import ConnectionLost
 from nebula_mq.settings import BrokerSettings
 
-from .backoff import Backoff
-from .connection import close_quietly, open_connection
-from .pika_errors import PIKA_ERRORS, translate
+from .retry import Backoff
+from .connection import PIKA_ERRORS, close_quietly, open_connection, translate
 
 DEFAULT_EXCHANGE = ""
 _NOT_FOUND = 404

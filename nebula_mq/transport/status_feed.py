@@ -19,8 +19,7 @@ from typing import Any
 
 from nebula_mq.settings import BrokerSettings
 
-from .connection import close_quietly, open_connection
-from .pika_errors import PIKA_ERRORS, translate
+from .connection import short_connection
 
 PREFETCH = 500
 # The states of a worker that should still be speaking (the status file's, runtime.reporter).
@@ -38,8 +37,7 @@ def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s
     offset = datetime.fromtimestamp(time.time() - since_s, tz=timezone.utc)
     out: list[dict[str, Any]] = []
     deadline = time.monotonic() + limit_s
-    conn = open_connection(broker, "nebula-status-feed")  # raises TransportError
-    try:
+    with short_connection(broker, "nebula-status-feed", f"read the status feed {stream!r}") as conn:
         channel = conn.channel()
         channel.basic_qos(prefetch_count=PREFETCH)  # streams refuse global QoS and auto-ack
         for method, _props, body in channel.consume(stream, arguments={"x-stream-offset": offset},
@@ -56,10 +54,6 @@ def read_status_feed(broker: BrokerSettings, stream: str, since_s: float, idle_s
             if time.monotonic() > deadline:
                 break
         channel.cancel()
-    except PIKA_ERRORS as exc:
-        raise translate(exc, f"read the status feed {stream!r}") from None
-    finally:
-        close_quietly(conn)
     return out
 
 

@@ -15,8 +15,8 @@ from nebula_mq.errors import StopDuringAlarm, TransportError
 from nebula_mq.runtime.reporter import Reporter, status_dir
 from nebula_mq.settings import JobSettings, Settings
 from nebula_mq.transport.alarm import BrokerAlarm
+from nebula_mq.transport.publisher import InterruptibleHandle, PublishWindow
 from nebula_mq.transport.retry import Patience, PublishStats
-from nebula_mq.transport.window import InterruptibleHandle, PublishWindow
 
 
 def test_the_alarm_is_on_from_the_first_blocked_connection_to_the_last_unblocked() -> None:

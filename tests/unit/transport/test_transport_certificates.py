@@ -22,9 +22,8 @@ from nebula_mq.security.lifecycle import rotate
 from nebula_mq.security.audit import AuditLog
 from nebula_mq.settings import BrokerSettings
 from nebula_mq.transport import connection
-from nebula_mq.transport.connection import IoThread, connection_parameters, ssl_context
+from nebula_mq.transport.connection import IoThread, connection_parameters, ssl_context, translate
 from nebula_mq.transport.identity import certificate_not_after, check_not_expired
-from nebula_mq.transport.pika_errors import translate
 from tests.fixtures.short_certs import now, short_lived
 
 A = "cluster-a"

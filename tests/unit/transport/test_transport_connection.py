@@ -16,9 +16,8 @@ from nebula_mq.errors import (
     Unroutable,
 )
 from nebula_mq.settings import BrokerSettings
-from nebula_mq.transport.backoff import Backoff
-from nebula_mq.transport.connection import connection_parameters
-from nebula_mq.transport.pika_errors import translate
+from nebula_mq.transport.connection import connection_parameters, translate
+from nebula_mq.transport.retry import Backoff
 
 
 def test_plaintext_parameters_use_plain_credentials_and_heartbeat() -> None:

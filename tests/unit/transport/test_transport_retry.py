@@ -12,10 +12,9 @@ from nebula_mq import topology
 from nebula_mq.errors import BackpressureTimeout, ConnectionLost, PublishRejected, TransportError, Unroutable
 from nebula_mq.settings import TransportSettings
 from nebula_mq.transport.base import Outgoing
-from nebula_mq.transport.confirms import Confirms, Unconfirmed
 from nebula_mq.transport.memory import MemoryBroker, MemoryTransport
+from nebula_mq.transport.publisher import Confirms, PublishWindow, Unconfirmed
 from nebula_mq.transport.retry import Patience, PublishStats
-from nebula_mq.transport.window import PublishWindow
 
 FLOW = topology.Flow("activations", "cluster-a", "cluster-a")
 
