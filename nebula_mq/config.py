@@ -20,6 +20,7 @@ the file (:func:`blame_env`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import os
@@ -71,6 +72,13 @@ class InvalidField(ValueError):
         self.got = got
 
 
+def require(settings: object, field: str, ok: object, expected: str) -> None:
+    """One check of a ``validate()``: :class:`InvalidField` about ``field`` of ``settings``
+    (with its value) unless ``ok``."""
+    if not ok:
+        raise InvalidField(field, expected, getattr(settings, field))
+
+
 @dataclass(frozen=True)
 class EnvOverride:
     """One ``NEBULA__A__B=value`` variable and the key path it sets."""
@@ -97,7 +105,7 @@ def apply_env_overrides(
     data: dict[str, Any], environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Return a deep copy of ``data`` with ``NEBULA__A__B=value`` overrides applied."""
-    out = _deep_copy(data)
+    out = copy.deepcopy(data)
     for override in env_overrides(environ):
         node = out
         for part in override.path[:-1]:
@@ -139,14 +147,6 @@ def _parse_env_value(raw: str) -> Any:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
-
-
-def _deep_copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _deep_copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deep_copy(v) for v in data]
-    return data
 
 
 def resolve_paths(cls: type, data: Mapping[str, Any], base: Path) -> dict[str, Any]:
@@ -292,16 +292,6 @@ def _coerce(tp: Any, value: Any, source: str, key: str) -> Any:
     if isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(source, key, f"a {getattr(tp, '__name__', tp)}", value)
-
-
-def load(cls: type[T], path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> T:
-    """Load ``path``, apply environment overrides, validate against ``cls``."""
-    overrides = env_overrides(environ)
-    data = apply_env_overrides(load_toml(path), environ)
-    try:
-        return build(cls, data, str(path))
-    except ConfigError as exc:
-        raise blame_env(exc, overrides) from None
 
 
 def load_function(source: str, key: str, target: str, home: Path | None) -> Callable[..., Any]:

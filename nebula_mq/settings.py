@@ -1,4 +1,5 @@
-"""The settings schema shared by every job: job identity, clusters, codecs, transport.
+"""The settings schema shared by every job: job identity, clusters (``[clusters.<name>]``: how a
+worker reaches its local broker, and how the other clusters' brokers reach it), codecs, transport.
 
 Every other top-level table of a job file is a scenario's section (``[abnet]``, ``[split]``...),
 kept raw in :attr:`Settings.sections` and validated by the scenario's own dataclass with
@@ -20,11 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from nebula_mq import config
-# The [clusters.<name>] tables, re-exported: every module imports them from here.
-from nebula_mq.cluster_settings import BrokerSettings as BrokerSettings
-from nebula_mq.cluster_settings import ClusterSettings as ClusterSettings
-from nebula_mq.cluster_settings import FederationSettings as FederationSettings
-from nebula_mq.config import InvalidField
+from nebula_mq.config import PATH, InvalidField, require
 from nebula_mq.errors import ConfigError
 
 _JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -34,6 +31,97 @@ DEVICE_PATTERN = re.compile(r"^(cpu|gpu|gpu:\d+|auto)$")
 #: into every node's rabbitmq.conf, and no job's ``[transport] max_message_bytes`` may exceed it (a
 #: larger publish would make the broker close the channel).
 BROKER_MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """How a worker reaches its *local* broker (never the remote one)."""
+
+    # The local broker's address (`nebula-mq worker --stack` fills it from the stack).
+    host: str = "127.0.0.1"
+    # The local broker's AMQPS port (`nebula-mq worker --stack` fills it from the stack).
+    port: int = 5671
+    # The job's vhost (nebula-<job id>).
+    vhost: str = "/"
+    # TLS with client certificates (EXTERNAL auth); false only for a plaintext development broker.
+    tls: bool = True
+    # The CA bundle the broker's certificate must chain to; required when tls is true.
+    ca_file: str = field(default="", metadata=PATH)
+    # The worker's own client certificate (its identity at the broker); required when tls is true.
+    cert_file: str = field(default="", metadata=PATH)
+    # The private key of cert_file; required when tls is true.
+    key_file: str = field(default="", metadata=PATH)
+    # Name checked against the broker certificate (SNI + hostname check).
+    server_name: str = "localhost"
+    # The AMQP user, only for plaintext development brokers (tls = false); TLS uses EXTERNAL
+    # auth (the client certificate names the user).
+    username: str = "guest"
+    # That user's password, only for plaintext development brokers (tls = false).
+    password: str = "guest"
+    # Seconds; pika's I/O thread answers heartbeats while compute runs elsewhere.
+    heartbeat_s: int = 30
+    # The broker's management API (HTTPS on `host`, same CA and client certificate as AMQP), read
+    # with the job's read-only monitoring user: queue sizes in bytes for the metrics and the report.
+    # 0 = no management API: queue depth comes from AMQP alone, in messages.
+    management_port: int = 0
+    # The job's read-only monitoring user on that API (required when management_port is set).
+    management_user: str = ""
+    # A file holding that user's password (never the password itself in the job file).
+    management_password_file: str = field(default="", metadata=PATH)
+
+    def validate(self) -> None:
+        require(self, "port", 0 < self.port < 65536, "a port in 1..65535")
+        require(self, "management_port", 0 <= self.management_port < 65536, "a port in 1..65535, or 0 for none")
+        require(self, "management_user",
+                not self.management_port or (self.management_user and self.management_password_file),
+                "a user and a management_password_file (management_port is set)")
+        missing = [f for f in ("ca_file", "cert_file", "key_file") if not getattr(self, f)]
+        if self.tls and missing:
+            raise InvalidField(missing[0], "a file path (tls = true needs ca_file, cert_file and key_file)",
+                               getattr(self, missing[0]))
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    """How the *other* clusters' brokers reach this cluster's broker, and where this broker keeps
+    its own federation client identity. Read by ``nebula-mq provision`` (the local stack fills
+    its own)."""
+
+    # The broker's address as peer brokers see it (a hostname, for a real deployment).
+    host: str = ""
+    # The broker's AMQPS port as peer brokers see it.
+    port: int = 5671
+    # The name its server certificate carries (`nebula-mq stack up --hostname`); "" = host.
+    server_name: str = ""
+    # On this broker's own host: the directory holding its federation client identity (trust.pem,
+    # cert.pem, key.pem, issued for CN federation-<cluster>), readable by the broker.
+    cert_dir: str = field(default="/etc/rabbitmq/certs/federation", metadata=PATH)
+
+    @property
+    def sni(self) -> str:
+        return self.server_name or self.host
+
+    def validate(self) -> None:
+        require(self, "port", 0 < self.port < 65536, "a port in 1..65535")
+        require(self, "host", not self.host or re.match(r"^[A-Za-z0-9.:\[\]-]+$", self.host),
+                "a hostname or an IP address")
+        require(self, "cert_dir", not self.cert_dir or self.cert_dir.startswith("/"),
+                "an absolute path on the broker's host")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    name: str
+    # How this cluster's workers reach their own broker.
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    # How the other clusters' brokers reach this one (nebula-mq provision).
+    federation: FederationSettings = field(default_factory=FederationSettings)
+
+    @property
+    def names_broker(self) -> bool:
+        """Whether the job file says how to reach this cluster's broker (a ``[clusters.<name>.broker]``
+        table), not only how the peers reach it (``federation``)."""
+        return self.broker != BrokerSettings()
 
 
 @dataclass(frozen=True)
@@ -48,8 +136,7 @@ class CodecSettings:
     allow_non_finite: bool = False
 
     def validate(self) -> None:
-        if self.compress_from_step < 0:
-            raise InvalidField("compress_from_step", "a step >= 0", self.compress_from_step)
+        require(self, "compress_from_step", self.compress_from_step >= 0, "a step >= 0")
         from nebula_mq.codecs import parse_codec  # numpy-only; checked at load time
         from nebula_mq.errors import CodecError
 
@@ -90,22 +177,15 @@ class TransportSettings:
         return self.max_decoded_bytes or 4 * self.max_message_bytes
 
     def validate(self) -> None:
-        if not 1 <= self.max_message_bytes <= BROKER_MAX_MESSAGE_BYTES:
-            raise InvalidField("max_message_bytes", f"a number of bytes in 1..{BROKER_MAX_MESSAGE_BYTES} "
-                               "(the brokers' max_message_size, 128 MiB)", self.max_message_bytes)
-        if self.max_decoded_bytes < 0:
-            raise InvalidField("max_decoded_bytes", "a number of bytes >= 0 (0: 4 x max_message_bytes)",
-                               self.max_decoded_bytes)
-        if self.prefetch < 1:
-            raise InvalidField("prefetch", "an integer >= 1", self.prefetch)
-        if self.dead_letter_alarm < 1:
-            raise InvalidField("dead_letter_alarm", "a number of messages >= 1", self.dead_letter_alarm)
-        if self.publish_window < 1:
-            raise InvalidField("publish_window", "an integer >= 1", self.publish_window)
-        if self.publish_window_bytes < 1:
-            raise InvalidField("publish_window_bytes", "a number of bytes >= 1", self.publish_window_bytes)
-        if self.max_queue_bytes < 1024 * 1024:
-            raise InvalidField("max_queue_bytes", "at least 1 MiB (1048576)", self.max_queue_bytes)
+        require(self, "max_message_bytes", 1 <= self.max_message_bytes <= BROKER_MAX_MESSAGE_BYTES,
+                f"a number of bytes in 1..{BROKER_MAX_MESSAGE_BYTES} (the brokers' max_message_size, 128 MiB)")
+        require(self, "max_decoded_bytes", self.max_decoded_bytes >= 0,
+                "a number of bytes >= 0 (0: 4 x max_message_bytes)")
+        require(self, "prefetch", self.prefetch >= 1, "an integer >= 1")
+        require(self, "dead_letter_alarm", self.dead_letter_alarm >= 1, "a number of messages >= 1")
+        require(self, "publish_window", self.publish_window >= 1, "an integer >= 1")
+        require(self, "publish_window_bytes", self.publish_window_bytes >= 1, "a number of bytes >= 1")
+        require(self, "max_queue_bytes", self.max_queue_bytes >= 1024 * 1024, "at least 1 MiB (1048576)")
 
 
 @dataclass(frozen=True)
@@ -120,10 +200,8 @@ class SecuritySettings:
     cert_warn_days: float = 14.0
 
     def validate(self) -> None:
-        if self.replay_window_s <= 0:
-            raise InvalidField("replay_window_s", "a number of seconds > 0", self.replay_window_s)
-        if self.cert_warn_days < 0:
-            raise InvalidField("cert_warn_days", "a number of days >= 0", self.cert_warn_days)
+        require(self, "replay_window_s", self.replay_window_s > 0, "a number of seconds > 0")
+        require(self, "cert_warn_days", self.cert_warn_days >= 0, "a number of days >= 0")
 
 
 @dataclass(frozen=True)
@@ -139,7 +217,7 @@ class JobSettings:
     steps: int = 100
     # Where checkpoints, metrics, logs and reports of this job go (relative to the job file;
     # "" = run/jobs/<id> under the current directory: jobs never share a directory by default).
-    run_dir: str = field(default="", metadata=config.PATH)
+    run_dir: str = field(default="", metadata=PATH)
     # Also serve this worker's metrics over HTTP at /metrics on this port (0 = only the
     # textfile). Per process: `nebula-mq worker --metrics-port` sets it for the one it starts.
     metrics_port: int = 0
@@ -152,14 +230,10 @@ class JobSettings:
     tensorboard: bool = True
 
     def validate(self) -> None:
-        if not DEVICE_PATTERN.match(self.device):
-            raise InvalidField("device", "cpu, gpu, gpu:N or auto", self.device)
-        if not _JOB_ID.match(self.id):
-            raise InvalidField("id", f"a slug matching {_JOB_ID.pattern}", self.id)
-        if self.steps < 1:
-            raise InvalidField("steps", "an integer >= 1", self.steps)
-        if not 0 <= self.metrics_port < 65536:
-            raise InvalidField("metrics_port", "0 (off) or a port number", self.metrics_port)
+        require(self, "device", DEVICE_PATTERN.match(self.device), "cpu, gpu, gpu:N or auto")
+        require(self, "id", _JOB_ID.match(self.id), f"a slug matching {_JOB_ID.pattern}")
+        require(self, "steps", self.steps >= 1, "an integer >= 1")
+        require(self, "metrics_port", 0 <= self.metrics_port < 65536, "0 (off) or a port number")
 
 
 @dataclass(frozen=True, init=False)
