@@ -1,4 +1,4 @@
-"""Reading ``.npy``/``.npz`` files safely from several threads.
+"""Reading ``.npz`` files safely from several threads.
 
 numpy parses every array header with ``ast.literal_eval``. On CPython 3.11,
 building AST objects on two threads at once can fail with ``SystemError: AST
@@ -29,8 +29,3 @@ def load_npz(path: str | PathLike[str]) -> dict[str, np.ndarray]:
     with _HEADER_LOCK, np.load(path, allow_pickle=False) as npz:
         return {name: npz[name] for name in npz.files}
 
-
-def load_npy(path: str | PathLike[str]) -> np.ndarray:
-    """One ``.npy`` array (no pickles); errors as :func:`load_npz`."""
-    with _HEADER_LOCK:
-        return np.load(path, allow_pickle=False)
