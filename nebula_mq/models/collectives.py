@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import faulthandler
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from nebula_mq.errors import WorkerError
 from nebula_mq.runtime.logs import get_logger
 
 log = get_logger(__name__)
@@ -28,18 +30,31 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 @contextmanager
 def deadline(what: str, rank: int, timeout_s: float) -> Iterator[None]:
-    """Run a blocking collective; past ``timeout_s`` the process dumps where it waited and exits.
-
-    paddle's collectives hold the GIL while they block, so no Python thread or signal
-    handler can run meanwhile: the watchdog is :mod:`faulthandler`'s, which runs in C. Its
-    dump names the collective's function (``init_group``, ``allreduce_gradients``,
-    ``barrier``, ``min_int``) under a ``Timeout`` line, then it exits with code 1."""
+    """Run a blocking collective; past ``timeout_s`` the process dumps where it waited (the
+    collective's function under a ``Timeout`` line) and exits with code 1."""
     log.debug("group_wait", what=what, rank=rank, timeout_s=timeout_s)
     faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.stderr)
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+class JoinedGroup:
+    """A joined group's place in it and its deadline, and how its collectives run."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
+
+    def _run(self, what: str, collective: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """``collective(*args, **kwargs)`` under :func:`deadline`; what the framework raises is one
+        :class:`WorkerError` line naming ``what`` and this rank."""
+        try:
+            with deadline(what, self.rank, self.timeout_s):
+                collective(*args, **kwargs)
+        except (RuntimeError, OSError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerError(f"{what} failed on rank {self.rank}: {first}") from None
 
 
 def ephemeral_ports(source: Path = EPHEMERAL_RANGE_FILE) -> range | None:

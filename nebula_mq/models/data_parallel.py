@@ -16,14 +16,9 @@ Rendezvous costs about 3 s (a non-zero rank retries the store every 3 s).
 All gradients go through one flat buffer: one collective per step, not one per
 parameter. A process can join only one group in its lifetime.
 
-**No collective waits for ever.** gloo has no membership change: when a rank
-dies, the others block in their next collective, and a rendezvous with a rank
-that never comes blocks in the TCP store. Every collective and the rendezvous
-run under a deadline (``timeout_s``); past it the process prints where it
-waited (a ``Timeout`` line and the stack) and exits with code 1, so the
-launcher restarts the group from its last common checkpoint (or reports it),
-rather than a job hanging with no one the wiser. Nothing can interrupt paddle's
-blocking call (it holds the GIL), which is why the deadline ends the process.
+**No collective waits for ever**: every collective and the rendezvous run under
+:func:`nebula_mq.models.collectives.deadline`, which ends the process past ``timeout_s``
+so the launcher restarts the group from its last common checkpoint.
 
 On a GPU the group uses NCCL instead of gloo (untested here: no GPU on the
 machine this runs on in CI).
@@ -35,7 +30,6 @@ import contextlib
 import io
 import os
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 
 import numpy as np
 import paddle
@@ -43,28 +37,18 @@ import paddle.distributed as dist
 from paddle import nn
 
 from nebula_mq.errors import WorkerError
-from nebula_mq.models.collectives import (DEFAULT_TIMEOUT_S, deadline, ephemeral_ports, is_endpoint,
-                                          warn_ephemeral_ports)
+from nebula_mq.models.collectives import DEFAULT_TIMEOUT_S, JoinedGroup, deadline, is_endpoint, warn_ephemeral_ports
 from nebula_mq.runtime.logs import get_logger
-
-__all__ = ["DEFAULT_TIMEOUT_S", "DataParallelGroup", "deadline", "ephemeral_ports", "init_group",
-           "warn_ephemeral_ports"]
 
 log = get_logger(__name__)
 
 
-class DataParallelGroup:
+class DataParallelGroup(JoinedGroup):
     """A joined gloo (CPU) or NCCL (GPU) group; callable as a ``GradientSync`` for
     :class:`DiscriminatorTrainer`."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-
     def __call__(self, model: nn.Layer) -> None:
         self.allreduce_gradients(model)
-
-    def _collective(self, what: str) -> AbstractContextManager[None]:
-        return deadline(what, self.rank, self.timeout_s)
 
     def allreduce_gradients(self, model: nn.Layer | Sequence[paddle.Tensor], op: str = "mean",
                             extra: Sequence[float] = ()) -> np.ndarray:
@@ -76,11 +60,7 @@ class DataParallelGroup:
         grads = [p.grad if p.grad is not None else paddle.zeros(p.shape, dtype=p.dtype) for p in params]
         flat = paddle.concat([g.reshape([-1]) for g in grads]
                              + [paddle.to_tensor(np.asarray(extra, np.float32))])
-        try:
-            with self._collective("gradient all-reduce"):
-                dist.all_reduce(flat)
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise WorkerError(f"gradient all-reduce failed on rank {self.rank}: {exc}") from None
+        self._run("gradient all-reduce", dist.all_reduce, flat)
         riders = flat[flat.shape[0] - len(extra):].numpy() if extra else np.zeros(0, np.float32)
         if op == "mean":
             flat = flat / float(self.world_size)
@@ -99,30 +79,18 @@ class DataParallelGroup:
     def min_int(self, value: int) -> int:
         """The smallest ``value`` over the ranks (the group's common checkpoint step)."""
         t = paddle.to_tensor(np.array([value], np.int64))
-        try:
-            with self._collective("checkpoint agreement"):
-                dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
+        self._run("checkpoint agreement", dist.all_reduce, t, op=dist.ReduceOp.MIN)
         return int(t.numpy()[0])
 
     def sum_floats(self, values: np.ndarray) -> np.ndarray:
         """``values`` summed over the ranks (a step's metrics and stop votes), same dtype."""
         t = paddle.to_tensor(np.asarray(values))
-        try:
-            with self._collective("step agreement"):
-                dist.all_reduce(t)
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise WorkerError(f"all-reduce failed on rank {self.rank}: {exc}") from None
+        self._run("step agreement", dist.all_reduce, t)
         return np.asarray(t.numpy())
 
     def barrier(self) -> None:
         """Wait for every rank (the sub-discriminators sync before the root syncs with G)."""
-        try:
-            with self._collective("barrier"):
-                dist.barrier()
-        except (RuntimeError, OSError, ValueError) as exc:
-            raise WorkerError(f"barrier failed on rank {self.rank}: {exc}") from None
+        self._run("barrier", dist.barrier)
 
 
 def init_group(rank: int, world_size: int, endpoints: Sequence[str], master: str | None = None,

@@ -25,7 +25,7 @@ from nebula_mq.runtime.checkpoint import Checkpoint, CheckpointStore
 from nebula_mq.settings import Settings
 from nebula_mq.evaluation.bleu import WordPieceDetokenizer
 from workers.abnet.job import load_job, load_side, model_config, target_keep_ids
-from nebula_mq.models.state import load_params
+from nebula_mq.models.frameworks.paddle_backend import PaddleFramework
 
 MAX_SOURCE_TOKENS = 128  # as `nebula-mq data build` truncates training sources
 
@@ -56,10 +56,10 @@ class Translator:
         enc_ck = _latest(settings, self.job.head_id, "encoder")
         dec_ck = _latest(settings, self.job.tail_id, "decoder")
         self.encoder = EncoderSide(cfg)
-        load_params("encoder", self.encoder, enc_ck.arrays)
+        PaddleFramework().load_weights("encoder", self.encoder, enc_ck.arrays)
         train = load_side(self.job, seed, "tgt", cfg.decoder.vocab)
         self.decoder = DecoderSide(cfg, target_keep_ids(self.job, train))
-        load_params("decoder", self.decoder, dec_ck.arrays)
+        PaddleFramework().load_weights("decoder", self.decoder, dec_ck.arrays)
         self.encoder.eval()
         self.decoder.eval()
         schedule = CompressionSchedule.parse(settings.codec.forward, settings.codec.compress_from_step)

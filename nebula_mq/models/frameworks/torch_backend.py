@@ -7,18 +7,16 @@ seeded per micro-batch, and the optimizer's state (Adam's step count included)
 is saved and restored as exact arrays.
 
 The group is ``torch.distributed``: gloo on the CPU, NCCL on GPUs, its store on
-the side's master port. Every collective runs under the same deadline as
-paddle's groups (``models.data_parallel.deadline``): a rank that is gone ends its
-peers within the group's timeout, and the launcher restarts the group from its
-last common checkpoint.
+the side's master port, every collective under :func:`nebula_mq.models.collectives.deadline`
+as paddle's.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,9 +25,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nebula_mq.errors import CheckpointError, ModelError, WorkerError
-from nebula_mq.models.collectives import deadline, warn_ephemeral_ports
-from nebula_mq.models.device_spec import pick_device
+from nebula_mq.errors import WorkerError
+from nebula_mq.models.collectives import JoinedGroup, deadline, warn_ephemeral_ports
+from nebula_mq.models.device import pick_device
+from nebula_mq.models.frameworks import Framework, checked_weights
 from nebula_mq.models.group_address import GroupAddress
 
 
@@ -40,23 +39,8 @@ def resolve_device(spec: str, local_rank: int, where: str, source: str = "<setti
     return "cpu" if index is None else f"cuda:{index}"
 
 
-# Held while a side draws from the framework's process-global generator (seeded()).
-_RANDOM = threading.RLock()
-
-
-class TorchGroup:
+class TorchGroup(JoinedGroup):
     """A joined ``torch.distributed`` process group (one per process)."""
-
-    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
-        self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
-
-    def _run(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            with deadline(what, self.rank, self.timeout_s):
-                fn(*args, **kwargs)
-        except (RuntimeError, OSError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise WorkerError(f"{what} failed on rank {self.rank}: {first}") from None
 
     def allreduce_gradients(self, params: Sequence[Any], op: str = "mean",
                             extra: Sequence[float] = ()) -> np.ndarray:
@@ -105,13 +89,20 @@ def owned_float32(array: np.ndarray) -> np.ndarray:
     return np.require(array, np.float32, ["C", "W"])
 
 
-class TorchFramework:
+class TorchFramework(Framework):
     """:class:`~nebula_mq.models.frameworks.Framework` for ``torch.nn.Module`` models."""
 
     name = "torch"
+    tensor_type = torch.Tensor
+    random_lock = threading.RLock()
+    manual_seed = torch.manual_seed  # every device's generator
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
+
+    @staticmethod
+    def trains(param: Any) -> bool:
+        return bool(param.requires_grad)
 
     def place(self, spec: str, local_rank: int, where: str, source: str = "<settings>") -> str:
         device = resolve_device(spec, local_rank, where, source)
@@ -124,12 +115,6 @@ class TorchFramework:
 
     def to_device(self, model: Any) -> Any:
         return model.to(self.device)
-
-    @contextmanager
-    def seeded(self, seed: int) -> Iterator[None]:
-        with _RANDOM:
-            torch.manual_seed(seed)  # every device's generator
-            yield
 
     def no_grad(self) -> AbstractContextManager[object]:
         return torch.no_grad()
@@ -146,37 +131,13 @@ class TorchFramework:
             return None  # on the CPU numpy's chunked cast is as fast, and the bytes stay put
         return fp16_narrowed(tensor)
 
-    def is_float_tensor(self, value: object) -> bool:
-        return isinstance(value, torch.Tensor) and value.is_floating_point()
-
     def backward(self, output: Any, grad: np.ndarray) -> None:
         output.backward(torch.from_numpy(owned_float32(grad)).to(output.device, output.dtype))
 
-    def loss_backward(self, loss: object, where: str) -> float:
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise ModelError(f"{where}: the loss must be a scalar torch tensor, got {shape}")
-        loss.backward()
-        return float(loss.detach())
-
-    def grad(self, tensor: Any, where: str) -> np.ndarray:
-        if tensor.grad is None:  # made with grad=True: the model cut it from the loss
-            raise ModelError(f"{where}: no gradient reached the model's input: the loss must depend on it "
-                             "without a detach (or a numpy round trip) in between")
-        return self.numpy(tensor.grad)
-
-    def trainable(self, model: Any) -> list[Any]:
-        return [p for p in model.parameters() if p.requires_grad]
-
-    def param_grads(self, model: Any) -> dict[str, np.ndarray]:
-        return {name: np.zeros(tuple(p.shape), np.float32) if p.grad is None else self.numpy(p.grad).astype(np.float32)
-                for name, p in model.named_parameters() if p.requires_grad}
-
     def set_param_grads(self, model: Any, grads: Mapping[str, np.ndarray]) -> None:
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                grad = owned_float32(grads[name]).reshape(tuple(p.shape))
-                p.grad = torch.from_numpy(grad).to(p.device, p.dtype)
+        for name, p in self.named_trainable(model).items():
+            grad = owned_float32(grads[name]).reshape(tuple(p.shape))
+            p.grad = torch.from_numpy(grad).to(p.device, p.dtype)
 
     def default_optimizer(self, params: list[Any], lr: float) -> Any:
         return torch.optim.Adam(params, lr=lr)
@@ -189,7 +150,7 @@ class TorchFramework:
         optimizer.zero_grad(set_to_none=True)
 
     def state_arrays(self, prefix: str, model: Any, optimizer: Any) -> dict[str, np.ndarray]:
-        named = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        named = self.named_trainable(model)
         out = {f"{prefix}/param/{name}": self.numpy(p) for name, p in named.items()}
         for name, p in named.items():
             for slot, value in optimizer.state.get(p, {}).items():
@@ -199,15 +160,8 @@ class TorchFramework:
 
     def load_weights(self, prefix: str, model: Any, arrays: Mapping[str, np.ndarray]) -> None:
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                if not p.requires_grad:
-                    continue
-                key = f"{prefix}/param/{name}"
-                if key not in arrays:
-                    raise CheckpointError(f"checkpoint lacks {key}")
-                if tuple(arrays[key].shape) != tuple(p.shape):
-                    raise CheckpointError(f"{key}: shape {arrays[key].shape} != model {tuple(p.shape)}")
-                p.copy_(torch.from_numpy(np.array(arrays[key])))
+            for p, value in checked_weights(prefix, self.named_trainable(model), arrays):
+                p.copy_(torch.from_numpy(np.array(value)))
 
     def load_state_arrays(self, prefix: str, model: Any, optimizer: Any,
                           arrays: Mapping[str, np.ndarray]) -> None:

@@ -129,7 +129,7 @@ def test_rendezvous_ports_inside_the_ephemeral_range_are_named_in_a_warning(tmp_
     one of them before it listens: the rendezvous says so, naming the ports and a safe bound."""
     from structlog.testing import capture_logs
 
-    from nebula_mq.models.data_parallel import ephemeral_ports, warn_ephemeral_ports
+    from nebula_mq.models.collectives import ephemeral_ports, warn_ephemeral_ports
 
     source = tmp_path / "ip_local_port_range"
     source.write_text("32768\t60999\n")
