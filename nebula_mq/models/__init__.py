@@ -1,7 +1,7 @@
 """Models of nebula-mq (the only package besides workers that imports paddle).
 
-Import paddle-free parts directly: :mod:`.pretrained` (weight parsing, numpy),
-:mod:`.reference` (numpy BERT oracle); the tokenizers live in :mod:`nebula_mq.data.tokenizers`.
+Import paddle-free parts directly: :mod:`.pretrained` (weight parsing, numpy); the
+tokenizers live in :mod:`nebula_mq.data.tokenizers`.
 Paddle parts: :mod:`.bert` (BERT with adapter slots), :mod:`.abnet` (Scenario II).
 This ``__init__`` imports no paddle, so the data pipeline can use the numpy parts
 without paddle installed. It selects MKL's fast code path on AMD CPUs before any

@@ -7,9 +7,9 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, mean_pool, padding_bias  # noqa: E402
+from nebula_mq.models.bert import BertEncoder, load_numpy_state, mean_pool, padding_bias  # noqa: E402
 from nebula_mq.models.pretrained import load_e5_small, load_minilm  # noqa: E402
-from nebula_mq.models.reference import sentence_embedding  # noqa: E402
+from tests.fixtures.bert_reference import sentence_embedding  # noqa: E402
 from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.paddle
@@ -19,7 +19,7 @@ SENTENCES = ["¿Dónde está la biblioteca municipal?", "The quick brown fox jum
 
 
 def _embed(weights, rows: list[list[int]], pad: int) -> np.ndarray:
-    enc = BertEncoder(BertConfig.from_shape(weights.shape))
+    enc = BertEncoder(weights.shape)
     load_numpy_state(enc, weights.tensors)
     enc.eval()
     t = max(map(len, rows))
