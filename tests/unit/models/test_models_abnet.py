@@ -170,7 +170,7 @@ def test_small_preset_starts_from_the_pretrained_encoder() -> None:
     """Pretrained sides load with a pruned source vocab; near-identity adapters keep e5's states."""
     from nebula_mq.models.abnet import DecoderSide, EncoderSide
     from nebula_mq.models.abnet_config import small
-    from nebula_mq.models.bert import BertConfig, BertEncoder, load_numpy_state, padding_bias
+    from nebula_mq.models.bert import BertEncoder, load_numpy_state, padding_bias
     from nebula_mq.models.pretrained import load_e5_small
     from nebula_mq.data.tokenizers import load_minilm_tokenizer, load_xlmr_tokenizer
 
@@ -183,7 +183,7 @@ def test_small_preset_starts_from_the_pretrained_encoder() -> None:
     with paddle.no_grad():
         got = side(ids, mask).numpy()[0]
     plain_w = load_e5_small(keep_ids=ids.ravel(), layers=2)
-    plain = BertEncoder(BertConfig.from_shape(plain_w.shape))
+    plain = BertEncoder(plain_w.shape)
     load_numpy_state(plain, plain_w.tensors)
     plain.eval()
     with paddle.no_grad():
