@@ -36,9 +36,9 @@ from paddle.utils import unique_name
 
 from nebula_mq.errors import CheckpointError, DataError, MalformedMessage, ShapeMismatch, WorkerError
 from nebula_mq.models.bert import padding_bias
-from nebula_mq.models.electra import TASKS, Discriminator, ElectraConfig, Generator, XLMR_SPECIALS
-from nebula_mq.models.electra_losses import (corrupt, gather_positions, mask_batch, replaced_token_loss,
-                                             rtd_accuracy, sample_from_logits, token_cross_entropy)
+from nebula_mq.models.electra import (TASKS, XLMR_SPECIALS, Discriminator, ElectraConfig, Generator, corrupt,
+                                      gather_positions, mask_batch, replaced_token_loss, rtd_accuracy,
+                                      sample_from_logits, token_cross_entropy)
 
 MICRO_BATCH_KEYS = ("input_ids", "labels", "replaced", "masked_positions", "attention_mask", "mlm_loss")
 # Called between backward and the optimiser step (data parallelism all-reduces here).

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 pytest.importorskip("paddle")
 
 from nebula_mq.errors import ShapeMismatch  # noqa: E402
-from nebula_mq.models.electra_losses import (MaskedBatch, VocabSpec, corrupt, mask_batch,  # noqa: E402
-                                             sample_from_logits)
+from nebula_mq.models.electra import (MaskedBatch, VocabSpec, corrupt, mask_batch,  # noqa: E402
+                                      sample_from_logits)
 
 pytestmark = pytest.mark.paddle
 
