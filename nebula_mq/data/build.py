@@ -23,8 +23,7 @@ from nebula_mq import __version__
 from nebula_mq.data import bible, catalogues, debian
 from nebula_mq.data.corpus_io import InputReport, read_jsonl, sha256_file
 from nebula_mq.data.multilingual import collect_texts, write_multilingual
-from nebula_mq.data.parallel import ParallelPair, bible_pairs, gettext_pairs, write_parallel
-from nebula_mq.data.splits import SPLITS, SplitFractions
+from nebula_mq.data.parallel import SPLITS, ParallelPair, SplitFractions, bible_pairs, gettext_pairs, write_parallel
 from nebula_mq.errors import DataError
 from nebula_mq.atomic import write_atomic
 

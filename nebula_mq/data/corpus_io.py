@@ -28,11 +28,8 @@ class FileRecord:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]], *, root: Path) -> FileRecord:

@@ -59,38 +59,26 @@ def _find_deb(debs: Path, package: str) -> Path | None:
 
 
 def _download(package: str, debs: Path) -> Path | None:
-    if shutil.which("apt-get") is None:
-        log.warning("data.download_skipped", package=package, why="apt-get not found")
-        return None
-    try:
-        proc = subprocess.run(
-            ["apt-get", "download", "-q", package],
-            cwd=debs,
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("data.download_failed", package=package, why=str(exc))
-        return None
-    if proc.returncode != 0:
-        log.warning("data.download_failed", package=package, why=proc.stderr.strip()[-300:])
+    if not _run(["apt-get", "download", "-q", package], "download", package=package, cwd=debs):
         return None
     return _find_deb(debs, package)
 
 
 def _unpack(deb: Path, root: Path) -> bool:
-    if shutil.which("dpkg-deb") is None:
-        log.warning("data.unpack_skipped", deb=str(deb), why="dpkg-deb not found")
+    return _run(["dpkg-deb", "-x", str(deb), str(root)], "unpack", deb=str(deb))
+
+
+def _run(command: list[str], what: str, cwd: Path | None = None, **about: str) -> bool:
+    """Run ``command``; a missing tool, a timeout or a failure is a warning (``data.<what>_...``)."""
+    if shutil.which(command[0]) is None:
+        log.warning(f"data.{what}_skipped", **about, why=f"{command[0]} not found")
         return False
     try:
-        proc = subprocess.run(
-            ["dpkg-deb", "-x", str(deb), str(root)], capture_output=True, text=True, timeout=_TIMEOUT_S
-        )
+        proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("data.unpack_failed", deb=str(deb), why=str(exc))
+        log.warning(f"data.{what}_failed", **about, why=str(exc))
         return False
     if proc.returncode != 0:
-        log.warning("data.unpack_failed", deb=str(deb), why=proc.stderr.strip()[-300:])
+        log.warning(f"data.{what}_failed", **about, why=proc.stderr.strip()[-300:])
         return False
     return True

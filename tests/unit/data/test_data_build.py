@@ -10,8 +10,8 @@ from test_data_catalogues import write_mo
 
 from nebula_mq.cli import main
 from nebula_mq.data.build import MANIFEST, BuildOptions, build, output_records, read_manifest
-from nebula_mq.data.families import family_of
-from nebula_mq.data.splits import SPLITS
+from nebula_mq.data.multilingual import family_of
+from nebula_mq.data.parallel import SPLITS
 
 WORDS = ["red", "green", "blue", "file", "folder", "window", "server", "disk", "user", "group", "key", "port"]
 ES = {"red": "rojo", "green": "verde", "blue": "azul", "file": "archivo", "folder": "carpeta", "window": "ventana",

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nebula_mq.data.parallel import ParallelPair, write_parallel
-from nebula_mq.data.splits import SPLITS, SplitFractions, assign_groups, cap_splits
+from nebula_mq.data.parallel import SPLITS, ParallelPair, SplitFractions, assign_groups, cap_splits, write_parallel
 from nebula_mq.errors import DataError
 
 sizes_strategy = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=6), st.integers(1, 500), min_size=3, max_size=40)
