@@ -50,34 +50,31 @@ class SymbolDetokenizer:
         return [" ".join(f"w{int(i)}" for i in row if int(i) >= self.first_word) for row in ids]
 
 
-def _metric() -> Any:
-    from sacrebleu.metrics import BLEU
-
-    return BLEU(lowercase=True)
+# sacrebleu's metrics, each case-insensitive like the paper's BLEU.
+METRICS = ("BLEU", "chrF")
 
 
-def _chrf() -> Any:
-    from sacrebleu.metrics import CHRF
+def _metric(name: str) -> Any:
+    from sacrebleu.metrics import BLEU, CHRF
 
-    return CHRF(lowercase=True)
+    return (BLEU if name == "BLEU" else CHRF)(lowercase=True)
 
 
-def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+def _corpus_score(name: str, hypotheses: Sequence[str], references: Sequence[str]) -> float:
     if len(hypotheses) != len(references):
         raise DataError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     if not references:
         raise DataError("scores of an empty test set")
+    return float(_metric(name).corpus_score(list(hypotheses), [list(references)]).score)
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    _check(hypotheses, references)
-    return float(_metric().corpus_score(list(hypotheses), [list(references)]).score)
+    return _corpus_score("BLEU", hypotheses, references)
 
 
 def corpus_chrf(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """sacrebleu's chrF (character n-gram F-score), case-insensitive like our BLEU."""
-    _check(hypotheses, references)
-    return float(_chrf().corpus_score(list(hypotheses), [list(references)]).score)
+    """sacrebleu's chrF (character n-gram F-score)."""
+    return _corpus_score("chrF", hypotheses, references)
 
 
 def domain_groups(hypotheses: Sequence[str], references: Sequence[str],
@@ -104,13 +101,8 @@ def scores_by_domain(hypotheses: Sequence[str], references: Sequence[str],
 def bleu_by_domain(hypotheses: Sequence[str], references: Sequence[str],
                    domains: Sequence[str]) -> dict[str, float]:
     """BLEU of every domain (e.g. gettext, bible) plus ``all``."""
-    if not len(hypotheses) == len(references) == len(domains):
-        raise DataError("hypotheses, references and domains differ in length")
-    out = {"all": corpus_bleu(hypotheses, references)}
-    for name in sorted(set(domains)):
-        idx = [i for i, d in enumerate(domains) if d == name]
-        out[name] = corpus_bleu([hypotheses[i] for i in idx], [references[i] for i in idx])
-    return out
+    return {name: corpus_bleu([hypotheses[i] for i in idx], [references[i] for i in idx])
+            for name, idx in domain_groups(hypotheses, references, domains).items()}
 
 
 def evaluation_body(split: str, sample_ids: list[int], hypotheses: list[str], references: list[str],
@@ -137,9 +129,6 @@ class PairedResult:
     system_ci: float
 
 
-METRICS = {"BLEU": _metric, "chrF": _chrf}
-
-
 def paired_test(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
                 samples: int = 1000, metrics: Sequence[str] = ("BLEU", "chrF")) -> dict[str, PairedResult]:
     """sacrebleu's paired bootstrap resampling (Koehn 2004) of each of ``metrics`` (BLEU, chrF;
@@ -152,7 +141,7 @@ def paired_test(baseline: Sequence[str], system: Sequence[str], references: Sequ
     if unknown:
         raise DataError(f"unknown metric {unknown[0]!r} (known: {', '.join(METRICS)})")
     test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
-                      {m: METRICS[m]() for m in metrics},
+                      {m: _metric(m) for m in metrics},
                       references=[list(references)], test_type="bs", n_samples=samples)
     _, results = test()
     # One column per metric after "System", in the given order, named by sacrebleu (chrF: "chrF2").
