@@ -7,12 +7,11 @@ rows (``transport.status_feed.latest``) when the page is built, so "heard N s ag
 are as of the page. :func:`feed_section` is that table. A read that fails (broker down, login
 refused) is one line on the console and on the page; the rows stay as last heard.
 
-The reader is given (``cli.status_feed.feed_reader``): this module opens no connection itself.
+The reader is given (``cli.status.feed_reader``): this module opens no connection itself.
 """
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from collections.abc import Callable
@@ -22,12 +21,10 @@ from typing import Any
 
 from nebula_mq.errors import DataError
 from nebula_mq.report import derive
-from nebula_mq.report.html_parts import num, table
+from nebula_mq.report.html_parts import e, num, table
 from nebula_mq.report.parse import load_run
 from nebula_mq.report.records import RunData
 from nebula_mq.transport.status_feed import latest, newest
-
-e = html.escape
 
 # Each read after the first goes back this much before the last good one: messages are stored
 # in chunks stamped by the broker, whose clock may differ a little from this host's.

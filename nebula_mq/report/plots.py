@@ -200,12 +200,7 @@ def link_utilisation(run: RunData, origin: float) -> bytes | None:
                 label=f"{wid} sent")
     _mark_faults(ax, run.faults, origin, div)
     _mark_restarts(ax, run, origin, div)
-    ax.set_ylabel(f"wire {ylabel} (estimated)", fontsize=8)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylim(bottom=0)
-    _style(ax)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return _png(fig)
+    return _time_plot(fig, ax, f"wire {ylabel} (estimated)", xlabel)
 
 
 def compute_wait(run: RunData) -> bytes | None:

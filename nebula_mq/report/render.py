@@ -11,7 +11,6 @@ marks figures that failed to decode, so a broken image is visible as text.
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,8 +18,8 @@ from pathlib import Path
 from nebula_mq.report import derive, plots
 from nebula_mq.report.evaluation import evaluation_section
 from nebula_mq.report.feed import FeedView, feed_section, load_run_or_none
+from nebula_mq.report.html_parts import e, json_tables
 from nebula_mq.report.html_parts import figure as _figure
-from nebula_mq.report.html_parts import json_tables
 from nebula_mq.report.html_parts import num as _num
 from nebula_mq.report.html_parts import section as _section
 from nebula_mq.report.html_parts import table as _table
@@ -56,11 +55,6 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, refresh
     tmp.write_text(render_html(run, figures, time.time(), refresh_s, feed), encoding="utf-8")
     tmp.replace(page)
     return page
-
-
-# --------------------------------------------------------------------------- helpers
-
-e = html.escape
 
 
 def _utc(ts: float) -> str:
