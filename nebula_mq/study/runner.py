@@ -27,6 +27,7 @@ from typing import Any
 
 from nebula_mq.errors import WorkerError
 from nebula_mq.models.cpu import thread_share_env
+from nebula_mq.report.parse import read_history
 from nebula_mq.settings import TransportSettings
 from nebula_mq.study import side
 from nebula_mq.study.rows import StudyRow
@@ -65,18 +66,11 @@ class StudyConfig:
     grad_clip: float = 1.0
 
     def abnet_section(self, row: StudyRow) -> dict[str, Any]:
-        real = {"domains": list(self.domains), "eval_domains": list(self.eval_domains),
-                "max_source_tokens": self.max_source_tokens, "warmup_steps": self.warmup_steps,
-                "lr_decay": self.lr_decay, "min_lr_ratio": self.min_lr_ratio, "grad_clip": self.grad_clip}
-        return {**real,
-            "preset": self.preset, "data": self.data, "data_dir": self.data_dir,
-            "encoder_layers": self.encoder_layers, "decoder_layers": self.decoder_layers,
-            "batch_size": self.batch_size, "in_flight": row.in_flight or self.in_flight, "lr": self.lr,
-            "train_samples": self.train_samples, "eval_samples": self.eval_samples,
-            "eval_beam": self.eval_beam, "eval_max_len": self.eval_max_len,
-            "synthetic_len": self.synthetic_len, "checkpoint_every": self.checkpoint_every,
-            "forward_feedback": row.forward_feedback, "backward_feedback": row.backward_feedback,
-        }
+        """The row's job's ``[abnet]`` section: every field but the job's own (steps, seed)."""
+        section = {k: v for k, v in asdict(self).items() if k not in ("steps", "seed")}
+        return {**section, "domains": list(self.domains), "eval_domains": list(self.eval_domains),
+                "in_flight": row.in_flight or self.in_flight,
+                "forward_feedback": row.forward_feedback, "backward_feedback": row.backward_feedback}
 
 
 class Link(ABC):
@@ -224,11 +218,6 @@ class RowResult:
                 "compute_bound_s_per_step": self.compute_bound_s_per_step}
 
 
-def _history(run_dir: Path, worker: str) -> list[dict[str, float]]:
-    path = run_dir / "history" / f"{worker}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def steady_s_per_step(times: list[float]) -> float:
     if len(times) < 3:
         return float("nan")
@@ -246,7 +235,8 @@ def run_row(row: StudyRow, cfg: StudyConfig, link: Link, run_dir: Path, timeout_
     t0 = time.perf_counter()
     traffic = link.run(spec, timeout_s)
     wall = time.perf_counter() - t0
-    hist = _history(run_dir, side.WORKER_IDS["dec"])
+    path = run_dir / "history" / f"{side.WORKER_IDS['dec']}.jsonl"
+    hist = read_history(path.read_text(), str(path))[0] if path.exists() else ()
     ce, cd = traffic["enc"], traffic["dec"]
     result = RowResult(
         row=row, link=link.name, rate_mbit=link.rate_mbit, steps=cfg.steps,
