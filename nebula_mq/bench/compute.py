@@ -26,14 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.errors import ConfigError
+    from nebula_mq.bench.runs import job_settings
     from nebula_mq.models.cpu import configure_cpu
-    from workers.registry import load_job_settings
 
-    settings = load_job_settings(args.config)
-    if settings.job.scenario != "abnet":
-        raise ConfigError(args.config, "job.scenario", "an ABNet job (bench compute measures ABNet)",
-                          settings.job.scenario)
+    settings = job_settings(args.config, ("abnet",), "an ABNet job (bench compute measures ABNet)")
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // 2)
     configure_cpu(threads)
     from workers.abnet.bench import MATMUL_SHAPE, measure_compute

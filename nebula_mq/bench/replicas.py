@@ -25,8 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from nebula_mq.bench.runs import (add_stack_arguments, history, link_shapes, numbers, put_back, row_overrides, rows_dir,
-                                  run_row, write_json)
+from nebula_mq.bench.runs import (add_stack_arguments, history, job_settings, link_shapes, numbers, put_back,
+                                  row_overrides, rows_dir, run_row, write_json)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,13 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def replicas_job(config: str) -> tuple[Any, Any]:
     """The settings and ``[replicas]`` section of a replicas job file; another scenario is a
     one-line ConfigError."""
-    from nebula_mq.errors import ConfigError
-    from workers.registry import load_job_settings
     from workers.replicas.job import load_job
 
-    settings = load_job_settings(config)
-    if settings.job.scenario != "replicas":
-        raise ConfigError(config, "job.scenario", "replicas", settings.job.scenario)
+    settings = job_settings(config, ("replicas",), "replicas")
     return settings, load_job(settings)
 
 

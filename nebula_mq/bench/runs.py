@@ -168,17 +168,21 @@ def run_row(config: str, stack_dir: str, env: dict[str, str], timeout: float) ->
     return job
 
 
-def split_job(config: str) -> Any:
-    """The settings of a split or ABNet job file (a job with a head and a tail); another
-    scenario is a one-line ConfigError."""
+def job_settings(config: str, scenarios: tuple[str, ...], expected: str) -> Any:
+    """The settings of a job file of one of ``scenarios``; another scenario is a one-line
+    ConfigError saying what the bench ``expected``."""
     from nebula_mq.errors import ConfigError
     from workers.registry import load_job_settings
 
     settings = load_job_settings(config)
-    if settings.job.scenario not in ("abnet", "split"):
-        raise ConfigError(config, "job.scenario", "abnet or split (a job with a head and a tail)",
-                          settings.job.scenario)
+    if settings.job.scenario not in scenarios:
+        raise ConfigError(config, "job.scenario", expected, settings.job.scenario)
     return settings
+
+
+def split_job(config: str) -> Any:
+    """The settings of a split or ABNet job file (a job with a head and a tail)."""
+    return job_settings(config, ("abnet", "split"), "abnet or split (a job with a head and a tail)")
 
 
 # --------------------------------------------------------------------------- a row's run directory
