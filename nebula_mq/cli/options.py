@@ -1,4 +1,4 @@
-"""Options every command spells the same way.
+"""Options every command spells the same way, and the argparse types of their values.
 
 ``--stack DIR`` is the local stack's directory in every command (``run``, ``status``,
 ``worker``, ``chaos``, ``demo``, ``stack``, ``wan``, ``audit scan-broker``, ``bench``);
@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nebula_mq.security.audit import AuditLog
 
 DEFAULT_STACK = "run/stack"
 STACK_HELP = "local stack directory (default $NEBULA_RUN_DIR or run/stack)"
+STARTED_STACK_HELP = "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)"
+AUDIT_HELP = "audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_stack_option(parser: argparse.ArgumentParser, help_text: str = STACK_HELP,
@@ -25,7 +31,15 @@ def default_stack() -> str:
     return os.environ.get("NEBULA_RUN_DIR", DEFAULT_STACK)
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+def positive_seconds(text: str) -> float:
+    """argparse type of a time limit: a number > 0, echoing a bad value."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return seconds
 
 
 def seconds_list(text: str) -> tuple[float, ...]:
@@ -39,11 +53,8 @@ def seconds_list(text: str) -> tuple[float, ...]:
     return values
 
 
-def run_dir_of(target: str) -> Path:
-    """A run directory as given, or a job file's ``[job] run_dir`` (``report``, ``compare``)."""
-    path = Path(target)
-    if not path.is_file():
-        return path
-    from workers.registry import load_job_settings
+def audit_log(path: str | os.PathLike[str] | None) -> AuditLog:
+    """The audit log at ``path``, or at the default ($NEBULA_AUDIT_LOG or run/audit/audit.jsonl)."""
+    from nebula_mq.security.audit import AuditLog, default_audit_path
 
-    return Path(load_job_settings(str(path)).run_dir)
+    return AuditLog(path or default_audit_path())

@@ -1,19 +1,26 @@
 """``nebula-mq report RUN_DIR|JOB.toml [--out DIR] [--serve [--feed CLUSTER]]``: an offline HTML
 report of a job run, or a live one that a browser reloads while the job runs; with ``--feed``,
 the live page also lists every worker of every cluster from the job's status feed (as
-``nebula-mq status --feed`` does), read from one broker."""
+``nebula-mq status --feed`` does), read from one broker.
+
+``nebula-mq compare BASELINE SYSTEM``: two runs of one job scored against each other: BLEU and
+chrF of both runs' evaluations on the same test sentences, with sacrebleu's paired bootstrap
+(overall and per domain), and the bytes each run sent per training step.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import http.server
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nebula_mq.cli.options import add_stack_option, default_stack, run_dir_of
+from nebula_mq.atomic import write_json_atomic
+from nebula_mq.cli.options import add_stack_option, default_stack
 from nebula_mq.errors import ConfigError, NebulaError
 
 if TYPE_CHECKING:
@@ -21,7 +28,7 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Any) -> None:
-    from nebula_mq.cli.status_feed import add_feed_options
+    from nebula_mq.cli.status import add_feed_options
 
     parser = subparsers.add_parser(
         "report", help="write an HTML report (curves, throughput, link use, queues, compression, faults) of a run dir")
@@ -39,6 +46,27 @@ def register(subparsers: Any) -> None:
                              "(default $NEBULA_RUN_DIR or run/stack)", default_stack())
     parser.set_defaults(func=_run)
 
+    p = subparsers.add_parser("compare", help="score two runs' evaluations against each other (paired bootstrap)",
+                              description="Compare two runs of one job: BLEU and chrF on the same test sentences "
+                              "with sacrebleu's paired bootstrap, overall and per domain, and the bytes each sent per "
+                              "step. Both runs must have decoded the same sentences (one job, the same eval_samples).")
+    p.add_argument("baseline", metavar="BASELINE", help="the baseline's run directory or job file")
+    p.add_argument("system", metavar="SYSTEM", help="the compared run's run directory or job file")
+    p.add_argument("--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples (default 1000)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--json-out", type=Path, metavar="PATH", default=None, help="also write the JSON to PATH")
+    p.set_defaults(func=_compare)
+
+
+def run_dir_of(target: str) -> Path:
+    """A run directory as given, or a job file's ``[job] run_dir``."""
+    path = Path(target)
+    if not path.is_file():
+        return path
+    from workers.registry import load_job_settings
+
+    return Path(load_job_settings(str(path)).run_dir)
+
 
 def _run(args: argparse.Namespace) -> int:
     from nebula_mq.report.render import build_report  # matplotlib only when the command runs
@@ -47,24 +75,17 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError("<command line>", "--port/--every", "a port in 1..65535 and seconds > 0",
                           f"{args.port}/{args.every}")
     run_dir, watch = _target(args)
-    if watch is None:
-        if not args.serve:
-            print(build_report(run_dir, args.out))
-            return 0
-        page = build_report(run_dir, args.out, refresh_s=args.every)
-        return serve(page.parent, args.port, lambda: build_report(run_dir, args.out, refresh_s=args.every),
-                     args.every)
-    if not args.serve:  # one reading of the feed, in a page that stays as it is
-        watch.poll()
-        print(build_report(run_dir, args.out, feed=watch.view()))
+
+    def page(refresh_s: float | None = None) -> Path:
+        return build_report(run_dir, args.out, refresh_s=refresh_s, feed=None if watch is None else watch.view())
+
+    if not args.serve:
+        if watch is not None:  # one reading of the feed, in a page that stays as it is
+            watch.poll()
+        print(page())
         return 0
-    feed_watch = watch
-
-    def rebuild() -> Path:
-        return build_report(run_dir, args.out, refresh_s=args.every, feed=feed_watch.view())
-
-    page = rebuild()  # "reading the feed": the first read is the feed thread's
-    return serve(page.parent, args.port, rebuild, args.every, watch)
+    root = page(args.every).parent  # with --feed, "reading the feed": the first read is the feed thread's
+    return serve(root, args.port, lambda: page(args.every), args.every, watch)
 
 
 def _target(args: argparse.Namespace) -> tuple[Path, FeedWatch | None]:
@@ -79,7 +100,7 @@ def _target(args: argparse.Namespace) -> tuple[Path, FeedWatch | None]:
     from workers.registry import load_job_settings
 
     settings = load_job_settings(str(target))
-    from nebula_mq.cli.status_feed import feed_reader
+    from nebula_mq.cli.status import feed_reader
     from nebula_mq.report.feed import FeedWatch
 
     reader = feed_reader(settings, args.feed, args.stack)
@@ -127,4 +148,16 @@ def serve(root: Path, port: int, rebuild: Callable[[], Any], every: float, feed:
         stop.set()
         kick.set()
         server.server_close()
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from nebula_mq.report.compare import compare_runs, render
+
+    if args.bootstrap < 1:
+        raise ConfigError("<command line>", "--bootstrap", "a whole number of resamples >= 1", args.bootstrap)
+    body = compare_runs(run_dir_of(args.baseline), run_dir_of(args.system), args.bootstrap)
+    if args.json_out is not None:
+        write_json_atomic(args.json_out, body)
+    print(json.dumps(body, indent=2) if args.json else render(body))
     return 0

@@ -8,8 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from nebula_mq.cli.status import broker_alarms, certificate_warnings, worker_rows
-from nebula_mq.cli.status_feed import with_alarms
+from nebula_mq.cli.status import broker_alarms, certificate_warnings, with_alarms, worker_rows
 
 
 def _status(run_dir: Path, worker: str, state: str, **extra: object) -> None:

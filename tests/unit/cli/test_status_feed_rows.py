@@ -1,9 +1,10 @@
-"""The feed's view (``cli.status_feed.latest``): each worker's newest message, how long ago it was
+"""The feed's view (``transport.status_feed.latest``): each worker's newest message, how long ago it was
 heard, and LOST for a worker that should be running but has been silent too long."""
 
 from __future__ import annotations
 
-from nebula_mq.cli.status_feed import latest, table
+from nebula_mq.cli.status import FEED_COLUMNS, table
+from nebula_mq.transport.status_feed import latest
 
 
 def msg(worker: str, sent: float, state: str = "running", step: int = 1, cluster: str = "cluster-a") -> dict:
@@ -24,7 +25,7 @@ def test_a_live_worker_silent_too_long_is_lost_but_a_finished_one_is_not() -> No
                                             msg("c", 95.0)], now=100.0, lost_after=60.0)}
     assert rows["a"]["state"] == "LOST" and rows["a"]["reported"] == "running"
     assert rows["b"]["state"] == "finished" and rows["c"]["state"] == "running"
-    text = table(list(rows.values()))
+    text = table(list(rows.values()), FEED_COLUMNS)
     assert text.splitlines()[0].startswith("worker") and "LOST" in text and "100.0" in text
 
 
