@@ -6,14 +6,13 @@ import argparse
 from typing import Any
 
 from nebula_mq.chaos.soak import FAULT_KINDS
-from nebula_mq.cli.options import add_stack_option, default_stack, seconds_list
+from nebula_mq.cli.options import STARTED_STACK_HELP, add_stack_option, default_stack, seconds_list
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("chaos", help="run a job under WAN cuts, broker restarts, SIGKILLs and stalls")
     p.add_argument("config", help="job TOML file")
-    add_stack_option(p, "local stack directory, started if needed (default $NEBULA_RUN_DIR or run/stack)",
-                     default_stack())
+    add_stack_option(p, STARTED_STACK_HELP, default_stack())
     p.add_argument("--cuts", default="5,10,20,30,60", type=seconds_list,
                    help="WAN cut lengths in seconds, comma separated (default 5,10,20,30,60)")
     p.add_argument("--stall", type=float, default=120.0, help="seconds a consumer is frozen")

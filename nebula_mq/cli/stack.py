@@ -1,8 +1,16 @@
-"""``nebula-mq stack up|status|down``: the local TLS-only nodes, one per cluster, and their relays."""
+"""``nebula-mq stack up|status|down``: the local TLS-only nodes, one per cluster, and their relays.
+
+``nebula-mq wan shape|cut|drop|heal|status``: act on the running stack's emulated WAN links.
+A link is named after the cluster it leads to; ``--to CLUSTER`` (or ``cut``/``drop``/``heal``'s
+``CLUSTER``) picks one, default all. ``cut`` resets every connection (the peers see the link
+fail at once and reconnect); ``drop`` loses everything without resetting anything, as most
+real WAN outages do (connections survive a drop shorter than their heartbeat timeout).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -56,6 +64,34 @@ def register(subparsers: Any) -> None:
     restart.add_argument("cluster", metavar="CLUSTER", help="the cluster whose node to restart (see `stack status`)")
     add_stack_option(restart)
     restart.set_defaults(func=_restart)
+
+    parser = subparsers.add_parser("wan", help="shape, cut, drop or heal the emulated WAN between clusters")
+    sub = parser.add_subparsers(dest="wan_cmd", metavar="CMD", required=True)
+    shape = sub.add_parser("shape", help="set bandwidth cap and/or one-way delay")
+    shape.add_argument("--rate-mbit", "--rate", dest="rate", type=float, metavar="MBIT",
+                       help="Mbit/s per direction (0 = unlimited)")
+    shape.add_argument("--delay-ms", "--delay", dest="delay", type=float, metavar="MS", help="one-way delay in ms")
+    shape.set_defaults(func=_shape)
+    for name, func, text in (("cut", _cut_drop_heal, "reset every connection and refuse new ones"),
+                             ("drop", _cut_drop_heal, "blackhole the link: connections stay open, no byte crosses, "
+                                                      "new ones go unanswered"),
+                             ("heal", _cut_drop_heal, "end a cut or a drop: traffic flows again"),
+                             ("status", _wan_status, "print each link's shape and counters")):
+        p = sub.add_parser(name, help=text)
+        p.set_defaults(func=func)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print the relays' raw state as JSON")
+        else:
+            p.add_argument("cluster", nargs="?", metavar="CLUSTER", help="only the link leading to this cluster")
+    for p in sub.choices.values():
+        add_stack_option(p)
+        p.add_argument("--to", metavar="CLUSTER", help="only the link leading to this cluster")
+
+
+def _stack(args: argparse.Namespace) -> Any:
+    from nebula_mq.stack import Stack
+
+    return Stack.open(args.stack)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -150,10 +186,9 @@ def host_port(text: str) -> tuple[str, int]:
 def _trust(args: argparse.Namespace) -> int:
     from nebula_mq.errors import StackError
     from nebula_mq.security.trust import fingerprint
-    from nebula_mq.stack import Stack
     from nebula_mq.stack.layout import did_you_mean
 
-    stack = Stack.open(args.stack)
+    stack = _stack(args)
     own = args.cluster or (stack.clusters[0] if len(stack.clusters) == 1 else None)
     if own is None or own not in stack.clusters:
         raise StackError(f"--cluster: one of this stack's clusters ({', '.join(stack.clusters)})"
@@ -169,17 +204,13 @@ def _trust(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import Stack
-
-    stack = Stack.open(args.stack)
+    stack = _stack(args)
     _print(stack)
     return 0 if all(s.running for s in stack.status().values()) else 3
 
 
 def _restart(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import Stack
-
-    stack = Stack.open(args.stack)
+    stack = _stack(args)
     t0 = time.monotonic()
     stack.restart_node(args.cluster)  # an unknown cluster is a StackError naming the known ones
     print(f"{args.cluster}: restarted in {time.monotonic() - t0:.1f} s")
@@ -187,9 +218,7 @@ def _restart(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from nebula_mq.stack import Stack
-
-    Stack.open(args.stack).down()
+    _stack(args).down()
     print("stack down")
     return 0
 
@@ -222,4 +251,59 @@ def link_lines(stack: Any, vhost: str = "") -> list[str]:
             lines.append(f"links of {cluster}: cannot read them ({exc})")
             continue
         lines += [f"{link.line()}" + ("" if vhost else f" [{link.vhost}]") for link in links]
+    return lines
+
+
+def _target(args: argparse.Namespace) -> str | None:
+    """The one link to act on (``CLUSTER`` or ``--to``), or None for all."""
+    from nebula_mq.errors import StackError
+
+    cluster = getattr(args, "cluster", None)
+    if cluster and args.to and cluster != args.to:
+        raise StackError(f"wan {args.wan_cmd}: CLUSTER {cluster!r} and --to {args.to!r} disagree; give one")
+    args.to = cluster or args.to
+    return args.to
+
+
+def _shape(args: argparse.Namespace) -> int:
+    changes = {k: v for k, v in (("rate_mbit", args.rate), ("delay_ms", args.delay)) if v is not None}
+    _stack(args).shape(args.to, **changes)
+    return _wan_status(args)
+
+
+def _cut_drop_heal(args: argparse.Namespace) -> int:
+    """``wan cut|drop|heal``: the stack's method of that name, on the one link named or on all."""
+    getattr(_stack(args), args.wan_cmd)(_target(args))
+    return _wan_status(args)
+
+
+def _wan_status(args: argparse.Namespace) -> int:
+    links = {name: st for name, st in _stack(args).wan_status().items() if not args.to or name == f"to-{args.to}"}
+    if getattr(args, "json", False):
+        print(json.dumps(links, sort_keys=True, indent=1))
+        return 0
+    for line in status_lines(links):
+        print(line)
+    return 0
+
+
+def status_lines(links: dict[str, Any]) -> list[str]:
+    """One readable line per relay: its shape, connections (relayed; waiting at a drop now, and held by drops
+    since it started) and bytes each way."""
+    from nebula_mq.report.derive import human_bytes
+
+    lines = [f"{'link':<16}{'state':<8}{'rate':>12}{'delay':>10}{'conns':>7}{'waiting':>9}{'held':>6}"
+             f"{'up':>11}{'down':>11}  as of"]
+    for name, st in links.items():
+        if not st:
+            lines.append(f"{name:<16}{'down':<8}  relay not running")
+            continue
+        shape, counters = st.get("shape", {}), st.get("counters", {})
+        rate = float(shape.get("rate_mbit") or 0)
+        state = "CUT" if shape.get("cut") else "DROP" if shape.get("drop") else "up"
+        lines.append(f"{name:<16}{state:<8}"
+                     f"{(f'{rate:g} Mbit/s' if rate else 'unlimited'):>12}{float(shape.get('delay_ms') or 0):>7g} ms"
+                     f"{int(st.get('connections', 0)):>7}{int(st.get('waiting', 0)):>9}"
+                     f"{int(counters.get('held', 0)):>6}{human_bytes(counters.get('up', 0)):>11}"
+                     f"{human_bytes(counters.get('down', 0)):>11}  {time.strftime('%H:%M:%S', time.localtime(st.get('time', 0)))}")
     return lines

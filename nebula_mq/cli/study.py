@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.cli.sigterm import sigterm_unwinds
+
 
 def _floats(text: str) -> list[float]:
     try:
@@ -91,14 +93,8 @@ def real_rows() -> list[Any]:
             StudyRow("int8", "int8", forward_feedback="delta", backward_feedback="residual", origin="delta")]
 
 
+@sigterm_unwinds()  # the private stack and the row's workers are torn down
 def run(args: argparse.Namespace) -> int:
-    from nebula_mq.cli.sigterm import sigterm_unwinds
-
-    with sigterm_unwinds():  # the private stack and the row's workers are torn down
-        return _run(args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from nebula_mq.study import compression, report, rows
     from nebula_mq.study.runner import MemoryLink, RowResult, StudyConfig
 

@@ -14,7 +14,7 @@ import pytest
 
 from nebula_mq.bench.transport_recovery import summarize
 from nebula_mq.cli import main
-from nebula_mq.cli.wan import status_lines
+from nebula_mq.cli.stack import status_lines
 from nebula_mq.stack.layout import plan
 
 
