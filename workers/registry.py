@@ -108,7 +108,7 @@ def load_job_settings(path: str | os.PathLike[str], environ: Mapping[str, str] |
     every table other than the core ones is that scenario's section. Another scenario's section,
     an unknown scenario or an unknown top-level key is a one-line :class:`ConfigError`, blamed
     on the variable that set it. Every command that runs or reports on a job reads its file here
-    (``cli.defaults`` only peeks at ``[job] run_dir``, and leaves the errors to the command)."""
+    (``cli.announce_defaults`` only peeks at ``[job] run_dir``, and leaves the errors to the command)."""
     names = scenarios()
     return load_settings(path, environ, scenarios=names,
                          sections=lambda name: scenario_named(name).section if name in names else None)

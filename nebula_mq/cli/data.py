@@ -1,4 +1,5 @@
-"""``nebula-mq data build|stats``: the offline corpora (see ``nebula_mq.data``)."""
+"""``nebula-mq data build|stats``: the offline corpora (see ``nebula_mq.data``);
+``nebula-mq data-access grant|revoke|list``: a data owner lets a job read a named dataset."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from nebula_mq.cli.options import AUDIT_HELP, LOG_LEVELS, audit_log
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +25,7 @@ def register(subparsers: Any) -> None:
     b.add_argument("--languages", nargs="+", default=None, metavar="ISO", help="languages of the multilingual corpus")
     b.add_argument("--seed", type=int, default=0, help="seed of the train/valid/test split (default 0)")
     b.add_argument("--max-len", type=int, default=128, help="token limit per sentence in the tokenized arrays")
-    b.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+    b.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
                    help="log detail (default warning; debug lists every skipped input)")
     b.set_defaults(func=_build)
 
@@ -32,11 +35,26 @@ def register(subparsers: Any) -> None:
     s.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     s.set_defaults(func=_stats)
 
+    parser = subparsers.add_parser("data-access", help="grant jobs access to datasets (data owners)")
+    sub = parser.add_subparsers(dest="data_access_cmd", metavar="CMD", required=True)
+    for name, func, text in (("grant", _grant, "let JOB read OWNER's DATASET (signed by OWNER's key)"),
+                             ("revoke", _revoke, "withdraw the grant")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("root", metavar="ROOT", help="data root (datasets/, owners/, grants/)")
+        p.add_argument("owner", metavar="OWNER", help="the data owner who signs the grant")
+        p.add_argument("job", metavar="JOB", help="the job id the grant is for")
+        p.add_argument("dataset", metavar="DATASET", help="one of OWNER's datasets under ROOT/datasets")
+        p.add_argument("--audit", help=AUDIT_HELP)
+        p.set_defaults(func=func)
+    ls = sub.add_parser("list", help="OWNER's grants (after checking their signature)")
+    ls.add_argument("root", metavar="ROOT", help="data root (datasets/, owners/, grants/)")
+    ls.add_argument("owner", metavar="OWNER", help="whose grants to list")
+    ls.set_defaults(func=_list)
+
 
 def _build(args: argparse.Namespace) -> int:
     from nebula_mq.data.build import STAGES, BuildOptions, build, default_data_dir
     from nebula_mq.errors import DataError
-
     from nebula_mq.runtime.logs import configure_logging
 
     # Logs go to stderr so stdout carries only the summary.
@@ -83,8 +101,6 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def summary(manifest: dict[str, Any]) -> str:
     """Human-readable counts: pairs per domain and split, languages per family, skipped inputs."""
     lines = ["parallel es→en pairs:"]
@@ -111,3 +127,29 @@ def summary(manifest: dict[str, Any]) -> str:
     else:
         lines.append(f"tokenized: skipped ({tokenized.get('skipped', 'unknown')})")
     return "\n".join(lines)
+
+
+def _owner(args: argparse.Namespace) -> Any:
+    from nebula_mq.security.data_access import DataOwner
+
+    return DataOwner(args.root, args.owner, audit_log(args.audit))
+
+
+def _grant(args: argparse.Namespace) -> int:
+    _owner(args).grant(args.job, args.dataset)
+    print(f"{args.owner}/{args.dataset}: granted to job {args.job}")
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    _owner(args).revoke(args.job, args.dataset)
+    print(f"{args.owner}/{args.dataset}: grant to job {args.job} withdrawn")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from nebula_mq.security.data_access import load_grants
+
+    for g in load_grants(args.root, args.owner):
+        print(f"{args.owner}/{g.dataset} -> job {g.job}")
+    return 0

@@ -44,7 +44,7 @@ def test_the_stack_directory_is_stack_everywhere_and_run_dir_still_reads() -> No
 def test_every_verb_has_an_example_that_its_own_parser_accepts() -> None:
     import shlex
 
-    from nebula_mq.cli.examples import EXAMPLES, verbs
+    from nebula_mq.cli import EXAMPLES, verbs
 
     parser = build_parser()
     names = {verb for verb, _ in verbs(parser)}

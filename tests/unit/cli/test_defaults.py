@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula_mq.cli import build_parser, main
-from nebula_mq.cli.defaults import announce_defaults
+from nebula_mq.cli import announce_defaults, build_parser, main
 
 JOB = '[job]\nid = "here"\nscenario = "abnet"\n'
 
