@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from nebula_mq.atomic import write_atomic
 from nebula_mq.errors import after_name
-from nebula_mq.launch.logpipe import ExitReason, exit_reason
 from nebula_mq.runtime.logs import JSON_ERRORS_ENV
 from nebula_mq.runtime.signals import stop_signals_held
 from nebula_mq.settings import Settings
@@ -30,6 +29,7 @@ from workers.claim import CLAIM_FD_ENV, Claim, claim_rank
 
 if TYPE_CHECKING:
     from nebula_mq.config import EnvOverride
+    from nebula_mq.launch.logpipe import ExitReason
     from workers.processes import Process
 
 # How long an exited worker's log pipe gets to write what was left in the pipe.
@@ -202,6 +202,9 @@ class JobProcesses:
     def exit_reason(self, worker_id: str) -> ExitReason:
         """Why ``worker_id`` stopped, from what its log says since it last started, once its
         log pipe has written the rest (``launch.logpipe.exit_reason``)."""
+        # Imported here: the package must not import the module its log pipes run as ``python -m``.
+        from nebula_mq.launch.logpipe import exit_reason
+
         code = self.children[worker_id].poll()
         self.drain_logs(worker_id, timeout=2.0)
         reason = exit_reason(self.log_of(worker_id), self.log_starts.get(worker_id, 0), code)
