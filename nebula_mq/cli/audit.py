@@ -4,20 +4,23 @@ checks that feed it."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
-from nebula_mq.cli.options import add_stack_option
+from nebula_mq.cli.options import AUDIT_HELP, add_stack_option, audit_log
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("audit", help="verify or read the audit log")
     sub = parser.add_subparsers(dest="audit_cmd", metavar="CMD", required=True)
     v = sub.add_parser("verify", help="check the hash chain; exit 1 naming the first edited line")
-    v.add_argument("--log", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
+    v.add_argument("--log", help=AUDIT_HELP)
     v.add_argument("--expect-head", help="hash the last record must have (detects a truncated tail)")
     v.set_defaults(func=_verify)
     s = sub.add_parser("show", help="print records, optionally of one event type")
-    s.add_argument("--log", help="audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)")
+    s.add_argument("--log", help=AUDIT_HELP)
     s.add_argument("--event", help="only this event (e.g. message_rejected)")
     s.set_defaults(func=_show)
     b = sub.add_parser("scan-broker", help="record the connections (accepted/refused) the stack's brokers logged")
@@ -35,52 +38,40 @@ def register(subparsers: Any) -> None:
     d.set_defaults(func=_dead_letters)
 
 
-def _path(args: argparse.Namespace) -> Any:
+def _existing_log(log: str | None, check: str = "--log or $NEBULA_AUDIT_LOG") -> Any:
+    """The audit log to read (``log``, else the default); a mistyped path must not read as an
+    empty, valid log."""
+    from nebula_mq.errors import AuditError
     from nebula_mq.security.audit import default_audit_path
 
-    return args.log or default_audit_path()
-
-
-def _existing_log(args: argparse.Namespace) -> Any:
-    """The audit log to read; a mistyped path must not read as an empty, valid log."""
-    from pathlib import Path
-
-    from nebula_mq.errors import AuditError
-
-    path = _path(args)
+    path = log or default_audit_path()
     if not Path(path).is_file():
-        raise AuditError(f"no audit log at {str(path)!r} (check --log or $NEBULA_AUDIT_LOG)")
+        raise AuditError(f"no audit log at {str(path)!r} (check {check})")
     return path
 
 
 def _verify(args: argparse.Namespace) -> int:
     from nebula_mq.security.audit import verify_chain
 
-    path = _existing_log(args)
-    report = verify_chain(path, args.expect_head)
+    report = verify_chain(_existing_log(args.log), args.expect_head)
     print(f"audit log OK: {report.records} records, head {report.head}")
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    import json
-
-    from nebula_mq.security.audit import AuditLog
-
-    for rec in AuditLog(_existing_log(args)).records():
+    for rec in audit_log(_existing_log(args.log)).records():
         if args.event is None or rec.get("event") == args.event:
             print(json.dumps(rec, sort_keys=True))
     return 0
 
 
 def _scan(args: argparse.Namespace) -> int:
-    from nebula_mq.security.audit import AuditLog
     from nebula_mq.security.broker_log import BrokerLogAuditor
     from nebula_mq.stack import Stack
     from nebula_mq.stack.node import log_file
 
     stack = Stack.open(args.stack)
-    audit = AuditLog(_path(args))
+    audit = audit_log(args.log)
     for n in stack.layout.nodes:
         events = BrokerLogAuditor(log_file(n), audit, n.cluster, n.path / "audit.cursor").scan()
         refused = sum(e["event"] != "connection_accepted" for e in events)
@@ -129,24 +120,15 @@ def dead_letter_findings(broker: Any, job_id: str, cluster: str, consumers: froz
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    import sys
-    from pathlib import Path
-
-    from nebula_mq.security.audit import AuditLog
     from nebula_mq.stack import Stack
     from workers.plans import plan_for
     from workers.registry import load_job_settings
 
     settings = load_job_settings(args.config)
     job_id, plan, stack = settings.job.id, plan_for(settings), Stack.open(args.stack)
-    audit = AuditLog(args.log) if args.log else None
-    audited = None
-    if audit is not None:
-        if not Path(args.log).is_file():
-            from nebula_mq.errors import AuditError
-
-            raise AuditError(f"no audit log at {args.log!r} (check --log)")
-        audited = frozenset(str(r.get("message_id")) for r in audit.records() if r.get("event") == "message_dead_lettered")
+    audit = audit_log(_existing_log(args.log, "--log")) if args.log else None
+    audited = None if audit is None else frozenset(
+        str(r.get("message_id")) for r in audit.records() if r.get("event") == "message_dead_lettered")
     failed = False
     for cluster in [args.cluster] if args.cluster else stack.clusters:
         broker = ensure_dead_letter_auditor(stack, cluster, job_id)

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nebula_mq.cli.options import AUDIT_HELP, audit_log
 
 DIR_HELP = "certificate directory (what `certs init` made; the stack's is <stack>/certs)"
-AUDIT_HELP = "audit log (default $NEBULA_AUDIT_LOG or run/audit/audit.jsonl)"
 HOSTNAME_HELP = ("with CN server: a name the broker is reached by, put in its certificate (repeatable; "
                  "names it already has are kept)")
 
@@ -87,12 +87,6 @@ def register(subparsers: Any) -> None:
         p.set_defaults(func=globals()[func])
 
 
-def _audit(args: argparse.Namespace) -> Any:
-    from nebula_mq.security.audit import AuditLog, default_audit_path
-
-    return AuditLog(args.audit or default_audit_path())
-
-
 def _init(args: argparse.Namespace) -> int:
     from nebula_mq.errors import CertificateError
     from nebula_mq.security.certs import init_certs
@@ -115,7 +109,7 @@ def _init(args: argparse.Namespace) -> int:
 def _issue(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import issue
 
-    ident = issue(args.dir, args.cluster, args.cn, _audit(args), hostnames=args.hostname)
+    ident = issue(args.dir, args.cluster, args.cn, audit_log(args.audit), hostnames=args.hostname)
     print(f"{args.cluster}/{args.cn}: {ident.cert_file}")
     return 0
 
@@ -123,7 +117,7 @@ def _issue(args: argparse.Namespace) -> int:
 def _rotate(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import rotate
 
-    ident = rotate(args.dir, args.cluster, args.cn, _audit(args), hostnames=args.hostname)
+    ident = rotate(args.dir, args.cluster, args.cn, audit_log(args.audit), hostnames=args.hostname)
     print(f"{args.cluster}/{args.cn}: rotated, new certificate {ident.cert_file}")
     return 0
 
@@ -131,22 +125,19 @@ def _rotate(args: argparse.Namespace) -> int:
 def _revoke(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import revoke_cert
 
-    serial = revoke_cert(args.dir, args.cluster, args.cn, _audit(args))
+    serial = revoke_cert(args.dir, args.cluster, args.cn, audit_log(args.audit))
     print(f"{args.cluster}/{args.cn}: serial {serial:x} revoked (CRL published; refused at next connection)")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from nebula_mq.errors import CertificateError
     from nebula_mq.security.lifecycle import list_certs
 
     if not Path(args.dir).is_dir():
         raise CertificateError(f"no certificates directory {args.dir!r} (run `nebula-mq certs init DIR` first)")
 
-    rows = list_certs(args.dir)
-    for r in rows:
+    for r in list_certs(args.dir):
         print(f"{r.cluster:12} {r.name:28} {r.status:9} {r.not_after:%Y-%m-%d} ({r.days_left:7.1f} days) "
               f"serial {r.serial:x}")
         if r.status in ("expiring", "expired"):
@@ -167,7 +158,7 @@ def _import(args: argparse.Namespace) -> int:
     from nebula_mq.security.lifecycle import _ca
 
     trust = import_peer_ca(_ca(args.dir, args.cluster), args.peer, _read(args.file))
-    _audit(args).record("ca_imported", cluster=args.cluster, peer=args.peer)
+    audit_log(args.audit).record("ca_imported", cluster=args.cluster, peer=args.peer)
     print(f"{args.cluster}: now trusts {args.peer}'s CA ({trust})")
     return 0
 
@@ -194,7 +185,7 @@ def _request(args: argparse.Namespace) -> int:
 def _sign(args: argparse.Namespace) -> int:
     from nebula_mq.security.csr import sign
 
-    pem = sign(args.dir, args.cluster, _read(args.csr), _audit(args), server=args.server)
+    pem = sign(args.dir, args.cluster, _read(args.csr), audit_log(args.audit), server=args.server)
     if args.out:
         from nebula_mq.security.pem import write_public
 

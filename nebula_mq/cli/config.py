@@ -67,31 +67,25 @@ def plain(value: Any) -> Any:
 def origins(path: str, environ: Mapping[str, str] | None = None) -> dict[tuple[str, str], str]:
     """(section, key) -> where its value came from: the job file, or the override variable.
     Keys found in neither are defaults."""
-    import os
-    import tomllib
-
-    from nebula_mq.config import env_overrides
+    from nebula_mq.config import env_overrides, load_toml
     from workers.registry import scenario_named, scenarios
 
-    with open(path, "rb") as fh:
-        raw = tomllib.load(fh)
     out: dict[tuple[str, str], str] = {}
 
-    def mark(section: str, body: Any, source: str) -> None:
+    def mark(section: str, body: Any) -> None:
         aliases = scenario_named(section).aliases if section in scenarios() else {}
         for key in body if isinstance(body, Mapping) else ():
             name = str(key)
-            out[(section, aliases.get(name, name))] = source
+            out[(section, aliases.get(name, name))] = "file"
 
-    for section, body in raw.items():
+    for section, body in load_toml(path).items():
         if section == "clusters" and isinstance(body, Mapping):
             for name, cluster in body.items():
                 for part in ("broker", "federation"):
-                    mark(f"clusters.{name}.{part}", cluster.get(part, {}) if isinstance(cluster, Mapping) else {},
-                         "file")
+                    mark(f"clusters.{name}.{part}", cluster.get(part, {}) if isinstance(cluster, Mapping) else {})
         else:
-            mark(section, body, "file")
-    for override in env_overrides(os.environ if environ is None else environ):
+            mark(section, body)
+    for override in env_overrides(environ):
         if len(override.path) >= 2:
             section = ".".join(override.path[:-1]) if override.path[0] == "clusters" else override.path[0]
             out[(section, override.path[-1])] = override.variable

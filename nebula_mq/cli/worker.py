@@ -53,8 +53,6 @@ def register(sub: Any) -> None:
 
 def job_file(args: argparse.Namespace) -> str:
     """The job file, given as the positional argument or with ``--config`` (once, not both)."""
-    from nebula_mq.errors import ConfigError
-
     if bool(args.job) == bool(args.config):
         raise ConfigError("<command line>", "JOB.toml", "the job file, once: `worker JOB.toml --role ...` "
                           "(or the older --config JOB.toml)", args.job or args.config)
