@@ -34,7 +34,7 @@ MICRO_BATCH = 9
 # a file that decides or carries anything belongs on the page, not here.
 OBSERVERS = frozenset({
     "nebula_mq/runtime/logs.py", "nebula_mq/runtime/hooks.py", "nebula_mq/runtime/metrics.py",
-    "nebula_mq/runtime/reporter.py", "nebula_mq/runtime/tracking.py", "nebula_mq/runtime/sampler.py",
+    "nebula_mq/runtime/reporter.py", "nebula_mq/runtime/tracking.py",
 })
 HEAD, TAIL = "workers/split/head.py", "workers/split/tail.py"
 DRIVER, MEMORY = "nebula_mq/runtime/driver.py", "nebula_mq/transport/memory.py"
